@@ -1,0 +1,147 @@
+"""Fetch, verify and build the pinned llama.cpp, cached outside the repository.
+
+The pinned source is the llama.cpp tree vendored in the ``llama-cpp-python==0.3.36`` sdist on
+PyPI. The sdist is fetched with pip, its sha256 checked against :data:`SDIST_SHA256`, and
+``vendor/llama.cpp`` extracted once into the cache. Builds are keyed by source hash + CMake flags,
+so a second build with the same flags is a no-op taking seconds.
+
+Usage::
+
+    python native/tools/build_llama.py [--cuda] [--peers] [--print-dir]
+
+``--cuda`` turns on ``GGML_CUDA`` (the one documented switch). ``--peers`` also builds
+``llama-completion`` and ``llama-speculative-simple`` for paired benchmarks.
+Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# The upstream commit of the vendored tree (LLAMACPP_NOTES.md; the sdist carries no .git).
+LLAMA_CPP_COMMIT = "0c1e570"
+
+BASE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DGGML_CCACHE=OFF",
+    "-DGGML_NATIVE=ON",
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+)
+CUDA_FLAGS = ("-DGGML_CUDA=ON",)
+PEER_TARGETS = ("llama-completion", "llama-speculative-simple")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sdist(root: Path) -> Path:
+    """Return the verified sdist path, downloading it with pip when absent."""
+    dist = root / "dist"
+    dist.mkdir(parents=True, exist_ok=True)
+    target = dist / SDIST_FILE
+    if not target.exists():
+        with tempfile.TemporaryDirectory(dir=dist) as tmp:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                 "--no-build-isolation", f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
+                check=True,
+            )
+            os.replace(Path(tmp) / SDIST_FILE, target)
+    digest = _sha256(target)
+    if digest != SDIST_SHA256:
+        target.unlink()
+        raise SystemExit(f"{SDIST_FILE}: sha256 {digest} != pinned {SDIST_SHA256}; refusing to build")
+    return target
+
+
+def source_dir(root: Path | None = None) -> Path:
+    """Extract ``vendor/llama.cpp`` once; return its path."""
+    root = root or cache_root()
+    src = root / f"src-{SDIST_SHA256[:12]}" / "llama.cpp"
+    if (src / "include" / "llama.h").exists():
+        return src
+    sdist = fetch_sdist(root)
+    parent = src.parent
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        prefix = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+        with tarfile.open(sdist) as tf:
+            members = [m for m in tf.getmembers() if m.name.startswith(prefix)]
+            tf.extractall(tmp, members=members, filter="data")
+        if parent.exists():
+            shutil.rmtree(parent)
+        parent.mkdir(parents=True)
+        os.replace(Path(tmp) / prefix.rstrip("/"), src)
+    return src
+
+
+def build_flags(cuda: bool) -> tuple[str, ...]:
+    return BASE_FLAGS + (CUDA_FLAGS if cuda else ())
+
+
+def build_dir(cuda: bool, root: Path | None = None) -> Path:
+    root = root or cache_root()
+    key = hashlib.sha256("\n".join((SDIST_SHA256,) + build_flags(cuda)).encode()).hexdigest()[:12]
+    return root / f"build-{'cuda' if cuda else 'cpu'}-{key}"
+
+
+def build(cuda: bool = False, peers: bool = False) -> Path:
+    """Configure (once) and build libllama (+ peers); return the build directory."""
+    src = source_dir()
+    bdir = build_dir(cuda)
+    if not (bdir / "CMakeCache.txt").exists():
+        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build_flags(cuda)],
+                       check=True)
+    targets = ["llama"] + (list(PEER_TARGETS) if peers else [])
+    subprocess.run(["cmake", "--build", str(bdir), "--target", *targets], check=True)
+    info = {"sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256, "llama_cpp_commit": LLAMA_CPP_COMMIT,
+            "flags": list(build_flags(cuda)), "source": str(src), "build": str(bdir)}
+    (bdir / "power-build.json").write_text(json.dumps(info, indent=2))
+    return bdir
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cuda", action="store_true", default=os.environ.get("POWER_NATIVE_CUDA") == "1")
+    ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--print-dir", action="store_true", help="print the build dir and exit")
+    args = ap.parse_args(argv)
+    if args.print_dir:
+        print(build_dir(args.cuda))
+        return 0
+    print(build(cuda=args.cuda, peers=args.peers))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,21 @@
+"""Power's built-in plugin: the target-only strategy and the core's ``power_txn_phase`` runner."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from power_core.plugins import Strategy, _own_version, hookimpl
+
+
+@hookimpl
+def power_register_strategies(register: Callable[[Strategy], None]) -> None:
+    register(Strategy(
+        name="off", version=_own_version(), package="power-core", kind="target-only",
+        summary="Target-only autoregressive decoding (speculation off).",
+    ))
+
+
+@hookimpl(trylast=True)
+def power_txn_phase(step: Callable[[], Any]) -> Any:
+    return step()

@@ -1,0 +1,165 @@
+"""Frozen request configuration with the seed's keys.
+
+Every key is validated on construction; unknown keys, out-of-range values and contradictions raise
+:class:`~power_core.errors.ConfigError` naming the key, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from power_core.errors import ConfigError
+
+__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE"]
+
+#: modes whose names Power reserves; third-party strategies may add more names.
+FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
+MODE_NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+K_MAX = 64
+S_MAX = 64
+
+
+def _int_range(lo: int, hi: int | None):
+    allowed = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
+
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise ConfigError(attr.name, value, allowed)
+
+    return check
+
+
+def _opt(check):
+    def inner(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None:
+            check(inst, attr, value)
+
+    return inner
+
+
+def _float_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False):
+    allowed = f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+        if ok:
+            ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+        if not ok:
+            raise ConfigError(attr.name, value, allowed)
+
+    return check
+
+
+def _bool(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(attr.name, value, "true or false")
+
+
+def _mode(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not MODE_NAME_RE.match(value):
+        raise ConfigError(
+            attr.name, value, f"one of {', '.join(FIRST_PARTY_MODES)} or an installed strategy name",
+            "names are lowercase letters, digits, '-', '_' or '.'",
+        )
+
+
+@attrs.frozen
+class PowerConfig:
+    """One request's speculative-decoding and sampling configuration.
+
+    ``spec_draft_max`` (K) bounds proposal width; ``spec_mtp_recurrent_snapshots`` (S) bounds the
+    target's resident rollback snapshots (``None`` means S = K, the balanced default K7/S7).
+    """
+
+    spec_mode: str = attrs.field(default="auto", validator=_mode)
+    spec_draft_max: int = attrs.field(default=7, validator=_int_range(1, K_MAX))
+    spec_mtp_recurrent_snapshots: int | None = attrs.field(default=None, validator=_opt(_int_range(1, S_MAX)))
+    spec_mtp_fr_vocab_size: int | None = attrs.field(default=None, validator=_opt(_int_range(1, None)))
+    spec_mtp_adaptive: bool = attrs.field(default=False, validator=_bool)
+    #: adaptive controller: a round "yields low" when accepted/proposed < this fraction
+    spec_adaptive_low_yield: float = attrs.field(default=0.25, validator=_float_range(0.0, 1.0))
+    #: adaptive controller: consecutive low-yield rounds that open the target-only circuit
+    spec_adaptive_low_yield_rounds: int = attrs.field(default=3, validator=_int_range(1, 1024))
+    temperature: float = attrs.field(default=0.0, validator=_float_range(0.0, 100.0))
+    top_k: int = attrs.field(default=0, validator=_int_range(0, None))
+    top_p: float = attrs.field(default=1.0, validator=_float_range(0.0, 1.0, lo_open=True))
+    min_p: float = attrs.field(default=0.0, validator=_float_range(0.0, 1.0, hi_open=True))
+    seed: int = attrs.field(default=0, validator=_int_range(0, 2**63 - 1))
+    max_tokens: int = attrs.field(default=128, validator=_int_range(1, 1 << 20))
+    n_ctx: int = attrs.field(default=2048, validator=_int_range(16, 1 << 20))
+    n_threads: int | None = attrs.field(default=None, validator=_opt(_int_range(1, 1024)))
+
+    def __attrs_post_init__(self) -> None:
+        s = self.spec_mtp_recurrent_snapshots
+        if s is not None and s > self.spec_draft_max:
+            raise ConfigError(
+                "spec_mtp_recurrent_snapshots", s, f"an integer in [1, spec_draft_max={self.spec_draft_max}]",
+                "snapshots beyond the proposal width can never be used; lower S or raise spec_draft_max",
+            )
+        if self.spec_mode == "off" and self.spec_mtp_adaptive:
+            raise ConfigError("spec_mtp_adaptive", True, "false when spec_mode = 'off'",
+                              "the adaptive controller schedules proposals; enable a speculative mode")
+        if self.spec_mtp_fr_vocab_size is not None and self.spec_mode not in ("mtp", "auto"):
+            raise ConfigError("spec_mtp_fr_vocab_size", self.spec_mtp_fr_vocab_size,
+                              "unset unless spec_mode is 'mtp' or 'auto'",
+                              "the FR prefix only narrows the native MTP draft head")
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def snapshots(self) -> int:
+        """Effective S: resident rollback snapshots (defaults to K)."""
+        return self.spec_draft_max if self.spec_mtp_recurrent_snapshots is None else self.spec_mtp_recurrent_snapshots
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    def digest(self) -> str:
+        """sha256 over the canonical JSON of every key: the receipt's config hash."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(a.name for a in attrs.fields(cls))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], **overrides: Any) -> PowerConfig:
+        """Build from a mapping (TOML table, JSON) plus keyword overrides; ``None`` overrides are ignored."""
+        merged = dict(data)
+        merged.update({k: v for k, v in overrides.items() if v is not None})
+        known = set(cls.keys())
+        for key in merged:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+                raise ConfigError(str(key), merged[key], "a known configuration key", hint)
+        return cls(**merged)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> PowerConfig:
+        """Load top-level keys (or a ``[power]`` table) from a TOML file."""
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError("config", str(p), "an existing TOML file", "check the --config path") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as exc:
+            raise ConfigError("config", str(p), "a readable TOML file", str(exc)) from None
+        if set(data) == {"power"} and isinstance(data["power"], dict):
+            data = data["power"]
+        return cls.from_mapping(data, **overrides)

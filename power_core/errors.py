@@ -1,0 +1,115 @@
+"""The one error hierarchy of Power.
+
+Every error derives from :class:`PowerError` and from the builtin it resembles, so callers may catch
+either. A message names the object, what was expected, what was found and the likely fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PowerError",
+    "ConfigError",
+    "PluginError",
+    "StrategyNotFound",
+    "StrategyNotInstalled",
+    "ArtifactError",
+    "ArtifactMismatch",
+    "RuntimeFault",
+    "AdapterFault",
+    "Cancelled",
+    "StateLost",
+    "CapacityError",
+]
+
+
+class PowerError(Exception):
+    """Root of every error Power raises on purpose."""
+
+    #: stable machine-readable reason code (CLI ``--json`` output, receipts)
+    code: str = "power_error"
+
+
+class ConfigError(PowerError, ValueError):
+    """A configuration key, value or combination is invalid.
+
+    ``key`` names the offending key, ``value`` the rejected value and ``allowed`` the accepted
+    range, so hosts can show a precise message without parsing text.
+    """
+
+    code = "config_invalid"
+
+    def __init__(self, key: str, value: object, allowed: str, detail: str = "") -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        msg = f"config key {key!r}: got {value!r}, allowed {allowed}"
+        super().__init__(f"{msg}. {detail}".rstrip(". ") if detail else msg)
+
+
+class PluginError(PowerError, RuntimeError):
+    """A plugin failed to load, registered something invalid, or misnamed a hook."""
+
+    code = "plugin_invalid"
+
+
+class StrategyNotFound(PowerError, LookupError):
+    """No strategy of that name is registered (and none is known to exist)."""
+
+    code = "strategy_unknown"
+
+
+class StrategyNotInstalled(StrategyNotFound):
+    """A first-party strategy was selected but its package is not installed."""
+
+    code = "strategy_not_installed"
+
+
+class ArtifactError(PowerError, ValueError):
+    """A model or draft file is unreadable, malformed or unsupported.
+
+    ``reason`` is a stable reason code (e.g. ``gguf_truncated``); ``evidence`` names the key or
+    tensor that decided.
+    """
+
+    code = "artifact_invalid"
+
+    def __init__(self, message: str, *, reason: str | None = None, evidence: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.code = reason
+        self.reason = self.code
+        self.evidence = evidence
+
+
+class ArtifactMismatch(ArtifactError):
+    """Files are individually valid but do not belong together (binding, vocabulary, contract)."""
+
+    code = "artifact_mismatch"
+
+
+class RuntimeFault(PowerError, RuntimeError):
+    """The target runtime failed (decode error, lost state, bad logits)."""
+
+    code = "runtime_fault"
+
+
+class AdapterFault(PowerError, RuntimeError):
+    """A proposer broke its contract (too many tokens, ids outside the vocabulary, exception)."""
+
+    code = "adapter_fault"
+
+
+class Cancelled(PowerError):
+    """Generation was cancelled through its cancel token; committed tokens are kept."""
+
+    code = "cancelled"
+
+
+class StateLost(RuntimeFault):
+    """A runtime could not restore a checkpoint; the session must be discarded."""
+
+    code = "state_lost"
+
+
+class CapacityError(PowerError, ValueError):
+    """A request does not fit (prompt longer than the context, K/S beyond what the runtime allows)."""
+
+    code = "capacity_exceeded"

@@ -1,0 +1,96 @@
+"""Every hook Power calls, in transaction order. Prefix ``power_``.
+
+Plugins implement these with :data:`power_core.hookimpl`. Specs only ever gain arguments; an
+implementation may accept fewer than the spec offers. Power calls ``check_pending()`` after loading
+plugins, so an implementation whose name matches no spec is a hard error, not a silent no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from power_core.plugins import Backend, Strategy
+    from power_core.receipt import Receipt
+    from power_core.session import RequestInfo
+
+hookspec = pluggy.HookspecMarker("power")
+
+# --------------------------------------------------------------------------------------------------
+# Registration: called once when the plugin manager is built, before any request.
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def power_register_strategies(register: Callable[[Strategy], None]) -> None:
+    """Register proposal strategies (adapters) by calling ``register(Strategy(...))``.
+
+    Called by :func:`power_core.plugins.get_plugin_manager` once per plugin, in registration order.
+
+    :param register: adds one :class:`~power_core.plugins.Strategy`; raises
+        :class:`~power_core.errors.PluginError` for a missing or duplicate name.
+    :return: ignored.
+    """
+
+
+@hookspec
+def power_register_backends(register: Callable[[Backend], None]) -> None:
+    """Register target backends (runtimes that load a model file) by calling ``register(Backend(...))``.
+
+    Called by :func:`power_core.plugins.get_plugin_manager` once per plugin.
+
+    :param register: adds one :class:`~power_core.plugins.Backend`; raises
+        :class:`~power_core.errors.PluginError` for a missing or duplicate name.
+    :return: ignored.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Request lifecycle: observers. Called by :class:`power_core.session.Session` for each request.
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def power_request_start(request: RequestInfo) -> None:
+    """A request is about to prefill its prompt.
+
+    Called by :meth:`power_core.session.Session.generate` after strategy selection and before the
+    first round.
+
+    :param request: frozen facts of the request (config, strategy, prompt length).
+    :return: ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> Any:
+    """Run one phase of the exactness transaction. Observers wrap it; only the core implements it.
+
+    Called by :class:`power_core.transaction.Transaction` for each phase of each round, in the
+    order ``checkpoint``, ``propose``, ``verify``, ``accept``, ``commit``, ``emit`` and, on
+    cancellation or failure, ``restore``. Power's own implementation calls ``step()``. Observers
+    implement this with ``@hookimpl(wrapper=True)`` to time or log a phase: ``result = yield``
+    returns the phase's result (or raises its exception), and the wrapper must return it.
+
+    Stops at first non-None result.
+
+    :param phase: phase name, one of :data:`power_core.transaction.PHASES`.
+    :param round_index: 0-based round number within the request.
+    :param step: zero-argument callable that performs the phase.
+    :return: the phase's result.
+    """
+
+
+@hookspec
+def power_request_end(receipt: Receipt) -> None:
+    """A request finished (completed, stopped, cancelled or failed); its receipt is final.
+
+    Called by :meth:`power_core.session.Session.generate` once per request, also when the request
+    ends with an exception (the receipt's ``status`` then says why).
+
+    :param receipt: the request's frozen :class:`~power_core.receipt.Receipt`.
+    :return: ignored.
+    """

@@ -1,0 +1,104 @@
+"""Receipts: the evidence every request yields (JSON, versioned schema ``power.receipt/1``).
+
+A receipt carries what is needed to reproduce and audit a request: the config hash, artifact
+digests, the adapter and backend with versions, every round's proposal/acceptance/replay, the
+scheduler's decisions, and ``output_sha256`` — sha256 over the emitted token ids as int32
+little-endian. ``receipt_sha256`` hashes everything except timings, so two runs that behaved the
+same have the same receipt hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+__all__ = ["SCHEMA", "Receipt", "token_digest"]
+
+SCHEMA = "power.receipt/1"
+
+
+def token_digest(tokens: Sequence[int]) -> str:
+    """sha256 over the token ids as int32 little-endian."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
+
+
+@attrs.frozen
+class Receipt:
+    """The frozen record of one request."""
+
+    status: str  # completed | cancelled | failed
+    finish_reason: str | None  # stop | max_tokens | context | None
+    config: dict[str, Any]
+    config_sha256: str
+    strategy: dict[str, Any]  # name, version, package, kind
+    selection: str  # why this strategy ran
+    backend: dict[str, Any]  # name, version, plus backend facts (llama.cpp commit, flags)
+    artifacts: dict[str, str]  # role -> sha256
+    prompt_tokens: int
+    output_tokens: int
+    output_sha256: str
+    rounds: list[dict[str, Any]]
+    scheduler: dict[str, Any]
+    timings: dict[str, float]
+    error: str | None = None
+    schema: str = SCHEMA
+
+    @property
+    def proposed(self) -> int:
+        return sum(r["proposed"] for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r["accepted"] for r in self.rounds)
+
+    @property
+    def acceptance(self) -> float | None:
+        """accepted / proposed over the request (``None`` when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def verified_per_pass(self) -> float | None:
+        """Emitted tokens per verify pass (1.0 for target-only decoding)."""
+        return (sum(r["emitted"] for r in self.rounds) / len(self.rounds)) if self.rounds else None
+
+    @property
+    def replays(self) -> int:
+        return sum(1 for r in self.rounds if r["replayed"])
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rounds": len(self.rounds),
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance": self.acceptance,
+            "verified_tokens_per_pass": self.verified_per_pass,
+            "replays": self.replays,
+            "circuit_open": bool(self.scheduler.get("circuit_open")),
+        }
+
+    def _body(self, with_timings: bool) -> dict[str, Any]:
+        body = attrs.asdict(self)
+        body["summary"] = self.summary()
+        if not with_timings:
+            body.pop("timings")
+            for r in body["rounds"]:
+                r.pop("seconds", None)
+        return body
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON without timings."""
+        blob = json.dumps(self._body(False), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        body = self._body(True)
+        body["receipt_sha256"] = self.digest()
+        return body
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)

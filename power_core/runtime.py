@@ -1,0 +1,153 @@
+"""The two seams between the core and the world: :class:`TargetRuntime` and :class:`Proposer`.
+
+The transaction drives both through these protocols only; it never learns which backend or which
+adapter runs. They are shaped after llama.cpp (see ``shared/LLAMACPP_NOTES.md`` §1.5–1.7):
+
+* the target's memory holds every committed token except the *anchor* (the last emitted token);
+  a round decodes ``[anchor, p1..pk]`` in one pass and reads one logits row per position;
+* attention KV can always be trimmed in place; recurrent state can be rolled back in place only
+  within the resident snapshot window (llama.cpp ``n_rs_seq``, single use per decode); deeper
+  rollbacks restore a saved checkpoint and the core replays the accepted prefix;
+* hidden-state taps that an adapter needs (MTP ``h_nextn``, DFlash layer inputs) travel from the
+  verify pass to the proposer as named feature arrays in :class:`DecodeResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "TokenArray",
+    "TargetCapabilities",
+    "DecodeResult",
+    "TargetRuntime",
+    "ProposalContext",
+    "Proposer",
+]
+
+#: 1-D ``int32`` token ids
+TokenArray = npt.NDArray[np.int32]
+
+
+@attrs.frozen
+class TargetCapabilities:
+    """What a target runtime can do, read back after it was created.
+
+    ``rollback_window`` is the deepest in-place rollback (tokens) of the last decode: ``None`` for
+    pure attention memory (unbounded), otherwise the resident snapshot count actually granted
+    (llama.cpp may silently clamp ``n_rs_seq`` to 0; runtimes report what they got).
+    """
+
+    name: str
+    n_vocab: int
+    n_ctx: int
+    max_block: int
+    rollback_window: int | None
+    eog_ids: frozenset[int] = frozenset()
+    features: frozenset[str] = frozenset()
+    digest: str | None = None
+
+    def in_place(self, depth: int) -> bool:
+        """True when removing ``depth`` trailing tokens of the last decode needs no checkpoint."""
+        return depth == 0 or self.rollback_window is None or depth <= self.rollback_window
+
+
+@attrs.frozen
+class DecodeResult:
+    """Rows of one target pass: ``logits[i]`` predicts the token after ``tokens[i]``.
+
+    Arrays may be zero-copy views into runtime buffers; they are valid until the next call on the
+    same runtime. ``features`` carries hidden-state taps requested by the proposer.
+    """
+
+    tokens: TokenArray
+    logits: npt.NDArray[np.float32]
+    features: Mapping[str, npt.NDArray[np.float32]] = attrs.field(factory=dict)
+
+
+@runtime_checkable
+class TargetRuntime(Protocol):
+    """The authoritative model. Implemented by ``power_native.LlamaTarget`` and the reference backend."""
+
+    @property
+    def capabilities(self) -> TargetCapabilities: ...
+
+    @property
+    def n_past(self) -> int:
+        """Tokens currently held in the target's memory."""
+        ...
+
+    def decode(self, tokens: TokenArray) -> DecodeResult:
+        """Append ``tokens`` at ``n_past`` in one pass and return one logits row per token."""
+        ...
+
+    def checkpoint(self) -> Any:
+        """Retain the current state so that a failure, or a rollback deeper than the resident
+        window, can return to it exactly. For attention-only memory this is a position mark; for
+        recurrent memory it also holds the recurrent state (llama.cpp ``PARTIAL_ONLY``), never the
+        full attention KV."""
+        ...
+
+    def rollback(self, checkpoint: Any, keep: int) -> bool:
+        """Keep the first ``keep`` tokens of the last decode and discard the rest.
+
+        Returns ``True`` when done in place. Returns ``False`` when the runtime instead restored
+        ``checkpoint``; the caller must then replay the ``keep`` accepted tokens."""
+        ...
+
+    def restore(self, checkpoint: Any) -> None:
+        """Return exactly to ``checkpoint`` (after a failure or cancellation), or raise
+        :class:`~power_core.errors.StateLost`."""
+        ...
+
+    def reset(self) -> None:
+        """Forget every token (new request)."""
+        ...
+
+
+@attrs.frozen
+class ProposalContext:
+    """What a proposer may read when asked for tokens: committed history and the round's width."""
+
+    history: TokenArray
+    anchor: int
+    k: int
+    round_index: int
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """A proposal mechanism. Advisory only: the target verifies every token it proposes.
+
+    Call order per round: ``checkpoint`` → ``propose`` → ``observe`` → ``commit``; on failure or
+    cancel ``restore`` with the round's checkpoint instead of ``commit``.
+    """
+
+    #: hidden-state taps this proposer needs from the target's verify pass (may be empty)
+    features: frozenset[str]
+
+    def begin(self, prompt: TokenArray) -> None:
+        """Start a request on ``prompt`` (everything before the first anchor, plus the anchor)."""
+        ...
+
+    def checkpoint(self) -> Any: ...
+
+    def propose(self, ctx: ProposalContext) -> TokenArray:
+        """Return at most ``ctx.k`` token ids to follow ``ctx.anchor`` (may be empty)."""
+        ...
+
+    def observe(self, result: DecodeResult) -> None:
+        """See the target's verify pass (rows and features) before acceptance is decided."""
+        ...
+
+    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
+        """Keep the first ``n_accepted`` proposals; ``emitted`` is everything the round emitted
+        (accepted proposals followed by the correction or bonus token)."""
+        ...
+
+    def restore(self, checkpoint: Any) -> None: ...

@@ -1,0 +1,275 @@
+"""The exactness transaction: the seed's seven steps, in order, every round.
+
+1. ``checkpoint`` — retain target, proposer, sampler and decoder state.
+2. ``propose``    — ask the proposer for at most the scheduled number of tokens.
+3. ``verify``     — decode the anchor and the proposal block in one target pass.
+4. ``accept``     — sample target rows only through the first mismatch.
+5. ``commit``     — keep the accepted prefix; discard every rejected state row (in place, or by
+   restoring the checkpoint and replaying the accepted prefix).
+6. ``emit``       — append the accepted proposals plus exactly one correction or bonus token.
+7. ``restore``    — on cancellation or any exception, return target, proposer, sampler and decoder
+   to the last committed transaction (the start of the round) and re-raise.
+
+The target's memory holds every committed token except the *anchor*, the last emitted token; the
+anchor opens the next verify block. The sampler draws emitted position ``p`` from a stream indexed
+by ``p`` (:mod:`power_core.sampling`), so a rejected suffix never advances it.
+
+The transaction knows no adapter and no backend: only the protocols in :mod:`power_core.runtime`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import numpy as np
+import structlog
+
+from power_core.errors import AdapterFault, Cancelled, CapacityError, PowerError, RuntimeFault
+from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
+from power_core.sampling import TargetSampler
+from power_core.scheduler import RoundOutcome, Scheduler
+
+__all__ = ["PHASES", "CancelToken", "RoundRecord", "Transaction"]
+
+log = structlog.get_logger(__name__)
+
+PHASES = ("checkpoint", "propose", "verify", "accept", "commit", "emit", "restore")
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class CancelToken:
+    """Thread-safe cancellation flag, checked between transaction steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    def reset(self) -> None:
+        self._event.clear()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@attrs.frozen
+class RoundRecord:
+    """One committed round, as it appears in the receipt's trace."""
+
+    index: int
+    planned: int
+    reason: str
+    proposed: int
+    accepted: int
+    emitted: int
+    replayed: bool
+    shape: int  # tokens in the verify pass (anchor + proposals)
+    stop: str | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define(eq=False)
+class Transaction:
+    """Request-local decoder: owns the emitted tokens and runs rounds over target and proposer."""
+
+    target: TargetRuntime
+    proposer: Proposer | None
+    sampler: TargetSampler
+    scheduler: Scheduler
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    cancel: CancelToken = attrs.field(factory=CancelToken)
+    phase_hook: Callable[..., Any] | None = None
+    # decoder state
+    history: list[int] = attrs.field(factory=list)
+    emitted: list[int] = attrs.field(factory=list)
+    anchor: int = -1
+    finished: str | None = None
+    rounds: list[RoundRecord] = attrs.field(factory=list)
+    target_passes: int = 0
+    core_seconds: float = 0.0
+
+    # -- request start -------------------------------------------------------------------------
+    def prefill(self, prompt: Iterable[int]) -> None:
+        """Decode the prompt except its last token, which becomes the first anchor."""
+        tokens = np.ascontiguousarray(np.asarray(list(prompt), dtype=np.int32))
+        caps = self.target.capabilities
+        if tokens.ndim != 1 or tokens.shape[0] == 0:
+            raise CapacityError("the prompt is empty; give at least one token (e.g. BOS)")
+        bad = tokens[(tokens < 0) | (tokens >= caps.n_vocab)]
+        if bad.size:
+            raise CapacityError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {caps.n_vocab})")
+        if tokens.shape[0] >= caps.n_ctx:
+            raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
+                                "raise n_ctx or shorten the prompt (one slot is needed to generate)")
+        self.target.reset()
+        head = tokens[:-1]
+        for start in range(0, head.shape[0], caps.max_block):
+            self.target.decode(head[start:start + caps.max_block])
+        self.history = tokens.tolist()
+        self.anchor = int(tokens[-1])
+        if self.proposer is not None:
+            self.proposer.begin(tokens)
+
+    # -- phases ------------------------------------------------------------------------------------
+    def _phase(self, name: str, step: Callable[[], Any]) -> Any:
+        if self.phase_hook is None:
+            return step()
+        return self.phase_hook(phase=name, round_index=len(self.rounds), step=step)
+
+    def _check_cancel(self) -> None:
+        if self.cancel.cancelled:
+            raise Cancelled(f"generation cancelled in round {len(self.rounds)}; "
+                            f"{len(self.emitted)} committed tokens are kept and generation can resume")
+
+    def _width(self, planned: int) -> int:
+        """Clamp the planned width so the round never emits past max_tokens or the context."""
+        caps = self.target.capabilities
+        remaining = self.max_tokens - len(self.emitted)
+        room = caps.n_ctx - self.target.n_past - 1  # the anchor needs one slot
+        return max(0, min(planned, remaining - 1, room, caps.max_block - 1))
+
+    def _propose(self, k: int) -> TokenArray:
+        if k == 0 or self.proposer is None:
+            return _EMPTY
+        ctx = ProposalContext(history=np.asarray(self.history, dtype=np.int32), anchor=self.anchor,
+                              k=k, round_index=len(self.rounds))
+        try:
+            raw = self.proposer.propose(ctx)
+        except PowerError:
+            raise
+        except Exception as exc:
+            raise AdapterFault(f"proposer {type(self.proposer).__name__}.propose raised "
+                               f"{type(exc).__name__}: {exc}") from exc
+        props = np.asarray(raw)
+        if props.ndim != 1 or (props.size and not np.issubdtype(props.dtype, np.integer)):
+            raise AdapterFault(f"proposer returned {props.dtype}{list(props.shape)}; expected 1-D integer ids")
+        if props.shape[0] > k:
+            raise AdapterFault(f"proposer returned {props.shape[0]} tokens but the round allows at most {k}")
+        n_vocab = self.target.capabilities.n_vocab
+        if props.size and (props.min() < 0 or props.max() >= n_vocab):
+            raise AdapterFault(f"proposer returned token id outside [0, {n_vocab}): {props.tolist()}")
+        return props.astype(np.int32, copy=False)
+
+    def _verify(self, block: TokenArray) -> DecodeResult:
+        res = self.target.decode(block)
+        self.target_passes += 1
+        shape = getattr(res.logits, "shape", None)
+        if shape is None or len(shape) != 2 or shape[0] < block.shape[0]:
+            raise RuntimeFault(f"target returned logits of shape {shape} for a {block.shape[0]}-token block")
+        if self.proposer is not None:
+            self.proposer.observe(res)
+        return res
+
+    def _accept(self, props: TokenArray, res: DecodeResult) -> tuple[list[int], int, str | None]:
+        """Sample rows through the first mismatch. Returns (emitted, accepted, stop reason)."""
+        out: list[int] = []
+        accepted = 0
+        base = len(self.emitted)
+        n = props.shape[0]
+        for j in range(n + 1):
+            tok = self.sampler.sample(res.logits[j], base + j)
+            out.append(tok)
+            hit = j < n and tok == int(props[j])
+            accepted += hit
+            if tok in self.stop_ids:
+                return out, accepted, "stop"
+            if base + len(out) >= self.max_tokens:
+                return out, accepted, "max_tokens"
+            if not hit:
+                break
+        return out, accepted, None
+
+    def _commit(self, cp: Any, block: TokenArray, keep: int) -> bool:
+        """Keep ``keep`` tokens of the verify block; return True when it had to replay."""
+        if keep >= block.shape[0]:
+            return False
+        if self.target.rollback(cp, keep):
+            return False
+        self.target.decode(block[:keep])  # exact replay of the accepted prefix
+        self.target_passes += 1
+        return True
+
+    # -- one round -------------------------------------------------------------------------------
+    def step(self) -> RoundRecord | None:
+        """Run one round. Returns its record, or ``None`` when the request had already finished."""
+        if self.finished is not None:
+            return None
+        t0 = time.perf_counter()
+        room = self.target.capabilities.n_ctx - self.target.n_past - 1
+        if room < 0:
+            self.finished = "context"
+            return None
+        plan = self.scheduler.plan()
+        k = self._width(plan.k)
+        self._check_cancel()
+        cp_target, cp_proposer = self._phase("checkpoint", self._checkpoint)
+        try:
+            self._check_cancel()
+            props = self._phase("propose", lambda: self._propose(k))
+            self._check_cancel()
+            block = np.empty(props.shape[0] + 1, dtype=np.int32)
+            block[0] = self.anchor
+            block[1:] = props
+            res = self._phase("verify", lambda: self._verify(block))
+            self._check_cancel()
+            out, accepted, stop = self._phase("accept", lambda: self._accept(props, res))
+            self._check_cancel()
+            keep = len(out)  # the anchor plus every emitted token but the last (the next anchor)
+            replayed = self._phase("commit", lambda: self._commit(cp_target, block, keep))
+            if self.proposer is not None:
+                self.proposer.commit(accepted, np.asarray(out, dtype=np.int32))
+        except BaseException as exc:
+            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, exc))
+            raise
+        record = self._phase("emit", lambda: self._emit(plan, props.shape[0], out, accepted, replayed,
+                                                          stop, t0))
+        return record
+
+    def _checkpoint(self) -> tuple[Any, Any]:
+        cp_target = self.target.checkpoint()
+        try:
+            cp_proposer = self.proposer.checkpoint() if self.proposer is not None else None
+        except Exception as exc:
+            self.target.restore(cp_target)
+            raise AdapterFault(f"proposer checkpoint failed: {type(exc).__name__}: {exc}") from exc
+        return cp_target, cp_proposer
+
+    def _restore(self, cp_target: Any, cp_proposer: Any, exc: BaseException) -> None:
+        # Decoder and sampler state are only mutated by emit, so restoring them is a no-op;
+        # target and proposer return to the round's checkpoint.
+        self.target.restore(cp_target)
+        if self.proposer is not None:
+            self.proposer.restore(cp_proposer)
+        log.info("txn.restore", round=len(self.rounds), error=type(exc).__name__, n_past=self.target.n_past)
+
+    def _emit(self, plan: Any, proposed: int, out: list[int], accepted: int, replayed: bool,
+              stop: str | None, t0: float) -> RoundRecord:
+        self.emitted.extend(out)
+        self.history.extend(out)
+        self.anchor = out[-1]
+        if stop is not None:
+            self.finished = stop
+        elif len(self.emitted) >= self.max_tokens:
+            self.finished = "max_tokens"
+        self.scheduler.record(plan, RoundOutcome(proposed=proposed, accepted=accepted, replayed=replayed))
+        record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=proposed,
+                             accepted=accepted, emitted=len(out), replayed=replayed, shape=proposed + 1,
+                             stop=self.finished, seconds=time.perf_counter() - t0)
+        self.rounds.append(record)
+        log.debug("txn.commit", **record.to_dict())
+        return record
+
+    def run(self) -> None:
+        """Run rounds until the request finishes (stop token, max_tokens or context)."""
+        while self.finished is None:
+            self.step()
