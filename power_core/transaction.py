@@ -189,15 +189,17 @@ class Transaction:
                 break
         return out, accepted, None
 
-    def _commit(self, cp: Any, block: TokenArray, keep: int) -> bool:
-        """Keep ``keep`` tokens of the verify block; return True when it had to replay."""
-        if keep >= block.shape[0]:
-            return False
-        if self.target.rollback(cp, keep):
-            return False
-        self.target.decode(block[:keep])  # exact replay of the accepted prefix
-        self.target_passes += 1
-        return True
+    def _commit(self, cp: Any, block: TokenArray, out: list[int], accepted: int) -> bool:
+        """Keep the anchor and the accepted proposals; discard the rest. True when it replayed."""
+        keep = len(out)  # the anchor plus every emitted token but the last (the next anchor)
+        replayed = False
+        if keep < block.shape[0] and not self.target.rollback(cp, keep):
+            self.target.decode(block[:keep])  # exact replay of the accepted prefix
+            self.target_passes += 1
+            replayed = True
+        if self.proposer is not None:
+            self.proposer.commit(accepted, np.asarray(out, dtype=np.int32))
+        return replayed
 
     # -- one round -------------------------------------------------------------------------------
     def step(self) -> RoundRecord | None:
@@ -213,6 +215,7 @@ class Transaction:
         k = self._width(plan.k)
         self._check_cancel()
         cp_target, cp_proposer = self._phase("checkpoint", self._checkpoint)
+        decoder = (len(self.emitted), self.anchor, self.finished)  # sampler state is len(emitted)
         try:
             self._check_cancel()
             props = self._phase("propose", lambda: self._propose(k))
@@ -224,15 +227,18 @@ class Transaction:
             self._check_cancel()
             out, accepted, stop = self._phase("accept", lambda: self._accept(props, res))
             self._check_cancel()
-            keep = len(out)  # the anchor plus every emitted token but the last (the next anchor)
-            replayed = self._phase("commit", lambda: self._commit(cp_target, block, keep))
-            if self.proposer is not None:
-                self.proposer.commit(accepted, np.asarray(out, dtype=np.int32))
+            replayed = self._phase("commit", lambda: self._commit(cp_target, block, out, accepted))
+            self._phase("emit", lambda: self._emit(out, stop))
         except BaseException as exc:
-            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, exc))
+            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, exc))
             raise
-        record = self._phase("emit", lambda: self._emit(plan, props.shape[0], out, accepted, replayed,
-                                                          stop, t0))
+        # the round is committed: record it (pure bookkeeping, cannot fail)
+        self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed))
+        record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
+                             accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
+                             stop=self.finished, seconds=time.perf_counter() - t0)
+        self.rounds.append(record)
+        log.debug("txn.commit", **record.to_dict())
         return record
 
     def _checkpoint(self) -> tuple[Any, Any]:
@@ -244,16 +250,17 @@ class Transaction:
             raise AdapterFault(f"proposer checkpoint failed: {type(exc).__name__}: {exc}") from exc
         return cp_target, cp_proposer
 
-    def _restore(self, cp_target: Any, cp_proposer: Any, exc: BaseException) -> None:
-        # Decoder and sampler state are only mutated by emit, so restoring them is a no-op;
-        # target and proposer return to the round's checkpoint.
+    def _restore(self, cp_target: Any, cp_proposer: Any, decoder: tuple[int, int, str | None],
+                 exc: BaseException) -> None:
         self.target.restore(cp_target)
         if self.proposer is not None:
             self.proposer.restore(cp_proposer)
+        n_emitted, self.anchor, self.finished = decoder
+        del self.history[len(self.history) - (len(self.emitted) - n_emitted):]
+        del self.emitted[n_emitted:]
         log.info("txn.restore", round=len(self.rounds), error=type(exc).__name__, n_past=self.target.n_past)
 
-    def _emit(self, plan: Any, proposed: int, out: list[int], accepted: int, replayed: bool,
-              stop: str | None, t0: float) -> RoundRecord:
+    def _emit(self, out: list[int], stop: str | None) -> None:
         self.emitted.extend(out)
         self.history.extend(out)
         self.anchor = out[-1]
@@ -261,13 +268,6 @@ class Transaction:
             self.finished = stop
         elif len(self.emitted) >= self.max_tokens:
             self.finished = "max_tokens"
-        self.scheduler.record(plan, RoundOutcome(proposed=proposed, accepted=accepted, replayed=replayed))
-        record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=proposed,
-                             accepted=accepted, emitted=len(out), replayed=replayed, shape=proposed + 1,
-                             stop=self.finished, seconds=time.perf_counter() - t0)
-        self.rounds.append(record)
-        log.debug("txn.commit", **record.to_dict())
-        return record
 
     def run(self) -> None:
         """Run rounds until the request finishes (stop token, max_tokens or context)."""

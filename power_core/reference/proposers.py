@@ -68,7 +68,8 @@ class NoisyProposer:
     """Corrupt proposals of ``inner``: position ``j`` survives with probability ``acceptance``.
 
     The draw depends only on (seed, committed length, j), so a restored round proposes the same
-    tokens again. ``reject_at`` forces the first corruption at that position (``None``: random).
+    tokens again. ``reject_at`` forces the first corruption at that position (``None``: random);
+    ``keep_tail`` keeps the (now unverifiable) proposals after it, so blocks stay full width.
     """
 
     inner: Proposer
@@ -76,6 +77,7 @@ class NoisyProposer:
     acceptance: float = 1.0
     seed: int = 0
     reject_at: int | None = None
+    keep_tail: bool = False  # keep the proposals after the corrupted one (full-width blocks)
     features: frozenset[str] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -94,7 +96,7 @@ class NoisyProposer:
         for j in range(props.shape[0]):
             if j == self.reject_at or (self.reject_at is None and u[j] >= self.acceptance):
                 props[j] = (props[j] + 1 + int(u[j] * (self.vocab - 1)) % (self.vocab - 1)) % self.vocab
-                return props[: j + 1]
+                return props if self.keep_tail else props[: j + 1]
         return props
 
     def observe(self, result: DecodeResult) -> None:

@@ -15,7 +15,7 @@ cdef extern from "ggml.h" nogil:
         char name[64]
     cdef struct ggml_context
     ctypedef bint (*ggml_abort_callback)(void * data) noexcept
-    cpdef enum ggml_log_level:
+    enum ggml_log_level:
         GGML_LOG_LEVEL_NONE
         GGML_LOG_LEVEL_DEBUG
         GGML_LOG_LEVEL_INFO
@@ -50,7 +50,7 @@ cdef extern from "llama.h" nogil:
     cdef struct llama_memory_i
     ctypedef llama_memory_i * llama_memory_t
 
-    cpdef enum llama_context_type:
+    enum llama_context_type:
         LLAMA_CONTEXT_TYPE_DEFAULT
         LLAMA_CONTEXT_TYPE_MTP
 

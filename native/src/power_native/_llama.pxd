@@ -1,0 +1,36 @@
+# cython: language_level=3
+"""The owning wrappers of ``_llama.pyx``, declared so plugin packages can ``cimport`` them and
+reach the raw pointers (``Model.ptr``, ``Context.ptr``) for calls Power does not wrap."""
+
+from power_native.llama cimport gguf_context, llama_batch, llama_context, llama_memory_t, llama_model, llama_vocab
+
+
+cdef class Model:
+    cdef llama_model * ptr
+    cdef const llama_vocab * vocab
+    cdef readonly str path
+    cdef readonly int n_vocab
+    cdef readonly bint load_mtp
+    cdef gguf_context * _meta
+    cdef _bind(self, llama_model * ptr, str path, bint load_mtp)
+    cdef int _check_token(self, int token) except -1
+
+
+cdef class Context:
+    cdef llama_context * ptr
+    cdef llama_memory_t mem
+    cdef llama_batch batch
+    cdef bint has_batch
+    cdef int * abort_flag
+    cdef readonly Model model
+    cdef readonly object ctx_other
+    cdef readonly int n_ctx, n_batch, n_ubatch, n_rs_seq, n_outputs_max, n_vocab, ctx_type
+    cdef readonly int n_outputs
+    cdef readonly bint recurrent
+    cdef set _layer_taps
+    cdef bint _nextn_tap
+    cdef bint _nextn_masked
+    cdef int _last_n_tokens
+    cdef object __weakref__
+    cdef int _alive(self) except -1
+    cdef object _view(self, float * ptr, int rows, int cols)

@@ -1,0 +1,84 @@
+"""Power: model-neutral, exact speculative decoding on llama.cpp.
+
+The public facade. Everything a host runtime, an adapter author or a backend needs is importable
+from here; modules not named here are private and may change.
+"""
+
+from power_core.config import PowerConfig
+from power_core.errors import (
+    AdapterFault,
+    ArtifactError,
+    ArtifactMismatch,
+    Cancelled,
+    CapacityError,
+    ConfigError,
+    PluginError,
+    PowerError,
+    RuntimeFault,
+    StateLost,
+    StrategyNotFound,
+    StrategyNotInstalled,
+)
+from power_core.plugins import (
+    Backend,
+    OpenedModel,
+    OpenRequest,
+    ProposerRequest,
+    Strategy,
+    Tokenizer,
+    get_plugins,
+    hookimpl,
+)
+from power_core.receipt import Receipt, token_digest
+from power_core.runtime import (
+    DecodeResult,
+    ProposalContext,
+    Proposer,
+    TargetCapabilities,
+    TargetRuntime,
+)
+from power_core.sampling import TargetSampler
+from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
+from power_core.session import Generation, Result, Session
+from power_core.transaction import PHASES, CancelToken, Transaction
+
+__all__ = [
+    "PHASES",
+    "AdapterFault",
+    "ArtifactError",
+    "ArtifactMismatch",
+    "Backend",
+    "CancelToken",
+    "Cancelled",
+    "CapacityError",
+    "ConfigError",
+    "DecodeResult",
+    "Generation",
+    "OpenRequest",
+    "OpenedModel",
+    "PluginError",
+    "PowerConfig",
+    "PowerError",
+    "ProposalContext",
+    "Proposer",
+    "ProposerRequest",
+    "Receipt",
+    "Result",
+    "RoundOutcome",
+    "RoundPlan",
+    "RuntimeFault",
+    "Scheduler",
+    "Session",
+    "StateLost",
+    "Strategy",
+    "StrategyNotFound",
+    "StrategyNotInstalled",
+    "TargetCapabilities",
+    "TargetRuntime",
+    "TargetSampler",
+    "Tokenizer",
+    "Transaction",
+    "get_plugins",
+    "hookimpl",
+    "token_digest",
+]

@@ -1,0 +1,180 @@
+"""The ``power`` command line.
+
+Exit codes: 0 success, 1 usage error (bad flags), 2 rejected input (a :class:`PowerError`: bad
+config, unusable file, fail-closed strategy), 130 cancelled by Ctrl-C. No traceback reaches the user
+for an expected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import structlog
+
+from power_core.errors import Cancelled, ConfigError, PowerError
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_PROMPT = "Speculative decoding lets a small model propose tokens that a large model verifies."
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from power_core.plugins import get_plugins
+
+    plugins = get_plugins()
+    info = plugins.describe()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for p in info:
+        regs = ", ".join(p["strategies"] + [f"backend:{b}" for b in p["backends"]]) or "-"
+        print(f"{p['name']:<20} {p['distribution']} {p['version']:<10} {regs}")
+    return 0
+
+
+def _config_from_args(args: argparse.Namespace):
+    from power_core.config import PowerConfig
+
+    overrides: dict[str, Any] = {
+        "spec_mode": args.mode,
+        "spec_draft_max": args.draft_max,
+        "spec_mtp_recurrent_snapshots": args.snapshots,
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "n_ctx": args.n_ctx,
+        "n_threads": args.threads,
+        "spec_mtp_adaptive": True if args.adaptive else None,
+    }
+    if args.config:
+        return PowerConfig.from_toml(args.config, **overrides)
+    return PowerConfig.from_mapping({}, **overrides)
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("prompt_file", args.prompt_file, "a readable UTF-8 text file", str(exc)) from None
+    return args.prompt if args.prompt is not None else DEFAULT_PROMPT
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from power_core.session import Session
+
+    config = _config_from_args(args)
+    prompt = _read_prompt(args)
+    with Session.open(config, model=args.model, draft=args.draft, backend=args.backend) as session:
+        if session.opened.tokenizer is None:
+            # no tokenizer (synthetic models): the prompt is whitespace-separated token ids or bytes
+            words = prompt.split()
+            ids = [int(w) for w in words] if words and all(w.isdigit() for w in words) else list(prompt.encode())
+            n_vocab = session.opened.target.capabilities.n_vocab
+            result = session.generate([i % n_vocab for i in ids])
+        else:
+            result = session.generate(prompt)
+    receipt = result.receipt.to_dict()
+    if args.json:
+        print(json.dumps({"tokens": list(result.tokens), "text": result.text, "receipt": receipt}))
+        return 0
+    print(result.text if result.text is not None else " ".join(map(str, result.tokens)))
+    s = receipt["summary"]
+    acc = "n/a" if s["acceptance"] is None else f"{s['acceptance']:.1%}"
+    print(f"\n--- receipt ({receipt['schema']}) ---", file=sys.stderr)
+    print(f"strategy={receipt['strategy']['name']} backend={receipt['backend']['name']} "
+          f"tokens={receipt['output_tokens']} rounds={s['rounds']} acceptance={acc} "
+          f"tokens/pass={s['verified_tokens_per_pass']:.2f} replays={s['replays']} "
+          f"decode={receipt['timings']['decode_tok_s']:.1f} tok/s", file=sys.stderr)
+    print(json.dumps(receipt, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="power", description="Exact speculative decoding on llama.cpp.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logs on stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("plugins", help="list installed plugins, strategies and backends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_plugins)
+
+    r = sub.add_parser("run", help="generate with speculative decoding and print the receipt")
+    r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
+    r.add_argument("--draft", help="draft artifact for strategies that need one")
+    r.add_argument("--mode", help="spec_mode: off | auto | mtp | dflash | dflash2 | dspark | draft-model | ...")
+    r.add_argument("--backend", help="force a backend (llama, reference)")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
+    r.add_argument("--max-tokens", type=int)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--temperature", type=float)
+    r.add_argument("--top-k", type=int)
+    r.add_argument("--top-p", type=float)
+    r.add_argument("--draft-max", type=int, help="K: proposal width")
+    r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
+    r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
+    r.add_argument("--n-ctx", type=int)
+    r.add_argument("--threads", type=int)
+    r.add_argument("--config", help="TOML file with configuration keys")
+    r.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, receipt")
+    r.set_defaults(func=_cmd_run)
+
+    try:
+        from power_core.artifacts.cli import add_subcommands
+    except ImportError:  # pragma: no cover - artifacts package always ships with power-core
+        pass
+    else:
+        add_subcommands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
+        return 1
+    _configure_logging(args.verbose)
+    try:
+        return int(args.func(args))
+    except Cancelled as exc:
+        print(f"cancelled: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return 130
+    except PowerError as exc:
+        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

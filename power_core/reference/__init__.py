@@ -1,0 +1,7 @@
+"""Pure-numpy reference backend: a tiny decoder with KV and recurrent rollback semantics, plus toy
+proposers with controllable acceptance. The test bed for the core and for adapter authors."""
+
+from power_core.reference.model import ReferenceCheckpoint, ReferenceModel, ReferenceTarget
+from power_core.reference.proposers import DraftModelProposer, NoisyProposer
+
+__all__ = ["DraftModelProposer", "NoisyProposer", "ReferenceCheckpoint", "ReferenceModel", "ReferenceTarget"]
