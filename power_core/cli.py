@@ -43,9 +43,9 @@ def _configure_logging(verbose: int) -> None:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from power_core.plugins import get_plugins
+    from power_core.plugins import build_plugins
 
-    plugins = get_plugins()
+    plugins = build_plugins()
     info = plugins.describe()
     if args.json:
         print(json.dumps(info, indent=2))
@@ -87,11 +87,13 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from power_core.plugins import build_plugins
     from power_core.session import Session
 
     config = _config_from_args(args)
     prompt = _read_prompt(args)
-    with Session.open(config, model=args.model, draft=args.draft, backend=args.backend) as session:
+    with Session.open(config, model=args.model, draft=args.draft, backend=args.backend,
+                      plugins=build_plugins()) as session:
         if session.opened.tokenizer is None:
             # no tokenizer (synthetic models): the prompt is whitespace-separated token ids or bytes
             words = prompt.split()

@@ -145,8 +145,7 @@ def system_info() -> str:
 
 def _shutdown() -> None:
     global _log_alive
-    _log_alive = False
-    llama_log_set(NULL, NULL)
+    _log_alive = False  # the callback stays installed (silent): NULL would print to stderr
 
 
 llama_log_set(_log_cb, NULL)

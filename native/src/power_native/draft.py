@@ -1,0 +1,141 @@
+"""The experimental ``draft-model`` proposer: greedy drafting by a second llama.cpp context on a
+separate GGUF with the same vocabulary (llama.cpp's ``draft-simple``).
+
+The draft context keeps its own memory in sync with the committed history lazily: before each
+proposal it trims its memory to the longest common prefix with the history (minus the anchor) and
+decodes what is missing together with the anchor, then drafts one token per pass. With the target
+file as its own draft every proposal is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from power_core.errors import ArtifactMismatch, CapacityError
+from power_core.plugins import ProposerRequest
+from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_native import _llama
+from power_native.target import PREFILL_BATCH, load_model
+
+__all__ = ["DraftModelProposer", "make_draft_proposer", "check_same_vocab"]
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def check_same_vocab(target: _llama.Model, draft: _llama.Model) -> None:
+    """Refuse a draft whose vocabulary differs from the target's (size or any token text)."""
+    if target.n_vocab != draft.n_vocab:
+        raise ArtifactMismatch(f"draft {draft.path!r} has {draft.n_vocab} tokens but the target "
+                               f"{target.path!r} has {target.n_vocab}; use a draft of the same model family",
+                               evidence="tokenizer.ggml.tokens")
+    bad = target.vocab_mismatch(draft)
+    if bad >= 0:
+        raise ArtifactMismatch(f"draft token {bad} is {draft.token_text(bad)!r} but the target's is "
+                               f"{target.token_text(bad)!r}; the vocabularies differ",
+                               evidence=f"tokenizer.ggml.tokens[{bad}]")
+
+
+class DraftModelProposer:
+    """Greedy ``k``-token drafts from a second llama context (sequence 0, no snapshots)."""
+
+    features: frozenset[str] = frozenset()
+
+    def __init__(self, model: _llama.Model, *, n_ctx: int, k_max: int, n_threads: int | None = None) -> None:
+        n_batch = max(min(PREFILL_BATCH, n_ctx), k_max + 1)
+        self.model = model
+        self.ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_rs_seq=0,
+                                  n_outputs_max=1, n_threads=n_threads or os.cpu_count())
+        self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
+        self._history: list[int] = []  # committed tokens incl. the anchor
+        self.stats = {"drafted": 0, "draft_passes": 0}
+
+    # -- protocol -------------------------------------------------------------------------------------
+    def begin(self, prompt: TokenArray) -> None:
+        self.ctx.clear(False)
+        self._kv = []
+        self._history = [int(t) for t in prompt]
+        self._sync(self._history[:-1], last_logits=False)
+
+    def checkpoint(self) -> tuple[int, ...]:
+        return tuple(self._history)
+
+    def propose(self, ctx: ProposalContext) -> TokenArray:
+        self._history = [int(t) for t in ctx.history]
+        if ctx.k <= 0:
+            return _EMPTY
+        committed = self._history[:-1]
+        k = min(ctx.k, self.ctx.n_ctx - len(committed) - 1)
+        if k <= 0:
+            return _EMPTY
+        self._sync(committed + [self._history[-1]], last_logits=True)
+        out = np.empty(k, dtype=np.int32)
+        for i in range(k):
+            tok = int(np.argmax(self.ctx.logits()[-1]))
+            out[i] = tok
+            if i + 1 < k:
+                self._decode([tok], last_logits=True)
+        self.stats["drafted"] += k
+        return out
+
+    def observe(self, result: DecodeResult) -> None:
+        return None
+
+    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
+        self._history.extend(int(t) for t in emitted)
+
+    def restore(self, checkpoint: tuple[int, ...]) -> None:
+        self._history = list(checkpoint)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _sync(self, want: list[int], *, last_logits: bool) -> None:
+        """Make the draft memory hold exactly ``want`` (trim to the common prefix, decode the rest)."""
+        common = 0
+        for a, b in zip(self._kv, want):
+            if a != b:
+                break
+            common += 1
+        if last_logits and common == len(want) and want:
+            common -= 1  # re-decode the last token to get its logits row
+        if common < len(self._kv):
+            if not self.ctx.seq_rm(0, common, -1):  # recurrent draft: start over
+                self.ctx.clear(False)
+                common = 0
+            del self._kv[common:]
+        rest = want[common:]
+        if not rest:
+            return
+        step = self.ctx.n_batch
+        for s in range(0, len(rest), step):
+            self._decode(rest[s:s + step], last_logits=last_logits and s + step >= len(rest))
+
+    def _decode(self, tokens: list[int], *, last_logits: bool) -> None:
+        if len(self._kv) + len(tokens) > self.ctx.n_ctx:
+            raise CapacityError(f"the draft context of {self.ctx.n_ctx} tokens is full")
+        self.ctx.decode(np.asarray(tokens, dtype=np.int32), len(self._kv), all_outputs=False)
+        self._kv.extend(tokens)
+        self.stats["draft_passes"] += 1
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
+    """Strategy factory: ``req.draft`` is the draft GGUF (``None``: the target file itself)."""
+    from power_native.models import resolve_model
+    from power_native.target import LlamaTarget
+
+    target = req.opened.target
+    path = resolve_model(req.draft) if req.draft is not None else req.opened.model_path
+    if path is None:
+        raise ArtifactMismatch("draft-model needs a draft GGUF (--draft PATH)", evidence="draft")
+    model = load_model(path, role="draft")
+    if isinstance(target, LlamaTarget):
+        check_same_vocab(target.model, model)
+    elif target.capabilities.n_vocab != model.n_vocab:
+        raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
+                               f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
+    cfg = req.config
+    return DraftModelProposer(model, n_ctx=target.capabilities.n_ctx, k_max=cfg.spec_draft_max,
+                              n_threads=cfg.n_threads)

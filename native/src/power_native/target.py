@@ -1,0 +1,243 @@
+"""``LlamaTarget``: the core's :class:`~power_core.runtime.TargetRuntime` over one llama.cpp context,
+and the ``llama`` backend's ``open`` function.
+
+Memory holds every committed token except the anchor. Rollback of the last decode is done in place
+with ``llama_memory_seq_rm`` when llama.cpp allows it (always for attention KV; for recurrent or
+hybrid memory only within the granted ``n_rs_seq`` snapshots, at most ``tokens_in_last_decode - 1``
+deep and once per decode); otherwise the round's checkpoint (position + ``PARTIAL_ONLY`` state) is
+restored and the core replays the accepted prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import attrs
+import numpy as np
+import structlog
+
+from power_core.errors import ArtifactError, CapacityError, StateLost
+from power_core.plugins import OpenedModel, OpenRequest
+from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
+from power_native import _llama, build_info
+from power_native.gguf_check import check_gguf, sha256_file
+from power_native.models import resolve_model
+
+__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "PREFILL_BATCH"]
+
+log = structlog.get_logger(__name__)
+
+#: tokens per llama_decode call during prefill (llama-completion's n_ubatch default)
+PREFILL_BATCH = 512
+
+
+@attrs.frozen
+class LlamaCheckpoint:
+    """Position mark (+ recurrent ``PARTIAL_ONLY`` state) of one :class:`LlamaTarget`."""
+
+    n_past: int
+    epoch: int
+    state: bytes | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
+
+
+def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False) -> _llama.Model:
+    """Check the file header, then load it; every failure is an :class:`ArtifactError`."""
+    summary = check_gguf(path, role=role)
+    try:
+        return _llama.Model.load(os.fspath(path), load_mtp=load_mtp)
+    except ArtifactError as exc:
+        said = " | ".join(_llama.last_errors()) or str(exc)
+        if "unknown model architecture" in said:
+            raise ArtifactError(f"{role} file {os.fspath(path)!r} declares architecture {summary['arch']!r}, "
+                                "which the pinned llama.cpp does not know", reason="arch_unknown",
+                                evidence="general.architecture") from None
+        raise ArtifactError(f"llama.cpp could not load {role} file {os.fspath(path)!r} "
+                            f"(arch {summary['arch']!r}): {said}", reason="gguf_load_failed") from None
+
+
+class LlamaTokenizer:
+    """Text codec through llama_tokenize / llama_token_to_piece (BOS as llama-completion adds it)."""
+
+    def __init__(self, model: _llama.Model) -> None:
+        self.model = model
+
+    def encode(self, text: str) -> TokenArray:
+        return self.model.tokenize(text, add_special=True, parse_special=True)
+
+    def decode(self, tokens: TokenArray) -> str:
+        return self.model.detokenize(np.asarray(tokens, dtype=np.int32)).decode("utf-8", "replace")
+
+
+class LlamaTarget:
+    """The authoritative model on one llama.cpp context (sequence 0)."""
+
+    def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
+                 features: frozenset[str] = frozenset()) -> None:
+        self.model = model
+        self.ctx = ctx
+        recurrent = model.is_recurrent or model.is_hybrid
+        self._caps = TargetCapabilities(
+            name="llama", n_vocab=model.n_vocab, n_ctx=ctx.n_ctx, max_block=max_block,
+            rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
+            features=frozenset(features), digest=digest)
+        self._recurrent = recurrent
+        self._n_past = 0
+        self._epoch = 0
+        self._last_len = 0  # tokens of the last single llama_decode (0: none / not rollable)
+        self._rs_used = True
+        #: rollback accounting for the receipt
+        self.stats = {"rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": 0}
+
+    # -- protocol ---------------------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> TargetCapabilities:
+        return self._caps
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def decode(self, tokens: TokenArray) -> DecodeResult:
+        """Append ``tokens`` at ``n_past``; one logits row per token (zero-copy when one call)."""
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        n = toks.shape[0]
+        self._room(n)
+        step = self.ctx.n_outputs_max
+        if n <= step:
+            self.ctx.decode(toks, self._n_past)
+            self._advance(n, rollable=True)
+            logits = self.ctx.logits()
+        else:  # longer than one output buffer: several calls, rows copied
+            rows = []
+            for s in range(0, n, step):
+                part = toks[s:s + step]
+                self.ctx.decode(part, self._n_past)
+                self._advance(part.shape[0], rollable=False)
+                rows.append(np.array(self.ctx.logits()))
+            logits = np.concatenate(rows)
+        return DecodeResult(tokens=toks, logits=logits)
+
+    def prefill(self, tokens: TokenArray) -> None:
+        """Append ``tokens`` without returning logits, in ``PREFILL_BATCH`` chunks like llama-completion
+        (fewer passes and the same numerics as the peer; optional extension of the protocol)."""
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        self._room(toks.shape[0])
+        for s in range(0, toks.shape[0], self.ctx.n_batch):
+            part = toks[s:s + self.ctx.n_batch]
+            self.ctx.decode(part, self._n_past, all_outputs=False)
+            self._advance(part.shape[0], rollable=False)
+
+    def checkpoint(self) -> LlamaCheckpoint:
+        state = self.ctx.state_get(0) if self._recurrent else None
+        return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state)
+
+    def rollback(self, checkpoint: LlamaCheckpoint, keep: int) -> bool:
+        last = self._last_len
+        if last == 0 or not 0 <= keep <= last:
+            self.restore(checkpoint)
+            self.stats["rollback_restored"] += 1
+            return False
+        depth = last - keep
+        if depth == 0:
+            return True
+        pos = self._n_past - depth
+        if self._recurrent:
+            window = min(self.ctx.n_rs_seq, last - 1)
+            if self._rs_used or depth > window or not self.ctx.seq_rm(0, pos, -1):
+                self.restore(checkpoint)
+                self.stats["rollback_restored"] += 1
+                return False
+            self._rs_used = True
+        elif not self.ctx.seq_rm(0, pos, -1):
+            self.restore(checkpoint)
+            self.stats["rollback_restored"] += 1
+            return False
+        self._n_past = pos
+        self._last_len = keep
+        self.stats["rollback_in_place"] += 1
+        return True
+
+    def restore(self, checkpoint: LlamaCheckpoint) -> None:
+        if not isinstance(checkpoint, LlamaCheckpoint) or checkpoint.epoch != self._epoch:
+            raise StateLost(f"checkpoint {checkpoint!r} does not belong to this request of the llama target "
+                            "(reset since); discard the session")
+        if checkpoint.n_past > self._n_past and checkpoint.state is None:
+            raise StateLost(f"checkpoint at {checkpoint.n_past} tokens is ahead of the target "
+                            f"({self._n_past} tokens); the tokens after it are gone")
+        try:
+            if checkpoint.state is not None:
+                self.ctx.state_set(checkpoint.state, 0)
+            ok = self.ctx.seq_rm(0, checkpoint.n_past, -1)
+        except StateLost:
+            raise
+        except Exception as exc:
+            raise StateLost(f"restoring the llama target to {checkpoint.n_past} tokens failed: {exc}") from exc
+        if not ok:
+            raise StateLost(f"llama_memory_seq_rm refused to trim the target to {checkpoint.n_past} tokens")
+        self._n_past = checkpoint.n_past
+        self._last_len = 0
+        self._rs_used = True
+        self.stats["restores"] += 1
+
+    def reset(self) -> None:
+        self.ctx.clear(False)
+        self._n_past = 0
+        self._epoch += 1
+        self._last_len = 0
+        self._rs_used = True
+
+    # -- extras -------------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Abort a running decode (it raises Cancelled; the core restores its checkpoint)."""
+        self.ctx.abort()
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    def _room(self, n: int) -> None:
+        if n == 0:
+            raise CapacityError("decode: empty block")
+        if self._n_past + n > self._caps.n_ctx:
+            raise CapacityError(f"the llama target holds {self._n_past} tokens; {n} more overflow its context "
+                                f"of {self._caps.n_ctx}; raise n_ctx or shorten the request")
+
+    def _advance(self, n: int, *, rollable: bool) -> None:
+        self._n_past += n
+        self._last_len = n if rollable else 0
+        self._rs_used = False if rollable else True
+        self.stats["decodes"] += 1
+
+
+def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) -> dict[str, int]:
+    n_rs = snapshots if recurrent else 0
+    need = max(max_block, n_rs + 2)  # llama.cpp asserts n_ubatch > n_rs_seq + 1
+    n_batch = max(min(PREFILL_BATCH, n_ctx), need)
+    return {"n_batch": n_batch, "n_ubatch": n_batch, "n_rs_seq": n_rs, "n_outputs_max": max(max_block, 1)}
+
+
+def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, snapshots: int,
+                n_threads: int | None = None, features: frozenset[str] = frozenset(),
+                digest: str | None = None) -> LlamaTarget:
+    """Load ``path`` and create its target context (the pieces of :func:`open_llama`)."""
+    model = load_model(path)
+    shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
+    ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), **shape)
+    return LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features)
+
+
+def open_llama(req: OpenRequest) -> OpenedModel:
+    """The ``llama`` backend: open ``req.model`` (``None``: embedded SmolLM2) as a :class:`LlamaTarget`."""
+    path = resolve_model(req.model)
+    check_gguf(path)
+    digest = sha256_file(path)
+    cfg = req.config
+    target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
+                         n_threads=cfg.n_threads, features=req.features, digest=digest)
+    info = dict(build_info())
+    info.update(backend="llama", arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
+                n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
+                snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
+                n_threads=cfg.n_threads or os.cpu_count(), rollback=target.stats)
+    log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
+             n_rs_seq=target.ctx.n_rs_seq)
+    return OpenedModel(target=target, tokenizer=LlamaTokenizer(target.model), model_path=str(path),
+                       artifacts={"target": digest}, backend_info=info, close=target.close)

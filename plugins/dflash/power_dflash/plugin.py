@@ -1,0 +1,30 @@
+"""The ``power.adapters`` entry point of power-dflash: registers the ``dflash`` strategy.
+
+The llama.cpp execution path comes in a later release, so ``proposer`` is None; the session
+fails closed ("execution path not available yet") when this strategy is selected to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import metadata
+
+from power_core.plugins import Strategy, hookimpl
+
+from power_dflash.validate import validate_dflash
+
+
+def _version() -> str:
+    try:
+        return metadata.version("power-dflash")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@hookimpl
+def power_register_strategies(register: Callable[[Strategy], None]) -> None:
+    register(Strategy(
+        name="dflash", version=_version(), package="power-dflash", kind="model-backed", needs_draft=True,
+        summary="DFlash v1 drafts (llama.cpp `dflash` arch, no selector/conv/Markov parts): validator and strategy registration.",
+        validate=validate_dflash, proposer=None,
+    ))

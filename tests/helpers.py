@@ -1,0 +1,44 @@
+"""Shared helpers for the core's tests: sessions over the reference backend only."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from power_core.config import PowerConfig
+from power_core.plugins import PowerPlugins, build_plugins
+from power_core.session import Result, Session
+
+_CORE: PowerPlugins | None = None
+
+
+def core_plugins(*extra: object) -> PowerPlugins:
+    """Built-ins only (no entry points), so core tests do not depend on what else is installed."""
+    global _CORE
+    if _CORE is not None and not extra:
+        return _CORE
+    old = os.environ.get("POWER_LOAD_PLUGINS")
+    os.environ["POWER_LOAD_PLUGINS"] = ""
+    try:
+        plugins = build_plugins(extra=extra)
+    finally:
+        if old is None:
+            del os.environ["POWER_LOAD_PLUGINS"]
+        else:
+            os.environ["POWER_LOAD_PLUGINS"] = old
+    if not extra:
+        _CORE = plugins
+    return plugins
+
+
+def open_session(model: str, mode: str = "off", draft: str | None = None, *extra: object,
+                 stop_ids: frozenset[int] | None = None, **cfg: Any) -> Session:
+    cfg.setdefault("n_ctx", 256)
+    return Session.open(PowerConfig(spec_mode=mode, **cfg), model=model, draft=draft,
+                        plugins=core_plugins(*extra), stop_ids=stop_ids)
+
+
+def run(model: str, prompt: list[int], mode: str = "off", draft: str | None = None, **cfg: Any) -> Result:
+    stop_ids = cfg.pop("stop_ids", None)
+    with open_session(model, mode, draft, stop_ids=stop_ids, **cfg) as s:
+        return s.generate(prompt)

@@ -1,0 +1,99 @@
+"""The ``power`` CLI: run on the reference backend, JSON output, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from power_core.cli import main
+
+REF = ["--backend", "reference", "--model", "reference:seed=2,vocab=288,dim=16,eos=256"]
+
+
+def run_cli(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_run_json_has_tokens_text_receipt(capsys):
+    rc, out, _ = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--prompt", "hello", "--max-tokens", "12",
+                         "--json")
+    assert rc == 0
+    obj = json.loads(out)
+    assert len(obj["tokens"]) == 12 and isinstance(obj["text"], str)
+    r = obj["receipt"]
+    assert r["schema"] == "power.receipt/1" and r["strategy"]["name"] == "ref-draft"
+    assert r["summary"]["acceptance"] == 1.0 and len(r["output_sha256"]) == 64
+
+
+def test_run_speculative_equals_off(capsys):
+    outs = []
+    for mode in ("off", "ref-draft"):
+        rc, out, _ = run_cli(capsys, "run", *REF, "--mode", mode, "--prompt", "abc", "--max-tokens", "20",
+                             "--temperature", "0.8", "--seed", "7", "--draft", "reference:accept=0.5", "--json")
+        assert rc == 0
+        outs.append(json.loads(out)["tokens"])
+    assert outs[0] == outs[1]
+
+
+def test_run_plain_prints_text_and_receipt(capsys):
+    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8")
+    assert rc == 0 and "receipt" in err and '"output_sha256"' in out
+
+
+def test_run_with_config_file(tmp_path, capsys):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('spec_mode = "ref-draft"\nspec_draft_max = 3\nmax_tokens = 6\n')
+    rc, out, _ = run_cli(capsys, "run", *REF, "--config", str(cfg), "--json")
+    assert rc == 0
+    r = json.loads(out)["receipt"]
+    assert r["config"]["spec_draft_max"] == 3 and r["output_tokens"] == 6
+
+
+@pytest.mark.parametrize("argv,code,msg", [
+    (["run", "--draft-max", "0", *REF], 2, "spec_draft_max"),
+    (["run", "--snapshots", "9", "--draft-max", "7", *REF], 2, "spec_mtp_recurrent_snapshots"),
+    (["run", "--mode", "mtp", *REF], 2, "pip install power-mtp"),
+    (["run", "--mode", "Not A Mode", *REF], 2, "spec_mode"),
+    (["run", "--config", "/nonexistent.toml", *REF], 2, "config"),
+    (["run", "--prompt-file", "/nonexistent.txt", *REF], 2, "prompt_file"),
+    (["run", "--model", "reference:bogus=1", "--backend", "reference"], 2, "unknown key"),
+    (["run", "--max-tokens", "abc"], 1, "invalid int"),
+    (["run", "--prompt", "a", "--prompt-file", "b"], 1, "not allowed with"),
+    (["frobnicate"], 1, "invalid choice"),
+    ([], 1, "required"),
+])
+def test_errors_have_exit_codes_and_no_traceback(capsys, monkeypatch, argv, code, msg):
+    monkeypatch.setenv("POWER_LOAD_PLUGINS", "")
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == code, err
+    assert msg in err and "Traceback" not in err
+
+
+def test_bad_toml_is_rejected(tmp_path, capsys):
+    f = tmp_path / "bad.toml"
+    f.write_text("spec_draft_max = [\n")
+    rc, _, err = run_cli(capsys, "run", *REF, "--config", str(f))
+    assert rc == 2 and "a readable TOML file" in err
+    f.write_text("spec_draft_mx = 3\n")
+    rc, _, err = run_cli(capsys, "run", *REF, "--config", str(f))
+    assert rc == 2 and "did you mean 'spec_draft_max'" in err
+
+
+def test_plugins_json(capsys):
+    rc, out, _ = run_cli(capsys, "plugins", "--json")
+    assert rc == 0
+    info = {p["name"]: p for p in json.loads(out)}
+    assert "off" in info["power.core"]["strategies"]
+    assert info["power.reference"]["backends"] == ["reference"]
+    assert "power_register_strategies" in info["power.reference"]["hooks"]
+
+
+def test_console_script_is_installed():
+    out = subprocess.run([sys.executable, "-m", "power_core.cli", "plugins", "--json"], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout)

@@ -1,0 +1,97 @@
+"""Config validation, the position-indexed sampler, and the receipt format."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from power_core.config import PowerConfig
+from power_core.errors import ConfigError
+from power_core.receipt import token_digest
+from power_core.sampling import TargetSampler
+from tests.helpers import run
+
+
+@pytest.mark.parametrize("kw,key", [
+    (dict(spec_draft_max=0), "spec_draft_max"),
+    (dict(spec_draft_max=65), "spec_draft_max"),
+    (dict(spec_draft_max=True), "spec_draft_max"),
+    (dict(spec_draft_max=3, spec_mtp_recurrent_snapshots=4), "spec_mtp_recurrent_snapshots"),
+    (dict(spec_mtp_recurrent_snapshots=0), "spec_mtp_recurrent_snapshots"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(min_p=1.0), "min_p"),
+    (dict(spec_mode="off", spec_mtp_adaptive=True), "spec_mtp_adaptive"),
+    (dict(spec_mode="dflash", spec_mtp_fr_vocab_size=8192), "spec_mtp_fr_vocab_size"),
+    (dict(spec_mtp_adaptive="yes"), "spec_mtp_adaptive"),
+    (dict(spec_mode="UPPER"), "spec_mode"),
+])
+def test_config_errors_name_key_value_and_range(kw, key):
+    with pytest.raises(ConfigError) as err:
+        PowerConfig(**kw)
+    assert err.value.key == key and key in str(err.value) and "allowed" in str(err.value)
+
+
+def test_config_unknown_key_and_toml(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'temperature'"):
+        PowerConfig.from_mapping({"temprature": 0.5})
+    f = tmp_path / "c.toml"
+    f.write_text('[power]\nspec_mode = "mtp"\nspec_draft_max = 7\nspec_mtp_recurrent_snapshots = 6\n'
+                 "spec_mtp_fr_vocab_size = 8192\n")
+    cfg = PowerConfig.from_toml(f, seed=3)
+    assert (cfg.spec_mode, cfg.snapshots, cfg.spec_mtp_fr_vocab_size, cfg.seed) == ("mtp", 6, 8192, 3)
+    assert cfg.digest() == PowerConfig.from_toml(f, seed=3).digest() != PowerConfig.from_toml(f).digest()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 10_000), st.floats(0.05, 3.0), st.integers(0, 30),
+       st.floats(0.05, 1.0), st.floats(0.0, 0.5))
+def test_sampler_is_a_pure_function_of_row_position_and_seed(seed, pos, temp, top_k, top_p, min_p):
+    row = np.random.default_rng(seed % 1000).normal(0, 3, 64).astype(np.float32)
+    s = TargetSampler(temp, top_k, top_p, min_p, seed)
+    tok = s.sample(row, pos)
+    assert tok == s.sample(row.copy(), pos)
+    assert 0 <= tok < 64
+    if top_k:
+        assert tok in np.argsort(-row, kind="stable")[:top_k]
+
+
+def test_sampler_distribution_matches_softmax():
+    row = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float64)).astype(np.float32)
+    s = TargetSampler(temperature=1.0, seed=1)
+    counts = np.bincount([s.sample(row, p) for p in range(6000)], minlength=3) / 6000
+    assert np.allclose(counts, [0.5, 0.3, 0.2], atol=0.03)
+
+
+def test_greedy_is_argmax_first_max():
+    row = np.array([0.0, 2.0, 2.0, 1.0], dtype=np.float32)
+    assert TargetSampler().sample(row, 0) == 1
+
+
+def test_token_digest_is_int32_little_endian_sha256():
+    import hashlib
+
+    assert token_digest([1, 256]) == hashlib.sha256(b"\x01\x00\x00\x00\x00\x01\x00\x00").hexdigest()
+
+
+def test_receipt_fields_and_hash_stability():
+    model = "reference:seed=4,vocab=60,dim=8,recurrent=1"
+    a = run(model, [1, 2, 3], "ref-draft", "reference:accept=0.5", max_tokens=25, spec_draft_max=6,
+            spec_mtp_recurrent_snapshots=4)
+    b = run(model, [1, 2, 3], "ref-draft", "reference:accept=0.5", max_tokens=25, spec_draft_max=6,
+            spec_mtp_recurrent_snapshots=4)
+    d = a.receipt.to_dict()
+    for key in ("schema", "config_sha256", "artifacts", "strategy", "backend", "rounds", "scheduler",
+                "output_sha256", "timings", "summary", "receipt_sha256", "selection", "status"):
+        assert key in d, key
+    assert d["strategy"]["version"] and d["artifacts"]["target"]
+    s = d["summary"]
+    assert s["proposed"] == sum(r["proposed"] for r in d["rounds"]) and 0 <= s["acceptance"] <= 1
+    assert s["verified_tokens_per_pass"] == pytest.approx(25 / len(d["rounds"]))
+    assert a.receipt.digest() == b.receipt.digest()  # timings excluded
+    assert json.loads(a.receipt.to_json())["receipt_sha256"] == a.receipt.digest()

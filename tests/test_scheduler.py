@@ -1,0 +1,159 @@
+"""Each sentence of the seed's scheduling section, reproduced."""
+
+from __future__ import annotations
+
+from power_core.config import PowerConfig
+from power_core.scheduler import RoundOutcome, Scheduler
+from tests.helpers import open_session, run
+
+MODEL = "reference:seed=21,vocab=64,dim=12,recurrent=1"
+PROMPT = [5, 9, 2, 7]
+OTHER = "reference:seed=99,vocab=64,dim=8,recurrent=0"  # a poor draft: mostly rejected at 0
+
+
+def sched(k=7, s=7, adaptive=False, window="s", **kw):
+    cfg = PowerConfig(spec_mode="ref-draft", spec_draft_max=k, spec_mtp_recurrent_snapshots=s,
+                      spec_mtp_adaptive=adaptive, **kw)
+    return Scheduler.for_request(cfg, s if window == "s" else window)
+
+
+def test_spec_draft_max_bounds_width_and_snapshots_bound_rollback():
+    """spec_draft_max bounds proposal width. spec_mtp_recurrent_snapshots bounds resident rollback state."""
+    res = run(MODEL, PROMPT, "ref-draft", spec_draft_max=3, spec_mtp_recurrent_snapshots=2, max_tokens=30)
+    assert max(r["proposed"] for r in res.receipt.rounds) <= 3
+    with open_session(MODEL, "ref-draft", spec_draft_max=3, spec_mtp_recurrent_snapshots=2) as s:
+        assert s.opened.target.capabilities.rollback_window == 2
+
+
+def test_k7_s7_keeps_a_rollback_point_for_every_proposed_token():
+    """K7/S7 keeps a rollback point for every proposed token ... avoids the replay condition entirely."""
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=7, max_tokens=40)
+    assert res.receipt.replays == 0
+    assert any(r["shape"] - r["emitted"] == 7 for r in res.receipt.rounds)  # full-depth rollbacks happened
+    assert res.receipt.scheduler["mode"] == "balanced"
+
+
+def test_k7_s7_is_the_balanced_default():
+    cfg = PowerConfig()
+    assert (cfg.spec_draft_max, cfg.snapshots, cfg.spec_mtp_adaptive) == (7, 7, False)
+
+
+def test_k7_s6_rejected_suffix_may_exceed_window_and_replays_once_then_clamps_to_six():
+    """K7/S6: a rejected suffix may exceed the resident window. Power's guarded K7/S6 path permits one
+    exact replay, then clamps all later rounds in that request to six proposals."""
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=40)
+    rounds = res.receipt.rounds
+    first = next(i for i, r in enumerate(rounds) if r["replayed"])
+    assert rounds[first]["shape"] - rounds[first]["emitted"] == 7  # depth 7 > S=6
+    assert res.receipt.replays == 1
+    assert all(r["planned"] == 7 for r in rounds[: first + 1])
+    assert all(r["planned"] == 6 and r["reason"] == "clamped-after-replay" for r in rounds[first + 1:])
+    assert res.receipt.scheduler["events"][0]["event"] == "clamp"
+    assert res.tokens == run(MODEL, PROMPT, "off", max_tokens=40).tokens
+
+
+def test_guard_leaves_high_acceptance_requests_unchanged():
+    """The guard bounds replay without changing requests that remain on the high-acceptance path."""
+    res = run(MODEL, PROMPT, "ref-draft", None, spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=40)
+    assert res.receipt.replays == 0 and res.receipt.scheduler["clamp"] is None
+    assert all(r["planned"] == 7 for r in res.receipt.rounds[:-1])
+
+
+def test_adaptive_starts_at_min_k_s():
+    """The opt-in request-local controller ... starts at min(K, S)."""
+    s = sched(7, 6, adaptive=True)
+    assert s.plan().k == 6 and s.plan().reason == "probe"
+    s = sched(4, 4, adaptive=True)
+    assert s.plan().k == 4
+
+
+def test_adaptive_opens_wide_only_after_fully_accepted_probe():
+    s = sched(7, 6, adaptive=True)
+    p = s.plan()
+    s.record(p, RoundOutcome(proposed=6, accepted=6, replayed=False))
+    assert s.plan().k == 7 and s.wide_open is True
+    assert s.events[-1]["event"] == "open-wide"
+
+
+def test_adaptive_closes_wide_path_after_partial_first_round():
+    s = sched(7, 6, adaptive=True)
+    p = s.plan()
+    s.record(p, RoundOutcome(proposed=6, accepted=4, replayed=False))
+    assert s.wide_open is False and s.events[-1]["event"] == "close-wide"
+    for _ in range(5):  # later full rounds never reopen it
+        q = s.plan()
+        assert q.k == 6
+        s.record(q, RoundOutcome(proposed=6, accepted=6, replayed=False))
+
+
+def test_adaptive_does_not_use_replay_as_first_signal():
+    """It avoids using replay as its first signal: the probe at min(K,S) can never replay."""
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=6,
+              spec_mtp_adaptive=True, max_tokens=40)
+    assert res.receipt.replays == 0
+    assert res.receipt.rounds[0]["planned"] == 6
+
+
+def test_healthy_partial_rounds_retain_shape():
+    """Healthy partial rounds retain their graph shape."""
+    s = sched(7, 6, adaptive=True, spec_adaptive_low_yield=0.25)
+    s.record(s.plan(), RoundOutcome(6, 6, False))  # open wide
+    for accepted in (3, 5, 2, 4, 6, 3):
+        p = s.plan()
+        assert p.k == 7 and p.reason == "wide"
+        s.record(p, RoundOutcome(7, accepted, False))
+    assert not s.circuit_open
+
+
+def test_sustained_low_yield_opens_one_way_target_only_circuit():
+    """Sustained low-yield rounds open a one-way target-only circuit."""
+    s = sched(7, 7, adaptive=True, spec_adaptive_low_yield=0.25, spec_adaptive_low_yield_rounds=3)
+    s.record(s.plan(), RoundOutcome(7, 0, False))
+    s.record(s.plan(), RoundOutcome(7, 1, False))
+    assert not s.circuit_open
+    s.record(s.plan(), RoundOutcome(7, 0, False))
+    assert s.circuit_open and s.plan().k == 0 and s.plan().reason == "circuit-open"
+    s.record(s.plan(), RoundOutcome(0, 0, False))
+    assert s.plan().k == 0  # one-way
+
+
+def test_low_yield_streak_resets_on_a_good_round():
+    s = sched(7, 7, adaptive=True, spec_adaptive_low_yield_rounds=3)
+    for accepted in (0, 0, 6, 0, 0):
+        s.record(s.plan(), RoundOutcome(7, accepted, False))
+    assert not s.circuit_open
+
+
+def test_circuit_end_to_end_and_exact():
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_adaptive=True, max_tokens=40,
+              spec_adaptive_low_yield_rounds=2)
+    assert res.receipt.scheduler["circuit_open"]
+    reasons = [r["reason"] for r in res.receipt.rounds]
+    first = reasons.index("circuit-open")
+    assert all(x == "circuit-open" for x in reasons[first:])
+    assert all(r["proposed"] == 0 for r in res.receipt.rounds[first:])
+    assert res.tokens == run(MODEL, PROMPT, "off", max_tokens=40).tokens
+
+
+def test_legacy_key_spec_mtp_adaptive_selects_the_controller(tmp_path):
+    """The legacy ACL key remains spec_mtp_adaptive."""
+    f = tmp_path / "power.toml"
+    f.write_text('spec_mode = "mtp"\nspec_draft_max = 7\nspec_mtp_recurrent_snapshots = 6\nspec_mtp_adaptive = true\n')
+    cfg = PowerConfig.from_toml(f)
+    assert Scheduler.for_request(cfg, 6).adaptive
+
+
+def test_attention_only_target_never_replays_and_window_zero_never_clamps():
+    s = sched(7, 6, window=None)
+    assert not s.guarded and s.plan().k == 7
+    z = sched(7, 6, window=0)
+    z.record(z.plan(), RoundOutcome(7, 0, True))
+    assert z.clamp is None and z.replays == 1
+
+
+def test_one_scheduler_for_every_model_backed_strategy():
+    """The same scheduler is shared by every model-backed adapter: the session builds it, not the adapter."""
+    with open_session(MODEL, "ref-draft", spec_draft_max=5) as s:
+        gen = s.start(PROMPT)
+        gen.run()
+        assert type(gen.txn.scheduler) is Scheduler
