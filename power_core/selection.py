@@ -1,18 +1,46 @@
-"""Strategy selection (``spec_mode``): explicit modes run or fail closed; ``auto`` decides."""
+"""Strategy selection: which proposal mechanism runs, proven before anything native loads.
+
+Rules:
+
+* an explicit ``spec_mode`` selects that strategy or fails closed (never a silent downgrade): a
+  missing package names itself, a needed draft is required (or taken from the model manifest for
+  that same mode), a draft where none belongs is refused, and the validator plus vocabulary,
+  digest and binding checks run on GGUF files;
+* ``auto``: an explicit draft is classified (DFlash v1 / DFlash2 / DSpark) and must verify; else the
+  first verified draft named in the model manifest wins; else native MTP when the target carries
+  MTP layers and ``power-mtp`` is installed and its validator passes; else target-only (``off``).
+  Never two draft mechanisms at once;
+* models that are not GGUF files (``None``, ``reference:...``) skip inspection; ``auto`` then means
+  ``off`` and an explicit mode is resolved by name.
+
+The :class:`Selection` carries the reason, which the session puts into the receipt.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import attrs
+import structlog
 
-from power_core.plugins import PowerPlugins, Strategy
+from power_core.artifacts.binding import read_model_manifest
+from power_core.artifacts.contracts import classify_draft, mtp_evidence
+from power_core.artifacts.identity import file_digest
+from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
+from power_core.artifacts.view import ArtifactView
+from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
+from power_core.plugins import FIRST_PARTY_PACKAGES, Strategy
 
-__all__ = ["Selection", "select"]
+__all__ = ["Selection", "select", "is_gguf_model"]
+
+log = structlog.get_logger(__name__)
 
 
 @attrs.frozen
 class Selection:
+    """The chosen strategy, why, what its validator proved, the draft path and role -> sha256."""
+
     strategy: Strategy
     reason: str
     verified: Any = None
@@ -20,8 +48,121 @@ class Selection:
     artifacts: dict[str, str] = attrs.field(factory=dict)
 
 
-def select(plugins: PowerPlugins, config: Any, *, model: str | None, draft: str | None) -> Selection:
+def is_gguf_model(model: str | None) -> bool:
+    """True for a path Power must inspect (an existing file, or a name ending in .gguf)."""
+    if model is None or model.startswith("reference:"):
+        return False
+    return os.path.exists(model) or model.lower().endswith(".gguf")
+
+
+def _pick(sv: VerifiedArtifacts, strategy: Strategy, reason: str, draft: str | None) -> Selection:
+    log.info("artifact.selected", mode=strategy.name, reason=reason, **sv.artifacts())
+    return Selection(strategy=strategy, reason=reason, verified=sv, draft=draft, artifacts=sv.artifacts())
+
+
+def select(plugins: Any, config: Any, *, model: str | None, draft: str | None,
+           require_binding: bool | None = None, progress: bool | None = None) -> Selection:
+    """Resolve ``config.spec_mode`` against the installed strategies and the files; fail closed.
+
+    A draft bound to another target always fails. ``require_binding`` additionally refuses an
+    unbound draft (``power bind`` creates the binding); ``None`` reads ``POWER_REQUIRE_BINDING``
+    (``1``/``true`` = required, default not required). Drafts named in the model manifest are bound
+    through the manifest's digests. Raises :class:`~power_core.errors.PowerError` subclasses only.
+    """
+    if require_binding is None:
+        require_binding = os.environ.get("POWER_REQUIRE_BINDING", "").strip().lower() in ("1", "true", "yes", "on")
     mode = config.spec_mode
+    draft = os.fspath(draft) if draft is not None else None
+    if not is_gguf_model(model):
+        return _select_by_name(plugins, mode, draft, model)
+    assert model is not None
+    target = ArtifactView.from_gguf(model)
+    if mode == "off":
+        if draft is not None:
+            raise ConfigError("draft", draft, "no draft file when spec_mode = 'off'",
+                              "drop the draft or choose a speculative spec_mode")
+        return Selection(strategy=plugins.strategy("off"), reason="spec_mode=off: target-only decoding",
+                         artifacts={"target": file_digest(model, progress=progress).sha256})
+    if mode != "auto":
+        return _select_explicit(plugins, config, mode, target, model, draft, require_binding, progress)
+    return _select_auto(plugins, config, target, model, draft, require_binding, progress)
+
+
+def _select_by_name(plugins: Any, mode: str, draft: str | None, model: str | None) -> Selection:
+    what = "no model file" if model is None else f"model {model!r} is not a GGUF file"
     if mode == "auto":
-        return Selection(plugins.strategy("off"), "auto: no verified draft artifact; target-only")
-    return Selection(plugins.strategy(mode), f"explicit spec_mode={mode!r}", draft=draft)
+        return Selection(strategy=plugins.strategy("off"), reason=f"auto: {what}; target-only", draft=None)
+    strategy = plugins.strategy(mode)
+    return Selection(strategy=strategy, reason=f"spec_mode={mode} (explicit); {what}, artifact validation skipped",
+                     draft=draft)
+
+
+def _select_explicit(plugins: Any, config: Any, mode: str, target: ArtifactView, model: str, draft: str | None,
+                     require_binding: bool, progress: bool | None) -> Selection:
+    strategy = plugins.strategy(mode)  # StrategyNotInstalled names the package
+    source = "given"
+    if strategy.needs_draft and draft is None:
+        entry = next((e for e in read_model_manifest(model) if e.mode == mode), None)
+        if entry is None:
+            raise ArtifactMismatch(f"spec_mode {mode!r} needs a draft model file; pass one (--draft) or name one for "
+                                   f"mode {mode!r} in the model manifest {model}.power.json", reason="draft_missing",
+                                   evidence="draft")
+        draft, source = str(entry.path), "from the model manifest"
+        _check_manifest_digest(entry.path, entry.sha256, progress)
+        require_binding = False  # the manifest's digest binds it
+    sv = verify_artifacts(strategy, model, draft, config, require_binding=require_binding, target_view=target,
+                          progress=progress)
+    what = f"draft {draft} ({source}) verified" if draft else "target verified"
+    return _pick(sv, strategy, f"spec_mode={mode} (explicit); {what}", draft)
+
+
+def _check_manifest_digest(path: Any, sha: str, progress: bool | None) -> None:
+    got = file_digest(path, progress=progress).sha256
+    if got != sha:
+        raise ArtifactMismatch(f"the model manifest names {path} with sha256 {sha}, but the file has sha256 {got}",
+                               reason="manifest_stale", evidence=str(path))
+
+
+def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, draft: str | None,
+                 require_binding: bool, progress: bool | None) -> Selection:
+    if draft is not None:
+        contract, evidence = classify_draft(ArtifactView.from_gguf(draft))
+        strategy = plugins.strategy(contract)  # the user gave a draft: a missing package fails closed
+        sv = verify_artifacts(strategy, model, draft, config, require_binding=require_binding, target_view=target,
+                              progress=progress)
+        return _pick(sv, strategy, f"auto: draft {draft} is {contract} ({evidence}) and verified", draft)
+    skipped: list[str] = []
+    for entry in read_model_manifest(model):
+        if entry.mode not in plugins.strategies:
+            pkg = FIRST_PARTY_PACKAGES.get(entry.mode)
+            skipped.append(f"{entry.path} ({entry.mode}: not installed{'; pip install ' + pkg if pkg else ''})")
+            continue
+        strategy = plugins.strategies[entry.mode]
+        try:
+            _check_manifest_digest(entry.path, entry.sha256, progress)
+            sv = verify_artifacts(strategy, model, str(entry.path), config, require_binding=False,
+                                  target_view=target, progress=progress)
+        except ArtifactError as exc:
+            log.warning("artifact.manifest_draft_rejected", path=str(entry.path), mode=entry.mode, code=exc.code)
+            skipped.append(f"{entry.path} ({entry.mode}: {exc.code})")
+            continue
+        return _pick(sv, strategy, f"auto: manifest draft {entry.path} ({entry.mode}) verified", str(entry.path))
+    note = f"; skipped manifest drafts: {', '.join(skipped)}" if skipped else ""
+    ev = mtp_evidence(target)
+    if ev is not None:
+        if "mtp" not in plugins.strategies:
+            reason = (f"auto: target carries MTP layers ({ev}) but power-mtp is not installed (pip install power-mtp); "
+                      f"target-only{note}")
+        else:
+            strategy = plugins.strategies["mtp"]
+            try:
+                sv = verify_artifacts(strategy, model, None, config, require_binding=require_binding,
+                                      target_view=target, progress=progress)
+            except ArtifactError as exc:
+                log.warning("artifact.mtp_rejected", code=exc.code, evidence=exc.evidence)
+                reason = f"auto: target MTP layers rejected ({exc.code}: {exc.evidence}); target-only{note}"
+            else:
+                return _pick(sv, strategy, f"auto: target carries MTP layers ({ev}), verified{note}", None)
+    else:
+        reason = f"auto: no verified external draft and no MTP layers in the target; target-only{note}"
+    return Selection(strategy=plugins.strategy("off"), reason=reason, artifacts={"target": file_digest(model, progress=progress).sha256})

@@ -593,11 +593,15 @@ cdef class Context:
         if bad >= 0:
             raise CapacityError(f"decode: token id {arr[bad]} at index {bad} is outside the vocabulary "
                                 f"[0, {nv})")
-        self.abort_flag[0] = 0
         _errors.clear()
-        with nogil:
-            rc = llama_decode(ctx, b[0])
+        if self.abort_flag[0]:
+            rc = 2  # cancelled before it started: nothing reaches the memory
+        else:
+            with nogil:
+                rc = llama_decode(ctx, b[0])
         self.n_outputs = 0
+        if rc == 2:
+            self.abort_flag[0] = 0  # consumed: the next decode runs
         _check("decode", rc)
         self.n_outputs = n_out
         self._last_n_tokens = n
@@ -632,9 +636,14 @@ cdef class Context:
         return arr
 
     def abort(self) -> None:
-        """Ask a running (or the next) decode to stop; it raises :class:`Cancelled`."""
+        """Ask the running (or else the next) decode to stop; it raises :class:`Cancelled`."""
         if self.abort_flag != NULL:
             self.abort_flag[0] = 1
+
+    def clear_abort(self) -> None:
+        """Withdraw an :meth:`abort` that no decode has consumed yet."""
+        if self.abort_flag != NULL:
+            self.abort_flag[0] = 0
 
     def set_threads(self, int n_threads, int n_threads_batch=0) -> None:
         self._alive()

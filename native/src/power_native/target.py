@@ -179,6 +179,7 @@ class LlamaTarget:
         self.stats["restores"] += 1
 
     def reset(self) -> None:
+        self.ctx.clear_abort()
         self.ctx.clear(False)
         self._n_past = 0
         self._epoch += 1

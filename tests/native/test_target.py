@@ -1,0 +1,113 @@
+"""LlamaTarget on tiny synthetic models: decode, rollback through n_rs_seq, checkpoint + replay
+(S < K), restore, and exact greedy parity of speculative vs autoregressive decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("power_native._llama")
+
+from helpers import greedy_reference, oracle, speculative  # noqa: E402
+
+from power_core.errors import Cancelled, CapacityError, StateLost  # noqa: E402
+from power_core.runtime import TargetRuntime  # noqa: E402
+from power_native.target import LlamaTarget, open_target  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+PROMPT = np.array([1, 17, 42, 99, 5, 63, 8], dtype=np.int32)
+N = 48
+
+
+def _open(path, k: int, s: int, n_ctx: int = 256) -> LlamaTarget:
+    return open_target(path, n_ctx=n_ctx, max_block=k + 1, snapshots=s, n_threads=2)
+
+
+def test_protocol_and_capabilities(tiny_llama, tiny_qwen35):
+    att = _open(tiny_llama, 4, 4)
+    rec = _open(tiny_qwen35, 4, 4)
+    assert isinstance(att, TargetRuntime)
+    assert att.capabilities.rollback_window is None
+    assert rec.capabilities.rollback_window == 4 == rec.ctx.n_rs_seq
+    assert att.capabilities.n_vocab == 128 and att.capabilities.max_block == 5
+
+
+def test_decode_rows_match_sequential(tiny_model):
+    t = _open(tiny_model, 4, 4)
+    t.reset()
+    block = t.decode(PROMPT[:5])
+    rows = np.array(block.logits)
+    assert rows.shape == (5, 128) and t.n_past == 5
+    assert not block.logits.flags.writeable
+    t.reset()
+    seq = [np.array(t.decode(PROMPT[i:i + 1]).logits[0]) for i in range(5)]
+    np.testing.assert_allclose(rows, np.stack(seq), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("k,s", [(4, 4), (4, 1), (6, 2)])
+def test_speculative_parity(tiny_model, k, s):
+    ref_t = _open(tiny_model, 0, 1)
+    ref = greedy_reference(ref_t, PROMPT, N)
+    t = _open(tiny_model, k, s)
+    run = speculative(t, PROMPT, N, k, oracle(ref, len(PROMPT), 128))
+    assert run["tokens"] == ref
+    assert 0 < run["accepted"] < run["proposed"]
+    if t.capabilities.rollback_window is None:  # attention KV: always in place
+        assert t.stats["rollback_restored"] == 0 and run["replays"] == 0
+    elif s >= k:  # every depth fits the snapshot window
+        assert t.stats["rollback_restored"] == 0 and t.stats["rollback_in_place"] > 0
+    else:  # S < K: deep rollbacks restore the checkpoint and replay
+        assert t.stats["rollback_restored"] > 0 and run["replays"] == t.stats["rollback_restored"]
+        assert t.stats["rollback_in_place"] > 0
+
+
+def test_recurrent_rollback_single_use_and_depth(tiny_qwen35):
+    t = _open(tiny_qwen35, 4, 4)
+    t.reset()
+    t.prefill(PROMPT[:3])
+    cp = t.checkpoint()
+    t.decode(PROMPT[3:7])  # 4 tokens: window = min(4, 4 - 1) = 3
+    assert t.rollback(cp, 1) is True  # depth 3 in place
+    assert t.n_past == 4
+    assert t.rollback(cp, 0) is False  # second rollback since that decode: restored
+    assert t.n_past == 3
+    cp2 = t.checkpoint()
+    t.decode(PROMPT[3:7])
+    assert t.rollback(cp2, 0) is False  # depth 4 > tokens_in_last_decode - 1
+
+
+def test_restore_is_exact_and_repeatable(tiny_model):
+    t = _open(tiny_model, 4, 4)
+    t.reset()
+    t.prefill(PROMPT[:4])
+    cp = t.checkpoint()
+    first = np.array(t.decode(PROMPT[4:7]).logits)
+    for _ in range(3):
+        t.restore(cp)
+        assert t.n_past == 4
+        again = np.array(t.decode(PROMPT[4:7]).logits)
+        np.testing.assert_array_equal(first, again)
+    t.reset()
+    with pytest.raises(StateLost):
+        t.restore(cp)
+
+
+def test_capacity_and_cancel(tiny_llama):
+    t = _open(tiny_llama, 4, 4, n_ctx=16)
+    n_ctx = t.capabilities.n_ctx  # llama.cpp may round the context up; the target reports what it got
+    t.reset()
+    t.prefill(np.arange(n_ctx - 2, dtype=np.int32) % 128)
+    with pytest.raises(CapacityError):
+        t.decode(np.arange(3, dtype=np.int32))
+    assert t.n_past == n_ctx - 2
+    with pytest.raises(CapacityError):
+        t.decode(np.array([128], dtype=np.int32))  # outside the vocabulary
+    cp = t.checkpoint()
+    t.cancel()
+    with pytest.raises(Cancelled):
+        t.decode(np.array([3], dtype=np.int32))
+    t.restore(cp)
+    assert t.n_past == n_ctx - 2
+    t.decode(np.array([3], dtype=np.int32))
+    assert t.n_past == n_ctx - 1
