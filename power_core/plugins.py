@@ -139,7 +139,7 @@ T = TypeVar("T", Strategy, Backend)
 class Registry(Generic[T]):
     """Name → item, rejecting missing and duplicate names; remembers which plugin registered what."""
 
-    def __init__(self, kind: type[T]) -> None:
+    def __init__(self, kind: type) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
         self._owner: dict[str, str] = {}

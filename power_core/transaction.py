@@ -230,7 +230,8 @@ class Transaction:
             replayed = self._phase("commit", lambda: self._commit(cp_target, block, out, accepted))
             self._phase("emit", lambda: self._emit(out, stop))
         except BaseException as exc:
-            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, exc))
+            error = exc
+            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, error))
             raise
         # the round is committed: record it (pure bookkeeping, cannot fail)
         self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed))

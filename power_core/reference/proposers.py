@@ -92,7 +92,7 @@ class NoisyProposer:
     def propose(self, ctx: ProposalContext) -> TokenArray:
         props = np.array(self.inner.propose(ctx), dtype=np.int32)
         rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[len(ctx.history), 0, 0, 0]))
-        u = rng.random(props.shape[0])
+        u = np.atleast_1d(rng.random(props.shape[0]))
         for j in range(props.shape[0]):
             if j == self.reject_at or (self.reject_at is None and u[j] >= self.acceptance):
                 props[j] = (props[j] + 1 + int(u[j] * (self.vocab - 1)) % (self.vocab - 1)) % self.vocab

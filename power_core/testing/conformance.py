@@ -148,12 +148,14 @@ class AdapterConformance:
         strategy = self.strategy()
         objs: list[object] = list(extra)
         if strategy is not None:
+            chosen: Strategy = strategy
+
             class _Register:
                 __name__ = "power.testing.adapter"
 
                 @hookimpl
                 def power_register_strategies(self, register: Callable[[Strategy], None]) -> None:
-                    register(strategy)
+                    register(chosen)
 
             objs.append(_Register())
         return build_plugins(extra=tuple(objs))
@@ -169,7 +171,7 @@ class AdapterConformance:
     # -- machinery ---------------------------------------------------------------------------------------
     def open(self, mode: str, *extra: object, wrap: Callable[[Proposer], Proposer] | None = None,
              stop_ids: Sequence[int] | None = None, **cfg: Any) -> Session:
-        base = dict(spec_mode=mode, spec_draft_max=self.k, max_tokens=self.max_tokens, n_ctx=256)
+        base: dict[str, Any] = dict(spec_mode=mode, spec_draft_max=self.k, max_tokens=self.max_tokens, n_ctx=256)
         base.update(cfg)
         session = Session.open(PowerConfig(**base), model=self.model, draft=self.draft if mode != "off" else None,
                                plugins=self.plugins(*extra),
@@ -212,7 +214,7 @@ class AdapterConformance:
         v = self.n_vocab()
         for seed in range(max(3, self.seeds // 2)):
             p = self.prompt(seed, v)
-            cfg = dict(temperature=0.9, top_p=0.95, seed=seed)
+            cfg: dict[str, Any] = dict(temperature=0.9, top_p=0.95, seed=seed)
             assert self.speculative(p, **cfg).tokens == self.reference(p, **cfg).tokens, f"seed {seed}"
 
     @pytest.mark.power_conformance
@@ -224,7 +226,11 @@ class AdapterConformance:
         p = self.prompt(3, v)
         ref = self.reference(p).tokens
         for j in range(self.k + 1):
-            wrap = (lambda inner, j=j: NoisyProposer(inner, vocab=v, reject_at=j if j < self.k else None))
+            reject_at = j if j < self.k else None
+
+            def wrap(inner: Proposer, reject_at: int | None = reject_at) -> Proposer:
+                return NoisyProposer(inner, vocab=v, reject_at=reject_at)
+
             assert self.speculative(p, wrap=wrap).tokens == ref, f"reject at {j}"
 
     @pytest.mark.power_conformance
@@ -333,7 +339,7 @@ class AdapterConformance:
             with pytest.raises(PowerError if method == "propose" else ValueError) as err:
                 gen.run()
             if method == "propose":
-                assert err.value.code == "adapter_fault"
+                assert isinstance(err.value, PowerError) and err.value.code == "adapter_fault"
             assert s.opened.target.n_past == len(p) - 1 + len(gen.tokens)
             assert gen.run().tokens == ref
 

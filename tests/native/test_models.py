@@ -74,7 +74,10 @@ def _peer(exe: Path, model: str, prompt: str) -> str:
 
 
 def _same_text(ours: str, peer: str) -> bool:
-    # llama-completion ends its output with a newline of its own (and may flush a trailing space)
+    # llama-completion ends its output with newlines of its own and marks an EOG with "[end of text]"
+    peer = peer.rstrip()
+    if peer.endswith("[end of text]"):
+        peer = peer[: -len("[end of text]")]
     return ours.rstrip() == peer.rstrip()
 
 
