@@ -90,13 +90,21 @@ class Transaction:
     cancel: CancelToken = attrs.field(factory=CancelToken)
     phase_hook: Callable[..., Any] | None = None
     # decoder state
-    history: list[int] = attrs.field(factory=list)
+    _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
+    _n_hist: int = 0
     emitted: list[int] = attrs.field(factory=list)
     anchor: int = -1
     finished: str | None = None
     rounds: list[RoundRecord] = attrs.field(factory=list)
     target_passes: int = 0
     core_seconds: float = 0.0
+
+    @property
+    def history(self) -> TokenArray:
+        """Prompt plus emitted tokens (a read-only view; its last element is the anchor)."""
+        view = self._hist[: self._n_hist]
+        view.flags.writeable = False
+        return view
 
     # -- request start -------------------------------------------------------------------------
     def prefill(self, prompt: Iterable[int]) -> None:
@@ -115,7 +123,9 @@ class Transaction:
         head = tokens[:-1]
         for start in range(0, head.shape[0], caps.max_block):
             self.target.decode(head[start:start + caps.max_block])
-        self.history = tokens.tolist()
+        self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
+        self._hist[: tokens.shape[0]] = tokens
+        self._n_hist = tokens.shape[0]
         self.anchor = int(tokens[-1])
         if self.proposer is not None:
             self.proposer.begin(tokens)
@@ -141,7 +151,7 @@ class Transaction:
     def _propose(self, k: int) -> TokenArray:
         if k == 0 or self.proposer is None:
             return _EMPTY
-        ctx = ProposalContext(history=np.asarray(self.history, dtype=np.int32), anchor=self.anchor,
+        ctx = ProposalContext(history=self.history, anchor=self.anchor,
                               k=k, round_index=len(self.rounds))
         try:
             raw = self.proposer.propose(ctx)
@@ -257,13 +267,19 @@ class Transaction:
         if self.proposer is not None:
             self.proposer.restore(cp_proposer)
         n_emitted, self.anchor, self.finished = decoder
-        del self.history[len(self.history) - (len(self.emitted) - n_emitted):]
+        self._n_hist -= len(self.emitted) - n_emitted
         del self.emitted[n_emitted:]
         log.info("txn.restore", round=len(self.rounds), error=type(exc).__name__, n_past=self.target.n_past)
 
     def _emit(self, out: list[int], stop: str | None) -> None:
         self.emitted.extend(out)
-        self.history.extend(out)
+        need = self._n_hist + len(out)
+        if need > self._hist.shape[0]:
+            grown = np.empty(2 * need, dtype=np.int32)
+            grown[: self._n_hist] = self._hist[: self._n_hist]
+            self._hist = grown
+        self._hist[self._n_hist:need] = out
+        self._n_hist = need
         self.anchor = out[-1]
         if stop is not None:
             self.finished = stop
