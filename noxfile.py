@@ -46,10 +46,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def unit(session: nox.Session) -> None:
-    """Core tests only (no native build, no models): seconds."""
-    session.install("-e", ".[testing]")
-    session.run("pytest", "tests", "-m", "not native and not model", "--ignore=tests/native",
-                "-p", "no:cacheprovider", *session.posargs, env={"POWER_LOAD_PLUGINS": ""})
+    """Pure-Python tiers (core, artifacts, plugins; no native build, no models): about a minute."""
+    install_all(session, native=False, models=False)
+    session.run("pytest", "tests", *PLUGINS, "-m", "not native and not model", "--ignore=tests/native",
+                "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session(python=PY)

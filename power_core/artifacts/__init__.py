@@ -19,7 +19,7 @@ from power_core.artifacts.contracts import Verified, classify_draft, mtp_evidenc
 from power_core.artifacts.identity import Digest, file_digest, sha256_file, vocab_digest
 from power_core.artifacts.reader import Limits
 from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
-from power_core.artifacts.view import ArtifactView, ArraySummary, TensorInfo, Vocabulary, inspect_gguf
+from power_core.artifacts.view import ArraySummary, ArtifactView, TensorInfo, Vocabulary, inspect_gguf
 from power_core.artifacts.vocab import VocabMatch, compare_vocab
 
 __all__ = [

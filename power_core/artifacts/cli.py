@@ -67,8 +67,8 @@ def _describe(view: Any) -> dict[str, Any]:
     mech: dict[str, Any] = {}
     if view.architecture == "dflash":
         try:
-            contract, ev = classify_draft(view)
-            mech = {"draft_contract": contract, "evidence": ev}
+            contract, found = classify_draft(view)
+            mech = {"draft_contract": contract, "evidence": found}
         except ArtifactError as exc:
             mech = {"draft_contract": None, "code": exc.code, "evidence": exc.evidence}
     elif (ev := mtp_evidence(view)) is not None:
@@ -179,9 +179,7 @@ def cmd_bind(args: argparse.Namespace) -> int:
 
     _require_file(args.target)
     _require_file(args.draft)
-    mode = args.mode
-    if mode is None:
-        mode, _ = classify_draft(ArtifactView.from_gguf(args.draft))
+    mode: str = args.mode if args.mode is not None else classify_draft(ArtifactView.from_gguf(args.draft))[0]
     try:
         config = _config(mode)
     except ConfigError as exc:

@@ -9,12 +9,13 @@ A progress bar (rich) is shown on a terminal for files of at least ``PROGRESS_MI
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import struct
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 import structlog
@@ -116,7 +117,7 @@ def file_digest(path: str | os.PathLike[str], *, progress: bool | None = None, u
     return Digest(sha, st.st_size, False)
 
 
-def _hash_stream(f: IO[bytes], size: int, label: str, show: bool, console: Any) -> str:
+def _hash_stream(f: io.BufferedReader, size: int, label: str, show: bool, console: Any) -> str:
     h = hashlib.sha256()
     buf = bytearray(_CHUNK)
     view = memoryview(buf)

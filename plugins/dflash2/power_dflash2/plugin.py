@@ -10,7 +10,6 @@ from collections.abc import Callable
 from importlib import metadata
 
 from power_core.plugins import Strategy, hookimpl
-
 from power_dflash2.validate import validate_dflash2
 
 
