@@ -16,8 +16,6 @@ from power_core.artifacts import ArtifactView, compare_vocab, synthetic
 from power_core.artifacts.contracts import classify_draft
 from power_core.errors import ArtifactError
 
-_BLOBS: dict[str, bytes] = {}
-
 
 def _validators():
     out = []
@@ -34,11 +32,21 @@ def _validators():
 VALIDATORS = _validators()
 
 
+class _Sources:
+    """Valid blobs plus a parsed target (a plain object, so hypothesis does not print the bytes)."""
+
+    def __init__(self, d: Path) -> None:
+        fx = synthetic.write_fixture_set(d)
+        self.blobs = {k: Path(v).read_bytes() for k, v in fx.items()}
+        self.target = ArtifactView.from_gguf(fx["target_plain"])
+
+    def __repr__(self) -> str:
+        return "<fuzz sources>"
+
+
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fuzzsrc")
-    fx = synthetic.write_fixture_set(d)
-    return {k: Path(v).read_bytes() for k, v in fx.items()}, ArtifactView.from_gguf(fx["target_plain"])
+    return _Sources(tmp_path_factory.mktemp("fuzzsrc"))
 
 
 def _decide(path: Path, target: ArtifactView) -> None:
@@ -74,10 +82,10 @@ mutation = st.one_of(
 
 def _apply(blob: bytes, muts) -> bytes:
     b = bytearray(blob)
-    header_end = min(len(b), 8192)  # bias lies towards the header, where counts and lengths live
     for kind, *arg in muts:
         if not b:
             break
+        header_end = min(len(b), 8192)  # bias lies towards the header, where counts and lengths live
         if kind == "truncate":
             del b[int(arg[0] * len(b)):]
         elif kind == "flip":
@@ -98,8 +106,8 @@ def _apply(blob: bytes, muts) -> bytes:
 @given(role=st.sampled_from(["target_mtp", "target_plain", "dflash", "dflash2", "dspark", "dspark_conf"]),
        muts=st.lists(mutation, min_size=1, max_size=4))
 def test_fuzz_only_typed_errors_fast_bounded(blobs, tmp_path_factory, role, muts):
-    src, target = blobs
-    data = _apply(src[role], muts)
+    target = blobs.target
+    data = _apply(blobs.blobs[role], muts)
     path = tmp_path_factory.getbasetemp() / "fuzz.gguf"
     path.write_bytes(data)
     tracemalloc.start()
