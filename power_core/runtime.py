@@ -86,6 +86,11 @@ class TargetRuntime(Protocol):
         """Append ``tokens`` at ``n_past`` in one pass and return one logits row per token."""
         ...
 
+    def prefill(self, tokens: TokenArray) -> None:
+        """Append ``tokens`` at ``n_past`` without returning logits (prompt processing, in whatever
+        chunking the runtime prefers; llama.cpp decodes ``n_batch`` at a time like its own tools)."""
+        ...
+
     def checkpoint(self) -> Any:
         """Retain the current state so that a failure, or a rollback deeper than the resident
         window, can return to it exactly. For attention-only memory this is a position mark; for

@@ -120,9 +120,8 @@ class Transaction:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
         self.target.reset()
-        head = tokens[:-1]
-        for start in range(0, head.shape[0], caps.max_block):
-            self.target.decode(head[start:start + caps.max_block])
+        if tokens.shape[0] > 1:
+            self.target.prefill(tokens[:-1])
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
         self._n_hist = tokens.shape[0]

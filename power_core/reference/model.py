@@ -198,6 +198,11 @@ class ReferenceTarget:
         self.decoded_tokens += n
         return DecodeResult(tokens=tokens, logits=logits, features={"hidden": hidden})
 
+    def prefill(self, tokens: TokenArray) -> None:
+        tokens = np.asarray(tokens, dtype=np.int32)
+        for start in range(0, tokens.shape[0], self.max_block):
+            self.decode(tokens[start:start + self.max_block])
+
     def checkpoint(self) -> ReferenceCheckpoint:
         self._serial += 1
         return ReferenceCheckpoint(self._n_past, self._state.copy() if self.model.recurrent else None, self._serial)

@@ -29,10 +29,8 @@ class DraftModelProposer:
 
     def begin(self, prompt: TokenArray) -> None:
         self.draft.reset()
-        head = np.asarray(prompt[:-1], dtype=np.int32)
-        step = self.draft.capabilities.max_block
-        for start in range(0, head.shape[0], step):
-            self.draft.decode(head[start:start + step])
+        if len(prompt) > 1:
+            self.draft.prefill(np.asarray(prompt[:-1], dtype=np.int32))
         self._anchor = int(prompt[-1])
 
     def checkpoint(self) -> Any:
