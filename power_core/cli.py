@@ -87,13 +87,16 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from power_core.observers import PhaseTimer
     from power_core.plugins import build_plugins
     from power_core.session import Session
 
     config = _config_from_args(args)
     prompt = _read_prompt(args)
+    timer = PhaseTimer() if args.profile else None
+    plugins = build_plugins(extra=(timer,) if timer else ())
     with Session.open(config, model=args.model, draft=args.draft, backend=args.backend,
-                      plugins=build_plugins()) as session:
+                      plugins=plugins) as session:
         if session.opened.tokenizer is None:
             # no tokenizer (synthetic models): the prompt is whitespace-separated token ids or bytes
             words = prompt.split()
@@ -104,8 +107,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             result = session.generate(prompt)
     receipt = result.receipt.to_dict()
     if args.json:
-        print(json.dumps({"tokens": list(result.tokens), "text": result.text, "receipt": receipt}))
+        out: dict[str, Any] = {"tokens": list(result.tokens), "text": result.text, "receipt": receipt}
+        if timer:
+            out["phases"] = timer.summary()
+        print(json.dumps(out))
         return 0
+    if timer:
+        for phase, row in timer.summary().items():
+            print(f"phase {phase:<10} {row['seconds'] * 1e3:9.2f} ms over {row['calls']:.0f} calls", file=sys.stderr)
     print(result.text if result.text is not None else " ".join(map(str, result.tokens)))
     s = receipt["summary"]
     acc = "n/a" if s["acceptance"] is None else f"{s['acceptance']:.1%}"
@@ -147,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int)
     r.add_argument("--config", help="TOML file with configuration keys")
     r.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, receipt")
+    r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
 
     try:

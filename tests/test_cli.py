@@ -97,3 +97,11 @@ def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "power_core.cli", "plugins", "--json"], capture_output=True,
                          text=True, check=True)
     assert json.loads(out.stdout)
+
+
+def test_profile_reports_every_phase(capsys):
+    rc, out, _ = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "10", "--profile", "--json")
+    assert rc == 0
+    phases = json.loads(out)["phases"]
+    assert set(phases) == {"checkpoint", "propose", "verify", "accept", "commit", "emit"}
+    assert all(p["calls"] == phases["emit"]["calls"] for p in phases.values())
