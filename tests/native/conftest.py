@@ -16,7 +16,7 @@ N_VOCAB = 128
 
 
 def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2, n_ff: int = 384,
-                   n_layer: int = 2, n_ctx: int = 256) -> Path:
+                   n_layer: int = 2, n_ctx: int = 256, token_prefix: str = "tok_") -> Path:
     """A tensor-less GGUF with the hyperparameters and a ``test`` tokenizer of ``N_VOCAB`` tokens."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_uint32(f"{arch}.vocab_size", N_VOCAB)
@@ -38,7 +38,7 @@ def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2,
         w.add_uint32(f"{arch}.ssm.group_count", 2)
         w.add_uint32(f"{arch}.full_attention_interval", 2)
     w.add_string("tokenizer.ggml.model", "test")
-    w.add_array("tokenizer.ggml.tokens", [f"tok_{i}" for i in range(N_VOCAB)])
+    w.add_array("tokenizer.ggml.tokens", [f"{token_prefix}{i}" for i in range(N_VOCAB)])
     w.add_array("tokenizer.ggml.scores", [0.0] * N_VOCAB)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -47,12 +47,13 @@ def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2,
     return path
 
 
-def make_tiny(out_dir: Path, arch: str, *, seed: int = 42) -> Path:
+def make_tiny(out_dir: Path, arch: str, *, seed: int = 42, name: str | None = None, **meta_kw) -> Path:
     from power_native import _llama
 
-    meta = write_metadata(out_dir / f"{arch}-meta.gguf", arch)
+    name = name or arch
+    meta = write_metadata(out_dir / f"{name}-meta.gguf", arch, **meta_kw)
     model = _llama.Model.from_metadata(str(meta), seed=seed, stdev=0.1)
-    path = out_dir / f"tiny-{arch}.gguf"
+    path = out_dir / f"tiny-{name}.gguf"
     model.save(str(path))
     del model
     return path

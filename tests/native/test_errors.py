@@ -8,10 +8,10 @@ import pytest
 pytest.importorskip("power_native._llama")
 
 from conftest import write_metadata  # noqa: E402
-
-from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault  # noqa: E402
 from power_native import _llama  # noqa: E402
 from power_native.target import load_model, open_target  # noqa: E402
+
+from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault  # noqa: E402
 
 pytestmark = pytest.mark.native
 

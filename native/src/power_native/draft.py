@@ -92,7 +92,7 @@ class DraftModelProposer:
     def _sync(self, want: list[int], *, last_logits: bool) -> None:
         """Make the draft memory hold exactly ``want`` (trim to the common prefix, decode the rest)."""
         common = 0
-        for a, b in zip(self._kv, want):
+        for a, b in zip(self._kv, want, strict=False):
             if a != b:
                 break
             common += 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from power_core.plugins import Backend, Strategy, hookimpl
-
 from power_native import __version__
 
 __all__ = ["power_register_backends", "power_register_strategies", "accepts"]

@@ -11,6 +11,7 @@ restored and the core replays the accepted prefix.
 from __future__ import annotations
 
 import os
+
 import attrs
 import numpy as np
 import structlog
