@@ -7,6 +7,7 @@ cancelled or fails, its committed tokens stay and :meth:`Generation.run` continu
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -159,6 +160,9 @@ class Generation:
         s = self.session
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
+        interrupt, withdraw = (getattr(s.opened.target, name, None) for name in ("cancel", "clear_abort"))
+        if callable(interrupt) and callable(withdraw):  # the runtime can stop a decode in flight
+            self.cancel.subscribe(interrupt, withdraw)
         scheduler = Scheduler.for_request(s.config, s.opened.target.capabilities.rollback_window,
                                           enabled=s.proposer is not None)
         return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(s.config),
@@ -215,7 +219,7 @@ class Generation:
             config_sha256=s.config.digest(),
             strategy={"name": st.name, "version": st.version, "package": st.package, "kind": st.kind},
             selection=s.selection.reason,
-            backend={"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info},
+            backend=copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info}),
             artifacts={**s.opened.artifacts, **s.selection.artifacts},
             prompt_tokens=int(self.prompt.shape[0]),
             output_tokens=n_out,

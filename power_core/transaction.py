@@ -42,16 +42,29 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class CancelToken:
-    """Thread-safe cancellation flag, checked between transaction steps."""
+    """Thread-safe cancellation flag, checked between transaction steps.
+
+    Runtimes that can interrupt work in flight (llama.cpp's abort callback) subscribe with
+    :meth:`subscribe`; ``cancel()`` then also stops a running decode, and ``reset()`` withdraws it.
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._subscribers: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+    def subscribe(self, on_cancel: Callable[[], None], on_reset: Callable[[], None]) -> None:
+        if (on_cancel, on_reset) not in self._subscribers:
+            self._subscribers.append((on_cancel, on_reset))
 
     def cancel(self) -> None:
         self._event.set()
+        for on_cancel, _ in self._subscribers:
+            on_cancel()
 
     def reset(self) -> None:
         self._event.clear()
+        for _, on_reset in self._subscribers:
+            on_reset()
 
     @property
     def cancelled(self) -> bool:

@@ -17,6 +17,8 @@ Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -47,6 +49,10 @@ BASE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DGGML_CCACHE=OFF",
     "-DGGML_NATIVE=ON",
+    # batch-invariant CPU matmuls: llamafile sgemm takes a different summation order for
+    # multi-row batches than the one-row vec_dot path, so a K+1 verify block could differ from
+    # one-token decoding near ties; off, every row is computed the same way at any batch size
+    "-DGGML_LLAMAFILE=OFF",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
 )
 CUDA_FLAGS = ("-DGGML_CUDA=ON",)
@@ -115,8 +121,25 @@ def build_dir(cuda: bool, root: Path | None = None) -> Path:
     return root / f"build-{'cuda' if cuda else 'cpu'}-{key}"
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Serialise concurrent builds of one cache entry (two pip installs, a test and a bench)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def build(cuda: bool = False, peers: bool = False) -> Path:
     """Configure (once) and build libllama (+ peers); return the build directory."""
+    with _locked(cache_root() / ".lock"):
+        return _build(cuda, peers)
+
+
+def _build(cuda: bool, peers: bool) -> Path:
     src = source_dir()
     bdir = build_dir(cuda)
     if not (bdir / "CMakeCache.txt").exists():

@@ -21,13 +21,13 @@ def _reason(exc_info) -> str:
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ArtifactError, match="does not exist") as ei:
+    with pytest.raises(ArtifactError, match="no such file") as ei:
         load_model(tmp_path / "nope.gguf")
-    assert _reason(ei) == "file_missing"
+    assert _reason(ei) == "file_not_found"
 
 
 def test_directory(tmp_path):
-    with pytest.raises(ArtifactError, match="directory") as ei:
+    with pytest.raises(ArtifactError, match="not a regular file") as ei:
         load_model(tmp_path)
     assert _reason(ei) == "not_a_file"
 
@@ -38,7 +38,7 @@ def test_not_gguf(tmp_path, data):
     p.write_bytes(data)
     with pytest.raises(ArtifactError) as ei:
         load_model(p)
-    assert _reason(ei) == "gguf_magic"
+    assert _reason(ei) in ("gguf_bad_magic", "gguf_truncated")
 
 
 @pytest.mark.parametrize("cut", [10, 30, 2000, 0.5, 0.99])
@@ -47,9 +47,9 @@ def test_truncated(tmp_path, tiny_llama, cut):
     n = int(len(data) * cut) if isinstance(cut, float) else cut
     p = tmp_path / "cut.gguf"
     p.write_bytes(data[:n])
-    with pytest.raises(ArtifactError, match="truncated") as ei:
+    with pytest.raises(ArtifactError) as ei:
         load_model(p)
-    assert _reason(ei) == "gguf_truncated"
+    assert _reason(ei) in ("gguf_truncated", "gguf_tensor_out_of_bounds")
 
 
 def test_bad_version(tmp_path, tiny_llama):

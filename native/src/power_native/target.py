@@ -16,11 +16,12 @@ import attrs
 import numpy as np
 import structlog
 
+from power_core.artifacts.identity import file_digest
+from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, CapacityError, StateLost
 from power_core.plugins import OpenedModel, OpenRequest
 from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
 from power_native import _llama, build_info
-from power_native.gguf_check import check_gguf, sha256_file
 from power_native.models import resolve_model
 
 __all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "PREFILL_BATCH"]
@@ -40,19 +41,27 @@ class LlamaCheckpoint:
     state: bytes | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
 
 
-def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False) -> _llama.Model:
-    """Check the file header, then load it; every failure is an :class:`ArtifactError`."""
-    summary = check_gguf(path, role=role)
+def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False,
+               view: ArtifactView | None = None) -> _llama.Model:
+    """Inspect the file with the core's bounded GGUF parser (missing, directory, not GGUF, truncated,
+    lying tensor table: typed errors before llama.cpp sees it), then load it."""
+    try:
+        view = view or ArtifactView.from_gguf(path)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{role} file: {exc}", reason=exc.reason, evidence=exc.evidence) from None
+    if not view.architecture:
+        raise ArtifactError(f"{role} file {os.fspath(path)!r} has no general.architecture key",
+                            reason="gguf_bad_metadata", evidence="general.architecture")
     try:
         return _llama.Model.load(os.fspath(path), load_mtp=load_mtp)
     except ArtifactError as exc:
         said = " | ".join(_llama.last_errors()) or str(exc)
         if "unknown model architecture" in said:
-            raise ArtifactError(f"{role} file {os.fspath(path)!r} declares architecture {summary['arch']!r}, "
+            raise ArtifactError(f"{role} file {os.fspath(path)!r} declares architecture {view.architecture!r}, "
                                 "which the pinned llama.cpp does not know", reason="arch_unknown",
                                 evidence="general.architecture") from None
         raise ArtifactError(f"llama.cpp could not load {role} file {os.fspath(path)!r} "
-                            f"(arch {summary['arch']!r}): {said}", reason="gguf_load_failed") from None
+                            f"(arch {view.architecture!r}): {said}", reason="gguf_load_failed") from None
 
 
 class LlamaTokenizer:
@@ -192,6 +201,10 @@ class LlamaTarget:
         """Abort a running decode (it raises Cancelled; the core restores its checkpoint)."""
         self.ctx.abort()
 
+    def clear_abort(self) -> None:
+        """Withdraw a :meth:`cancel` that no decode consumed (the request resumes)."""
+        self.ctx.clear_abort()
+
     def close(self) -> None:
         self.ctx.close()
 
@@ -229,8 +242,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
 def open_llama(req: OpenRequest) -> OpenedModel:
     """The ``llama`` backend: open ``req.model`` (``None``: embedded SmolLM2) as a :class:`LlamaTarget`."""
     path = resolve_model(req.model)
-    check_gguf(path)
-    digest = sha256_file(path)
+    digest = file_digest(path).sha256
     cfg = req.config
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
                          n_threads=cfg.n_threads, features=req.features, digest=digest)
