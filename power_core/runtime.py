@@ -86,9 +86,10 @@ class TargetRuntime(Protocol):
         """Append ``tokens`` at ``n_past`` in one pass and return one logits row per token."""
         ...
 
-    def prefill(self, tokens: TokenArray) -> None:
-        """Append ``tokens`` at ``n_past`` without returning logits (prompt processing, in whatever
-        chunking the runtime prefers; llama.cpp decodes ``n_batch`` at a time like its own tools)."""
+    def prefill(self, tokens: TokenArray) -> npt.NDArray[np.float32]:
+        """Append ``tokens`` at ``n_past`` (prompt processing, in whatever chunking the runtime
+        prefers; llama.cpp decodes ``n_batch`` at a time like its own tools) and return the logits
+        row of the last token only."""
         ...
 
     def checkpoint(self) -> Any:

@@ -31,7 +31,7 @@ import structlog
 from power_core.errors import AdapterFault, Cancelled, CapacityError, PowerError, RuntimeFault
 from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
 from power_core.sampling import TargetSampler
-from power_core.scheduler import RoundOutcome, Scheduler
+from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 
 __all__ = ["PHASES", "CancelToken", "RoundRecord", "Transaction"]
 
@@ -105,6 +105,7 @@ class Transaction:
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
+    _prefilled: DecodeResult | None = None  # the prefill's last row, consumed by round 0
     emitted: list[int] = attrs.field(factory=list)
     anchor: int = -1
     finished: str | None = None
@@ -121,7 +122,12 @@ class Transaction:
 
     # -- request start -------------------------------------------------------------------------
     def prefill(self, prompt: Iterable[int]) -> None:
-        """Decode the prompt except its last token, which becomes the first anchor."""
+        """Process the whole prompt in one prefill; its last row is the first round's verify row.
+
+        The last prompt token is the first anchor. Because the prefill already placed it in memory
+        and produced its row, round 0 is a zero-proposal round whose verify pass is the prefill —
+        exactly how llama.cpp's own tools start generating.
+        """
         tokens = np.ascontiguousarray(np.asarray(list(prompt), dtype=np.int32))
         caps = self.target.capabilities
         if tokens.ndim != 1 or tokens.shape[0] == 0:
@@ -133,8 +139,8 @@ class Transaction:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
         self.target.reset()
-        if tokens.shape[0] > 1:
-            self.target.prefill(tokens[:-1])
+        row = self.target.prefill(tokens)
+        self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
         self._n_hist = tokens.shape[0]
@@ -188,6 +194,9 @@ class Transaction:
         shape = getattr(res.logits, "shape", None)
         if shape is None or len(shape) != 2 or shape[0] < block.shape[0]:
             raise RuntimeFault(f"target returned logits of shape {shape} for a {block.shape[0]}-token block")
+        return self._observe(res)
+
+    def _observe(self, res: DecodeResult) -> DecodeResult:
         if self.proposer is not None:
             self.proposer.observe(res)
         return res
@@ -233,7 +242,8 @@ class Transaction:
         if room < 0:
             self.finished = "context"
             return None
-        plan = self.scheduler.plan()
+        first = self._prefilled
+        plan = RoundPlan(0, "prefill") if first is not None else self.scheduler.plan()
         k = self._width(plan.k)
         self._check_cancel()
         cp_target, cp_proposer = self._phase("checkpoint", self._checkpoint)
@@ -245,7 +255,7 @@ class Transaction:
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
             block[1:] = props
-            res = self._phase("verify", lambda: self._verify(block))
+            res = self._phase("verify", lambda: self._verify(block) if first is None else self._observe(first))
             self._check_cancel()
             out, accepted, stop = self._phase("accept", lambda: self._accept(props, res))
             self._check_cancel()
@@ -256,7 +266,9 @@ class Transaction:
             self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, error))
             raise
         # the round is committed: record it (pure bookkeeping, cannot fail)
-        self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed))
+        if first is None:
+            self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed))
+        self._prefilled = None
         record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
                              stop=self.finished, seconds=time.perf_counter() - t0)

@@ -11,6 +11,12 @@ PROMPT = [5, 9, 2, 7]
 OTHER = "reference:seed=99,vocab=64,dim=8,recurrent=0"  # a poor draft: mostly rejected at 0
 
 
+def scheduled(res):
+    """Rounds the scheduler planned (round 0 emits from the prefill's row and proposes nothing)."""
+    assert res.receipt.rounds[0]["reason"] == "prefill" and res.receipt.rounds[0]["proposed"] == 0
+    return res.receipt.rounds[1:]
+
+
 def sched(k=7, s=7, adaptive=False, window="s", **kw):
     cfg = PowerConfig(spec_mode="ref-draft", spec_draft_max=k, spec_mtp_recurrent_snapshots=s,
                       spec_mtp_adaptive=adaptive, **kw)
@@ -42,7 +48,7 @@ def test_k7_s6_rejected_suffix_may_exceed_window_and_replays_once_then_clamps_to
     """K7/S6: a rejected suffix may exceed the resident window. Power's guarded K7/S6 path permits one
     exact replay, then clamps all later rounds in that request to six proposals."""
     res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=40)
-    rounds = res.receipt.rounds
+    rounds = scheduled(res)
     first = next(i for i, r in enumerate(rounds) if r["replayed"])
     assert rounds[first]["shape"] - rounds[first]["emitted"] == 7  # depth 7 > S=6
     assert res.receipt.replays == 1
@@ -56,7 +62,7 @@ def test_guard_leaves_high_acceptance_requests_unchanged():
     """The guard bounds replay without changing requests that remain on the high-acceptance path."""
     res = run(MODEL, PROMPT, "ref-draft", None, spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=40)
     assert res.receipt.replays == 0 and res.receipt.scheduler["clamp"] is None
-    assert all(r["planned"] == 7 for r in res.receipt.rounds[:-1])
+    assert all(r["planned"] == 7 for r in scheduled(res)[:-1])
 
 
 def test_adaptive_starts_at_min_k_s():
@@ -91,7 +97,7 @@ def test_adaptive_does_not_use_replay_as_first_signal():
     res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=6,
               spec_mtp_adaptive=True, max_tokens=40)
     assert res.receipt.replays == 0
-    assert res.receipt.rounds[0]["planned"] == 6
+    assert scheduled(res)[0]["planned"] == 6
 
 
 def test_healthy_partial_rounds_retain_shape():

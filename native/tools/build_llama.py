@@ -49,10 +49,6 @@ BASE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DGGML_CCACHE=OFF",
     "-DGGML_NATIVE=ON",
-    # batch-invariant CPU matmuls: llamafile sgemm takes a different summation order for
-    # multi-row batches than the one-row vec_dot path, so a K+1 verify block could differ from
-    # one-token decoding near ties; off, every row is computed the same way at any batch size
-    "-DGGML_LLAMAFILE=OFF",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
 )
 CUDA_FLAGS = ("-DGGML_CUDA=ON",)

@@ -198,10 +198,11 @@ class ReferenceTarget:
         self.decoded_tokens += n
         return DecodeResult(tokens=tokens, logits=logits, features={"hidden": hidden})
 
-    def prefill(self, tokens: TokenArray) -> None:
+    def prefill(self, tokens: TokenArray) -> npt.NDArray[np.float32]:
         tokens = np.asarray(tokens, dtype=np.int32)
         for start in range(0, tokens.shape[0], self.max_block):
-            self.decode(tokens[start:start + self.max_block])
+            res = self.decode(tokens[start:start + self.max_block])
+        return res.logits[-1]
 
     def checkpoint(self) -> ReferenceCheckpoint:
         self._serial += 1

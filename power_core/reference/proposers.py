@@ -30,7 +30,7 @@ class DraftModelProposer:
     def begin(self, prompt: TokenArray) -> None:
         self.draft.reset()
         if len(prompt) > 1:
-            self.draft.prefill(np.asarray(prompt[:-1], dtype=np.int32))
+            self.draft.prefill(np.asarray(prompt[:-1], dtype=np.int32))  # memory: all but the anchor
         self._anchor = int(prompt[-1])
 
     def checkpoint(self) -> Any:

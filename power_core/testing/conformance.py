@@ -302,7 +302,7 @@ class AdapterConformance:
                 gen.run()
             committed = gen.tokens
             assert committed == ref[: len(committed)]
-            assert s.opened.target.n_past == len(p) - 1 + len(committed), "target memory not restored"
+            assert s.opened.target.n_past == len(p) - 1 + max(len(committed), 1), "target memory not restored"
             assert gen.receipt is not None and gen.receipt.status == "failed"
             assert gen.run().tokens == ref
 
@@ -321,7 +321,7 @@ class AdapterConformance:
                 gen.run()
             assert gen.receipt is not None and gen.receipt.status == "cancelled"
             assert gen.tokens == ref[: len(gen.tokens)]
-            assert s.opened.target.n_past == len(p) - 1 + len(gen.tokens)
+            assert s.opened.target.n_past == len(p) - 1 + max(len(gen.tokens), 1)
             cancel.reset()
             assert gen.run().tokens == ref
 
@@ -340,7 +340,7 @@ class AdapterConformance:
                 gen.run()
             if method == "propose":
                 assert isinstance(err.value, PowerError) and err.value.code == "adapter_fault"
-            assert s.opened.target.n_past == len(p) - 1 + len(gen.tokens)
+            assert s.opened.target.n_past == len(p) - 1 + max(len(gen.tokens), 1)
             assert gen.run().tokens == ref
 
     def test_opt_outs_are_explicit(self) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from helpers import greedy_reference  # noqa: E402
+from native_helpers import greedy_reference  # noqa: E402
 from power_native.target import open_target  # noqa: E402
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]

@@ -81,15 +81,17 @@ def _same_text(ours: str, peer: str) -> bool:
     return ours.rstrip() == peer.rstrip()
 
 
-GEMMA_PREFILL = pytest.mark.xfail(
+GEMMA_BATCH_VARIANT = pytest.mark.xfail(
     strict=False,
-    reason="Gemma-3 Q4_K_M logits depend on the batch shape: the core prefills in max_block chunks and "
-           "verifies K+1 blocks, llama-completion prefills in one batch; parity holds when the prompt is "
-           "prefilled in one pass (LlamaTarget.prefill), see the native report")
+    reason="llama.cpp's CPU kernels are not batch-invariant for Gemma-3-270M Q4_K_M: rows of a multi-token "
+           "verify pass differ from one-token decodes by up to ~1 logit (tests/native probe: rows 3+ of an 8-token "
+           "block), so a K+1 verify can pick a different greedy token than autoregressive decoding. llama.cpp's own "
+           "llama-speculative-simple drafting Gemma with itself diverges from llama-completion at the first token "
+           "and accepts 88.3%. Power's output stays target-authoritative and deterministic, not AR-identical")
 
 
-def _params():
-    return [pytest.param(a, marks=GEMMA_PREFILL) if a.startswith("gemma") else a for a in MODELS]
+def _params(mark=None):
+    return [pytest.param(a, marks=mark) if mark and a.startswith("gemma") else a for a in MODELS]
 
 
 @pytest.mark.parametrize("alias", _params())
@@ -106,7 +108,7 @@ def test_greedy_off_matches_llama_completion(llama_completion, alias):
     assert not mismatches, "\n\n".join(f"PROMPT {p!r}\nPOWER {o!r}\nPEER  {q!r}" for p, o, q in mismatches)
 
 
-@pytest.mark.parametrize("alias", _params())
+@pytest.mark.parametrize("alias", _params(GEMMA_BATCH_VARIANT))
 def test_draft_model_self_draft_is_exact_with_full_acceptance(alias):
     model = _model_path(alias)
     off = PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2)

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from helpers import greedy_reference, oracle, speculative  # noqa: E402
+from native_helpers import greedy_reference, oracle, speculative  # noqa: E402
 from power_native.target import LlamaTarget, open_target  # noqa: E402
 
 from power_core.errors import Cancelled, CapacityError, StateLost  # noqa: E402

@@ -221,12 +221,13 @@ cdef class Model:
         self.load_mtp = load_mtp
 
     @staticmethod
-    def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None):
+    def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True):
         """Load a GGUF file. The caller validates the header first (``power_native.gguf_check``);
         a NULL model from llama.cpp is still an :class:`ArtifactError`."""
         cdef llama_model_params p = llama_model_default_params()
         p.load_mtp = load_mtp
         p.vocab_only = vocab_only
+        p.use_extra_bufts = repack
         if n_gpu_layers is not None:
             p.n_gpu_layers = n_gpu_layers
         cdef bytes bpath = os.fsencode(path)
@@ -476,7 +477,7 @@ cdef class Context:
 
     def __init__(self, Model model, *, int n_ctx, int n_batch, int n_ubatch=0, int n_rs_seq=0,
                  n_threads=None, int n_outputs_max=0, int ctx_type=0, Context ctx_other=None,
-                 bint embeddings=False, bint swa_full=True, int n_seq_max=1):
+                 bint embeddings=False, bint swa_full=True, int n_seq_max=1, flash_attn=None):
         if model is None or model.ptr == NULL:
             raise RuntimeFault("Context: the model is closed")
         if n_ubatch <= 0:
@@ -508,6 +509,8 @@ cdef class Context:
         p.ctx_type = <llama_context_type>ctx_type
         p.embeddings = embeddings
         p.swa_full = swa_full
+        if flash_attn is not None:
+            p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else LLAMA_FLASH_ATTN_TYPE_DISABLED
         p.no_perf = True
         p.abort_callback = power_abort_cb
         p.abort_callback_data = <void *>self.abort_flag

@@ -77,6 +77,11 @@ cdef extern from "llama.h" nogil:
         bint no_alloc
         bint load_mtp
 
+    cdef enum llama_flash_attn_type:
+        LLAMA_FLASH_ATTN_TYPE_AUTO
+        LLAMA_FLASH_ATTN_TYPE_DISABLED
+        LLAMA_FLASH_ATTN_TYPE_ENABLED
+
     cdef struct llama_context_params:
         uint32_t n_ctx
         uint32_t n_batch
@@ -88,6 +93,7 @@ cdef extern from "llama.h" nogil:
         int32_t n_threads
         int32_t n_threads_batch
         llama_context_type ctx_type
+        llama_flash_attn_type flash_attn_type
         ggml_abort_callback abort_callback
         void * abort_callback_data
         bint embeddings

@@ -126,15 +126,16 @@ class LlamaTarget:
             logits = np.concatenate(rows)
         return DecodeResult(tokens=toks, logits=logits)
 
-    def prefill(self, tokens: TokenArray) -> None:
-        """Append ``tokens`` without returning logits, in ``PREFILL_BATCH`` chunks like llama-completion
-        (fewer passes and the same numerics as the peer; optional extension of the protocol)."""
+    def prefill(self, tokens: TokenArray) -> np.ndarray:
+        """Append the prompt in ``n_batch`` chunks with only the last row's logits, as llama-completion
+        does, and return that row (a view valid until the next decode)."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         self._room(toks.shape[0])
         for s in range(0, toks.shape[0], self.ctx.n_batch):
             part = toks[s:s + self.ctx.n_batch]
             self.ctx.decode(part, self._n_past, all_outputs=False)
             self._advance(part.shape[0], rollable=False)
+        return self.ctx.logits()[-1]
 
     def checkpoint(self) -> LlamaCheckpoint:
         state = self.ctx.state_get(0) if self._recurrent else None
