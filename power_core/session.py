@@ -229,7 +229,8 @@ class Generation:
             timings={
                 "prefill_s": self._prefill_s,
                 "decode_s": self._decode_s,
-                "decode_tok_s": n_out / self._decode_s if self._decode_s > 0 else 0.0,
+                # the first token comes from the prefill pass (llama.cpp's "eval" rate excludes it too)
+                "decode_tok_s": max(n_out - 1, 0) / self._decode_s if self._decode_s > 0 else 0.0,
                 "target_passes": txn.target_passes if txn else 0,
             },
             error=error,
