@@ -2,6 +2,6 @@
 proposers with controllable acceptance. The test bed for the core and for adapter authors."""
 
 from power_core.reference.model import ReferenceCheckpoint, ReferenceModel, ReferenceTarget
-from power_core.reference.proposers import DraftModelProposer, NoisyProposer
+from power_core.reference.proposers import DraftModelProposer, NoisyProposer, ProposerWrapper
 
-__all__ = ["DraftModelProposer", "NoisyProposer", "ReferenceCheckpoint", "ReferenceModel", "ReferenceTarget"]
+__all__ = ["DraftModelProposer", "NoisyProposer", "ProposerWrapper", "ReferenceCheckpoint", "ReferenceModel", "ReferenceTarget"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
 
-__all__ = ["DraftModelProposer", "NoisyProposer"]
+__all__ = ["DraftModelProposer", "NoisyProposer", "ProposerWrapper"]
 
 
 @attrs.define(eq=False)
@@ -61,8 +61,34 @@ class DraftModelProposer:
         self._anchor = anchor
 
 
-@attrs.define(eq=False)
-class NoisyProposer:
+class ProposerWrapper:
+    """Forwards the :class:`~power_core.runtime.Proposer` protocol to ``inner``; subclasses override
+    the methods they change (acceptance control here, fault injection in the conformance kit)."""
+
+    def __init__(self, inner: Proposer) -> None:
+        self.inner = inner
+        self.features = frozenset(inner.features)
+
+    def begin(self, prompt: TokenArray) -> None:
+        self.inner.begin(prompt)
+
+    def checkpoint(self) -> Any:
+        return self.inner.checkpoint()
+
+    def propose(self, ctx: ProposalContext) -> TokenArray:
+        return self.inner.propose(ctx)
+
+    def observe(self, result: DecodeResult) -> None:
+        self.inner.observe(result)
+
+    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
+        self.inner.commit(n_accepted, emitted)
+
+    def restore(self, checkpoint: Any) -> None:
+        self.inner.restore(checkpoint)
+
+
+class NoisyProposer(ProposerWrapper):
     """Corrupt proposals of ``inner``: position ``j`` survives with probability ``acceptance``.
 
     The draw depends only on (seed, committed length, j), so a restored round proposes the same
@@ -70,22 +96,11 @@ class NoisyProposer:
     ``keep_tail`` keeps the (now unverifiable) proposals after it, so blocks stay full width.
     """
 
-    inner: Proposer
-    vocab: int
-    acceptance: float = 1.0
-    seed: int = 0
-    reject_at: int | None = None
-    keep_tail: bool = False  # keep the proposals after the corrupted one (full-width blocks)
-    features: frozenset[str] = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.features = frozenset(self.inner.features)
-
-    def begin(self, prompt: TokenArray) -> None:
-        self.inner.begin(prompt)
-
-    def checkpoint(self) -> Any:
-        return self.inner.checkpoint()
+    def __init__(self, inner: Proposer, vocab: int, acceptance: float = 1.0, seed: int = 0,
+                 reject_at: int | None = None, keep_tail: bool = False) -> None:
+        super().__init__(inner)
+        self.vocab, self.acceptance, self.seed = vocab, acceptance, seed
+        self.reject_at, self.keep_tail = reject_at, keep_tail
 
     def propose(self, ctx: ProposalContext) -> TokenArray:
         props = np.array(self.inner.propose(ctx), dtype=np.int32)
@@ -96,12 +111,3 @@ class NoisyProposer:
                 props[j] = (props[j] + 1 + int(u[j] * (self.vocab - 1)) % (self.vocab - 1)) % self.vocab
                 return props if self.keep_tail else props[: j + 1]
         return props
-
-    def observe(self, result: DecodeResult) -> None:
-        self.inner.observe(result)
-
-    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
-        self.inner.commit(n_accepted, emitted)
-
-    def restore(self, checkpoint: Any) -> None:
-        self.inner.restore(checkpoint)

@@ -18,7 +18,7 @@ import pytest
 from power_core.config import PowerConfig
 from power_core.errors import Cancelled, PowerError, RuntimeFault
 from power_core.plugins import PowerPlugins, Strategy, build_plugins, hookimpl
-from power_core.reference.proposers import NoisyProposer
+from power_core.reference.proposers import NoisyProposer, ProposerWrapper
 from power_core.runtime import ProposalContext, Proposer, TokenArray
 from power_core.session import Result, Session
 from power_core.transaction import PHASES, CancelToken
@@ -65,33 +65,7 @@ class FaultInjector:
         raise InjectedFault(f"injected fault at {self.when} {phase}")
 
 
-class _Delegate:
-    """Forwards the Proposer protocol to ``inner``; subclasses override what they test."""
-
-    def __init__(self, inner: Proposer) -> None:
-        self.inner = inner
-        self.features = frozenset(inner.features)
-
-    def begin(self, prompt: TokenArray) -> None:
-        self.inner.begin(prompt)
-
-    def checkpoint(self) -> Any:
-        return self.inner.checkpoint()
-
-    def propose(self, ctx: ProposalContext) -> TokenArray:
-        return self.inner.propose(ctx)
-
-    def observe(self, result: Any) -> None:
-        self.inner.observe(result)
-
-    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
-        self.inner.commit(n_accepted, emitted)
-
-    def restore(self, checkpoint: Any) -> None:
-        self.inner.restore(checkpoint)
-
-
-class SkipRounds(_Delegate):
+class SkipRounds(ProposerWrapper):
     """Every ``every``-th round proposes nothing."""
 
     def __init__(self, inner: Proposer, every: int = 2) -> None:
@@ -103,7 +77,7 @@ class SkipRounds(_Delegate):
         return props[:0] if ctx.round_index % self.every == 0 else props
 
 
-class FailOnCall(_Delegate):
+class FailOnCall(ProposerWrapper):
     """Raise ``ValueError`` from ``method`` on its ``call``-th invocation (an adapter bug)."""
 
     def __init__(self, inner: Proposer, method: str, call: int = 2) -> None:
