@@ -18,7 +18,16 @@ TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial" / "power
 @pytest.mark.slow
 def test_pip_installed_adapter_is_discovered_and_runs(tmp_path):
     src = tmp_path / "outside" / "power-lookup"
-    shutil.copytree(TUTORIAL, src, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
+    shutil.copytree(TUTORIAL, src, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build", "tests"))
+    # a distinct distribution, entry point and strategy, so it cannot be confused with a tutorial
+    # copy that the surrounding environment may already have installed
+    (src / "power_outside.py").write_text((src / "power_lookup.py").read_text()
+                                          .replace('name="lookup"', 'name="outside"')
+                                          .replace('package="power-lookup"', 'package="power-outside"'))
+    (src / "power_lookup.py").unlink()
+    (src / "pyproject.toml").write_text((src / "pyproject.toml").read_text()
+                                        .replace('name = "power-lookup"', 'name = "power-outside"')
+                                        .replace('lookup = "power_lookup"', 'outside = "power_outside"'))
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -36,19 +45,19 @@ def test_pip_installed_adapter_is_discovered_and_runs(tmp_path):
     pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *map(str, dist.glob("*.whl"))],
                          capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr
-    env = {"PATH": str(env_dir / "bin"), "POWER_LOAD_PLUGINS": "lookup"}
+    env = {"PATH": str(env_dir / "bin"), "POWER_LOAD_PLUGINS": "outside"}
     out = subprocess.run([str(py), "-m", "power_core.cli", "plugins", "--json"], check=True, capture_output=True,
                          text=True, env=env).stdout
-    lookup = next(p for p in json.loads(out) if p["name"] == "lookup")
-    assert lookup["distribution"] == "power-lookup" and lookup["strategies"] == ["lookup"]
-    run = subprocess.run([str(py), "-m", "power_core.cli", "run", "--backend", "reference", "--mode", "lookup",
+    outside = next(p for p in json.loads(out) if p["name"] == "outside")
+    assert outside["distribution"] == "power-outside" and outside["strategies"] == ["outside"]
+    run = subprocess.run([str(py), "-m", "power_core.cli", "run", "--backend", "reference", "--mode", "outside",
                           "--prompt", "abc abc abc abc abc abc", "--max-tokens", "24", "--json"],
                          check=True, capture_output=True, text=True, env=env)
     receipt = json.loads(run.stdout)["receipt"]
-    assert receipt["strategy"] == {"name": "lookup", "version": "0.1.0", "package": "power-lookup",
+    assert receipt["strategy"] == {"name": "outside", "version": "0.1.0", "package": "power-outside",
                                    "kind": "model-free"}
     assert receipt["output_tokens"] == 24
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "power-lookup"], check=True, capture_output=True)
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "power-outside"], check=True, capture_output=True)
     out = subprocess.run([str(py), "-m", "power_core.cli", "plugins", "--json"], check=True, capture_output=True,
                          text=True, env=env).stdout
-    assert all(p["name"] != "lookup" for p in json.loads(out))
+    assert all(p["name"] != "outside" for p in json.loads(out))
