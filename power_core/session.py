@@ -154,6 +154,7 @@ class Generation:
     txn: Transaction | None = None
     receipt: Receipt | None = None
     _prefill_s: float = 0.0
+    _prefilled: bool = False
     _decode_s: float = 0.0
 
     def _transaction(self) -> Transaction:
@@ -182,9 +183,11 @@ class Generation:
                 s.plugins.pm.hook.power_request_start(request=RequestInfo(
                     config=s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
                     prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
+            if not self._prefilled:  # (again, when a cancel or failure interrupted the prefill)
                 t0 = time.perf_counter()
                 self.txn.prefill(self.prompt)
                 self._prefill_s = time.perf_counter() - t0
+                self._prefilled = True
             t0 = time.perf_counter()
             try:
                 self.txn.run()

@@ -120,3 +120,29 @@ def test_draft_model_self_draft_is_exact_with_full_acceptance(alias):
             assert got.tokens == ref.tokens
             summary = got.receipt.summary()
             assert summary["proposed"] > 0 and summary["accepted"] == summary["proposed"], summary
+
+
+def test_cancel_interrupts_a_running_decode_and_resumes_exactly():
+    """A cancel from another thread aborts llama_decode in flight (abort callback); the request keeps
+    its committed tokens, and resuming yields exactly the uninterrupted output."""
+    import threading
+
+    from power_core.errors import Cancelled
+    from power_core.transaction import CancelToken
+
+    model = _model_path("smollm2")
+    cfg = PowerConfig(spec_mode="off", max_tokens=16, n_ctx=4096, n_threads=2)
+    prompt = "word " * 1500  # a prefill long enough to be interrupted
+    with Session.open(cfg, model=model) as s:
+        ref = s.generate(prompt).tokens
+        token = CancelToken()
+        gen = s.start(prompt, cancel=token)
+        timer = threading.Timer(0.2, token.cancel)
+        timer.start()
+        with pytest.raises(Cancelled):
+            gen.run()
+        timer.join()
+        assert gen.receipt.status == "cancelled"
+        assert gen.tokens == ref[: len(gen.tokens)]
+        token.reset()
+        assert gen.run().tokens == ref

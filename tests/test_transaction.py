@@ -1,0 +1,79 @@
+"""Transaction edge cases the property tests do not reach directly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from power_core.errors import AdapterFault, CapacityError, RuntimeFault
+from power_core.runtime import ProposalContext
+from tests.helpers import open_session, run
+
+MODEL = "reference:seed=8,vocab=48,dim=8,recurrent=1"
+
+
+def test_failure_inside_prefill_resumes_from_a_fresh_prefill():
+    ref = run(MODEL, [1, 2, 3, 4, 5], max_tokens=12).tokens
+    with open_session(MODEL, "ref-draft", max_tokens=12) as s:
+        s.opened.target.fail_on = 1  # the first decode call is the prefill's
+        gen = s.start([1, 2, 3, 4, 5])
+        with pytest.raises(RuntimeFault, match="injected"):
+            gen.run()
+        assert gen.tokens == () and gen.receipt.status == "failed"
+        assert gen.run().tokens == ref
+
+
+def test_round_zero_emits_from_the_prefill_row_without_a_decode():
+    with open_session(MODEL, "ref-draft", max_tokens=1) as s:
+        res = s.generate([1, 2, 3])
+        assert s.opened.target.decode_calls == 1  # the prefill only
+        r0 = res.receipt.rounds[0]
+        assert (r0["reason"], r0["proposed"], r0["emitted"]) == ("prefill", 0, 1)
+
+
+@pytest.mark.parametrize("prompt,n_ctx,msg", [([], 64, "empty"), ([1] * 64, 64, "context holds 64"),
+                                              ([1, 99], 64, "outside the vocabulary")])
+def test_bad_prompts_are_capacity_errors(prompt, n_ctx, msg):
+    with open_session(MODEL, "off", n_ctx=n_ctx) as s, pytest.raises(CapacityError, match=msg):
+        s.generate(prompt)
+
+
+def test_context_limit_is_never_exceeded():
+    with open_session(MODEL, "ref-draft", n_ctx=20, max_tokens=100, spec_draft_max=7) as s:
+        res = s.generate([1, 2, 3, 4])
+        assert res.receipt.finish_reason == "context"
+        assert s.opened.target.n_past == 20
+        assert len(res.tokens) == 20 - 4 + 1  # the last emitted token is the unconsumed anchor
+    assert res.tokens == run(MODEL, [1, 2, 3, 4], n_ctx=20, max_tokens=100).tokens
+
+
+class _Bad:
+    features = frozenset()
+
+    def __init__(self, out):
+        self.out = out
+
+    def begin(self, prompt): pass
+    def checkpoint(self): return None
+    def observe(self, result): pass
+    def commit(self, n, emitted): pass
+    def restore(self, cp): pass
+
+    def propose(self, ctx: ProposalContext):
+        return self.out(ctx)
+
+
+@pytest.mark.parametrize("out,msg", [
+    (lambda ctx: np.arange(ctx.k + 1), "at most"),
+    (lambda ctx: np.array([48]), "outside"),
+    (lambda ctx: np.array([-1]), "outside"),
+    (lambda ctx: np.zeros((1, 1), dtype=np.int32), "1-D"),
+    (lambda ctx: np.array([0.5]), "integer"),
+])
+def test_proposer_contract_violations_are_adapter_faults(out, msg):
+    with open_session(MODEL, "ref-draft", max_tokens=5) as s:
+        s.proposer = _Bad(out)
+        gen = s.start([1, 2, 3])
+        with pytest.raises(AdapterFault, match=msg):
+            gen.run()
+        assert s.opened.target.n_past == 3 and len(gen.tokens) == 1  # round 0 kept, round 1 restored
