@@ -118,6 +118,8 @@ class Strategy:
     backends: frozenset[str] = frozenset()
     target_features: frozenset[str] = frozenset()
     experimental: bool = False
+    #: with ``needs_draft`` and no draft given, the target file drafts for itself (a self-check)
+    self_draft: bool = False
 
 
 @attrs.frozen
@@ -131,6 +133,9 @@ class Backend:
     accepts: Callable[[str | None], bool]
     summary: str = ""
     priority: int = 0  # higher wins when several backends accept the same model (None = default)
+    #: maps a model argument (``None`` = the backend's default, an alias) to what gets inspected
+    #: and opened, e.g. the path of the embedded GGUF; identity by default
+    resolve: Callable[[str | None], str | None] = lambda model: model
 
 
 T = TypeVar("T", Strategy, Backend)

@@ -103,13 +103,17 @@ def _select_explicit(plugins: Any, config: Any, mode: str, target: ArtifactView,
     source = "given"
     if strategy.needs_draft and draft is None:
         entry = next((e for e in read_model_manifest(model) if e.mode == mode), None)
-        if entry is None:
+        if entry is None and strategy.self_draft:
+            draft, source = model, "the target drafting for itself"
+            require_binding = False  # the same file: trivially bound
+        elif entry is None:
             raise ArtifactMismatch(f"spec_mode {mode!r} needs a draft model file; pass one (--draft) or name one for "
                                    f"mode {mode!r} in the model manifest {model}.power.json", reason="draft_missing",
                                    evidence="draft")
-        draft, source = str(entry.path), "from the model manifest"
-        _check_manifest_digest(entry.path, entry.sha256, progress)
-        require_binding = False  # the manifest's digest binds it
+        else:
+            draft, source = str(entry.path), "from the model manifest"
+            _check_manifest_digest(entry.path, entry.sha256, progress)
+            require_binding = False  # the manifest's digest binds it
     sv = verify_artifacts(strategy, model, draft, config, require_binding=require_binding, target_view=target,
                           progress=progress)
     what = f"draft {draft} ({source}) verified" if draft else "target verified"

@@ -85,6 +85,7 @@ class Session:
         config = PowerConfig.from_mapping(attrs.asdict(config) if config else {}, **overrides)
         plugins = plugins or get_plugins()
         chosen = choose_backend(plugins, model, backend)
+        model = chosen.resolve(model)  # e.g. None -> the embedded GGUF, so selection inspects the real file
         selection = select(plugins, config, model=model, draft=draft)
         strategy = selection.strategy
         if strategy.backends and chosen.name not in strategy.backends:

@@ -5,7 +5,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import Timer, rchar
+from artifact_helpers import Timer, rchar
 
 from power_core.artifacts import ArtifactView, synthetic
 from power_core.artifacts.reader import Limits

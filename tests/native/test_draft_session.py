@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from conftest import make_tiny  # noqa: E402
+from native_helpers import make_tiny  # noqa: E402
 
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ArtifactMismatch  # noqa: E402
@@ -60,13 +60,17 @@ def test_other_draft_exact_with_partial_acceptance(tiny_model, tiny_dir):
 
 def test_vocabulary_mismatch_is_refused(tiny_llama, tiny_dir):
     alien = make_tiny(tiny_dir, "llama", name="llama-othervocab", token_prefix="piece_")
-    with pytest.raises(ArtifactMismatch, match="differ"):  # the core's validator or the proposer's own check
+    with pytest.raises(ArtifactMismatch) as err:  # the core's complete vocabulary comparison
         Session.open(_cfg("draft-model"), model=str(tiny_llama), draft=str(alien))
-    from power_native import _llama
-    from power_native.draft import check_same_vocab
+    assert err.value.code.startswith("vocab_") and "token" in str(err.value)
 
-    with pytest.raises(ArtifactMismatch, match="vocabularies differ"):
-        check_same_vocab(_llama.Model.load(str(tiny_llama)), _llama.Model.load(str(alien)))
+
+def test_self_draft_is_selected_and_bound_without_a_draft_argument(tiny_llama):
+    with Session.open(_cfg("draft-model"), model=str(tiny_llama)) as s:
+        assert "the target drafting for itself" in s.selection.reason
+        res = s.generate(PROMPT)
+    assert res.receipt.artifacts["target"] == res.receipt.artifacts["draft"]
+    assert res.receipt.summary()["acceptance"] == 1.0
 
 
 def test_repeated_requests_on_one_session(tiny_qwen35):

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from conftest import write_metadata  # noqa: E402
+from native_helpers import write_metadata  # noqa: E402
 from power_native import _llama  # noqa: E402
 from power_native.target import load_model, open_target  # noqa: E402
 

@@ -13,7 +13,7 @@ input and tapping a layer the architecture does not record.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy, strcmp
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 
@@ -392,14 +392,6 @@ cdef class Model:
     def token_text(self, int token) -> str:
         self._check_token(token)
         return (<bytes>llama_vocab_get_text(self.vocab, token)).decode("utf-8", "replace")
-
-    def vocab_mismatch(self, Model other) -> int:
-        """-1 when both vocabularies have the same size and token texts, else the first differing id."""
-        cdef int32_t t, n = min(self.n_vocab, other.n_vocab)
-        for t in range(n):
-            if strcmp(llama_vocab_get_text(self.vocab, t), llama_vocab_get_text(other.vocab, t)) != 0:
-                return t
-        return -1 if self.n_vocab == other.n_vocab else n
 
     cdef int _check_token(self, int token) except -1:
         if token < 0 or token >= self.n_vocab:

@@ -19,22 +19,9 @@ from power_core.runtime import DecodeResult, ProposalContext, TokenArray
 from power_native import _llama
 from power_native.target import PREFILL_BATCH, load_model
 
-__all__ = ["DraftModelProposer", "make_draft_proposer", "check_same_vocab"]
+__all__ = ["DraftModelProposer", "make_draft_proposer"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-
-
-def check_same_vocab(target: _llama.Model, draft: _llama.Model) -> None:
-    """Refuse a draft whose vocabulary differs from the target's (size or any token text)."""
-    if target.n_vocab != draft.n_vocab:
-        raise ArtifactMismatch(f"draft {draft.path!r} has {draft.n_vocab} tokens but the target "
-                               f"{target.path!r} has {target.n_vocab}; use a draft of the same model family",
-                               evidence="tokenizer.ggml.tokens")
-    bad = target.vocab_mismatch(draft)
-    if bad >= 0:
-        raise ArtifactMismatch(f"draft token {bad} is {draft.token_text(bad)!r} but the target's is "
-                               f"{target.token_text(bad)!r}; the vocabularies differ",
-                               evidence=f"tokenizer.ggml.tokens[{bad}]")
 
 
 class DraftModelProposer:
@@ -122,18 +109,15 @@ class DraftModelProposer:
 
 
 def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
-    """Strategy factory: ``req.draft`` is the draft GGUF (``None``: the target file itself)."""
-    from power_native.models import resolve_model
-    from power_native.target import LlamaTarget
-
+    """Strategy factory. Selection has already inspected both files, compared their complete
+    vocabularies and bound the pair (``req.verified``); ``req.draft`` is the draft GGUF (the target
+    file itself when none was given)."""
     target = req.opened.target
-    path = resolve_model(req.draft) if req.draft is not None else req.opened.model_path
+    path = req.draft or req.opened.model_path
     if path is None:
         raise ArtifactMismatch("draft-model needs a draft GGUF (--draft PATH)", evidence="draft")
     model = load_model(path, role="draft")
-    if isinstance(target, LlamaTarget):
-        check_same_vocab(target.model, model)
-    elif target.capabilities.n_vocab != model.n_vocab:
+    if model.n_vocab != target.capabilities.n_vocab:  # selection compared the files; this is the loaded truth
         raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
                                f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
     cfg = req.config

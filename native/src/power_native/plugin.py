@@ -20,6 +20,12 @@ def accepts(model: str | None) -> bool:
     return model.endswith(".gguf") or Path(model).expanduser().exists()
 
 
+def _resolve(model: str | None) -> str:
+    from power_native.models import resolve_model
+
+    return str(resolve_model(model))
+
+
 def _open(req):
     from power_native.target import open_llama
 
@@ -35,12 +41,13 @@ def _draft(req):
 @hookimpl
 def power_register_backends(register) -> None:
     register(Backend(name="llama", version=__version__, package="power-native", open=_open, accepts=accepts,
-                     summary="llama.cpp (pinned, via Cython) target runtime", priority=10))
+                     summary="llama.cpp (pinned, via Cython) target runtime", priority=10,
+                     resolve=_resolve))
 
 
 @hookimpl
 def power_register_strategies(register) -> None:
     register(Strategy(name="draft-model", version=__version__, package="power-native",
                       summary="greedy drafts from a second GGUF with the same vocabulary (experimental)",
-                      kind="model-backed", needs_draft=True, proposer=_draft, backends=frozenset({"llama"}),
-                      experimental=True))
+                      kind="model-backed", needs_draft=True, self_draft=True, proposer=_draft,
+                      backends=frozenset({"llama"}), experimental=True))
