@@ -273,7 +273,7 @@ class Transaction:
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
                              stop=self.finished, seconds=time.perf_counter() - t0)
         self.rounds.append(record)
-        log.debug("txn.commit", **record.to_dict())
+        log.debug("txn.commit", round=record)  # rendered only when debug logging is on
         return record
 
     def _checkpoint(self) -> tuple[Any, Any]:

@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--prompt-file", default=str(ROOT.parent / "shared" / "bench" / "code-edit.txt"))
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--k", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "evidence" / "bench_native.json")
     args = ap.parse_args()
