@@ -1,0 +1,310 @@
+# Context: one owned llama_context with its reusable batch (decode, logits, memory, state, taps).
+# Included by _llama.pyx (one extension module); split by area to keep files small.
+
+cdef class Context:
+    """A ``llama_context`` with one reusable batch of ``n_batch`` tokens (sequence ids 0..n_seq_max-1)."""
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.has_batch = False
+        self.abort_flag = <int *>calloc(1, sizeof(int))
+        if self.abort_flag == NULL:
+            raise MemoryError()
+        self._layer_taps = set()
+
+    def __dealloc__(self):
+        if self.has_batch:
+            llama_batch_free(self.batch)
+            self.has_batch = False
+        if self.ptr != NULL:
+            llama_free(self.ptr)
+            self.ptr = NULL
+        if self.abort_flag != NULL:
+            free(self.abort_flag)
+            self.abort_flag = NULL
+
+    def __init__(self, Model model, *, int n_ctx, int n_batch, int n_ubatch=0, int n_rs_seq=0,
+                 n_threads=None, int n_outputs_max=0, int ctx_type=0, Context ctx_other=None,
+                 bint embeddings=False, bint swa_full=True, int n_seq_max=1, flash_attn=None):
+        if model is None or model.ptr == NULL:
+            raise RuntimeFault("Context: the model is closed")
+        if n_ubatch <= 0:
+            n_ubatch = n_batch
+        if n_ctx < 1 or n_batch < 1 or n_ubatch > n_batch or n_rs_seq < 0 or n_seq_max < 1:
+            raise ConfigError("context", dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                                              n_rs_seq=n_rs_seq, n_seq_max=n_seq_max),
+                              "n_ctx >= 1, 1 <= n_ubatch <= n_batch, n_rs_seq >= 0, n_seq_max >= 1")
+        recurrent = llama_model_is_recurrent(model.ptr) or llama_model_is_hybrid(model.ptr)
+        # src/llama-batch.cpp:641 asserts n_ubatch > n_rs_seq + 1 on recurrent memory
+        if recurrent and n_rs_seq > 0 and n_ubatch <= n_rs_seq + 1:
+            raise ConfigError("n_ubatch", n_ubatch, f"an integer > n_rs_seq + 1 = {n_rs_seq + 1}",
+                              "llama.cpp asserts this for recurrent snapshots; raise n_ubatch or lower S")
+        if ctx_type == LLAMA_CONTEXT_TYPE_MTP and llama_model_n_layer_nextn(model.ptr) == 0:
+            raise ArtifactError(f"{model.path}: an MTP context needs nextn layers; the model has none "
+                                "(or was loaded without load_mtp)", reason="mtp_missing")
+        if n_outputs_max < 0 or n_outputs_max > n_batch:
+            raise ConfigError("n_outputs_max", n_outputs_max, f"an integer in [0, n_batch={n_batch}]")
+        cdef llama_context_params p = llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_ubatch
+        p.n_seq_max = n_seq_max
+        p.n_rs_seq = n_rs_seq
+        p.n_outputs_max = n_outputs_max
+        threads = n_threads or os.cpu_count() or 1
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.ctx_type = <llama_context_type>ctx_type
+        p.embeddings = embeddings
+        p.swa_full = swa_full
+        if flash_attn is not None:
+            p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.no_perf = True
+        p.abort_callback = power_abort_cb
+        p.abort_callback_data = <void *>self.abort_flag
+        p.ctx_other = ctx_other.ptr if ctx_other is not None else NULL
+        cdef llama_context * ctx
+        _errors.clear()
+        with nogil:
+            ctx = llama_init_from_model(model.ptr, p)
+        if ctx == NULL:
+            _check("context", -1)
+        self.ptr = ctx
+        self.model = model
+        self.ctx_other = ctx_other
+        self.mem = llama_get_memory(ctx)
+        self.n_ctx = llama_n_ctx(ctx)
+        self.n_batch = llama_n_batch(ctx)
+        self.n_ubatch = llama_n_ubatch(ctx)
+        self.n_rs_seq = llama_n_rs_seq(ctx)
+        self.n_outputs_max = n_outputs_max if n_outputs_max > 0 else self.n_batch
+        self.n_vocab = model.n_vocab
+        self.ctx_type = ctx_type
+        self.recurrent = recurrent
+        self.n_outputs = 0
+        self._last_n_tokens = 0
+        if recurrent and self.n_rs_seq > 0 and self.n_ubatch <= self.n_rs_seq + 1:
+            raise ConfigError("n_ubatch", self.n_ubatch, f"an integer > n_rs_seq + 1 = {self.n_rs_seq + 1}")
+        self.batch = llama_batch_init(self.n_batch, 0, n_seq_max)
+        self.has_batch = True
+
+    def close(self) -> None:
+        """Free the context now (idempotent)."""
+        if self.has_batch:
+            llama_batch_free(self.batch)
+            self.has_batch = False
+        if self.ptr != NULL:
+            llama_free(self.ptr)
+            self.ptr = NULL
+
+    cdef int _alive(self) except -1:
+        if self.ptr == NULL:
+            raise RuntimeFault("the llama context is closed")
+        return 0
+
+    # -- decoding ------------------------------------------------------------------------------------
+    def decode(self, tokens, int pos0, *, int seq_id=0, bint all_outputs=True) -> int:
+        """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` with the GIL released.
+
+        ``all_outputs`` asks for one logits row per token (else only the last). Returns the number
+        of output rows; read them with :meth:`logits`."""
+        self._alive()
+        cdef cnp.ndarray[int32_t, ndim=1] arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef int32_t n = <int32_t>arr.shape[0]
+        if n == 0:
+            raise CapacityError("decode: empty batch")
+        if n > self.n_batch:
+            raise CapacityError(f"decode: {n} tokens exceed n_batch={self.n_batch}; split the batch")
+        cdef int32_t n_out = n if all_outputs else 1
+        if n_out > self.n_outputs_max:
+            raise CapacityError(f"decode: {n_out} output rows exceed n_outputs_max={self.n_outputs_max}")
+        if pos0 < 0 or pos0 + n > self.n_ctx:
+            raise CapacityError(f"decode: positions [{pos0}, {pos0 + n}) overflow the context of "
+                                f"{self.n_ctx} tokens; raise n_ctx or shorten the request")
+        if seq_id < 0 or seq_id >= <int>llama_n_seq_max(self.ptr):
+            raise ConfigError("seq_id", seq_id, f"an integer in [0, {llama_n_seq_max(self.ptr)})")
+        cdef int32_t * src = <int32_t *>arr.data
+        cdef int32_t i, bad = -1, nv = self.n_vocab
+        cdef llama_batch * b = &self.batch
+        cdef llama_context * ctx = self.ptr
+        cdef int32_t rc
+        with nogil:
+            for i in range(n):
+                if src[i] < 0 or src[i] >= nv:
+                    bad = i
+                    break
+            if bad < 0:
+                memcpy(b.token, src, n * sizeof(int32_t))
+                for i in range(n):
+                    b.pos[i] = pos0 + i
+                    b.n_seq_id[i] = 1
+                    b.seq_id[i][0] = seq_id
+                    b.logits[i] = 1 if (all_outputs or i == n - 1) else 0
+                b.n_tokens = n
+        if bad >= 0:
+            raise CapacityError(f"decode: token id {arr[bad]} at index {bad} is outside the vocabulary "
+                                f"[0, {nv})")
+        _errors.clear()
+        if self.abort_flag[0]:
+            rc = 2  # cancelled before it started: nothing reaches the memory
+        else:
+            with nogil:
+                rc = llama_decode(ctx, b[0])
+        self.n_outputs = 0
+        if rc == 2:
+            self.abort_flag[0] = 0  # consumed: the next decode runs
+        _check("decode", rc)
+        self.n_outputs = n_out
+        self._last_n_tokens = n
+        return n_out
+
+    def logits(self):
+        """The output rows of the last decode as a read-only zero-copy ``(n_outputs, n_vocab)``
+        float32 view, valid until the next decode on this context."""
+        self._alive()
+        cdef int n = self.n_outputs
+        if n == 0:
+            raise RuntimeFault("logits: no decode with outputs since the last change")
+        cdef float * first = llama_get_logits_ith(self.ptr, -n)
+        cdef float * last = llama_get_logits_ith(self.ptr, -1)
+        if first == NULL or last == NULL:
+            raise RuntimeFault("logits: llama_get_logits_ith returned NULL")
+        if last == first + <size_t>(n - 1) * self.n_vocab:
+            return self._view(first, n, self.n_vocab)
+        out = np.empty((n, self.n_vocab), dtype=np.float32)  # outputs not contiguous: copy rows
+        cdef int j
+        for j in range(n):
+            out[j] = self._view(llama_get_logits_ith(self.ptr, j - n), 1, self.n_vocab)[0]
+        return out
+
+    cdef object _view(self, float * ptr, int rows, int cols):
+        cdef cnp.npy_intp dims[2]
+        dims[0] = rows
+        dims[1] = cols
+        cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(2, dims, cnp.NPY_FLOAT32, <void *>ptr)
+        cnp.set_array_base(arr, self)
+        cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
+        return arr
+
+    def abort(self) -> None:
+        """Ask the running (or else the next) decode to stop; it raises :class:`Cancelled`."""
+        if self.abort_flag != NULL:
+            self.abort_flag[0] = 1
+
+    def clear_abort(self) -> None:
+        """Withdraw an :meth:`abort` that no decode has consumed yet."""
+        if self.abort_flag != NULL:
+            self.abort_flag[0] = 0
+
+    def set_threads(self, int n_threads, int n_threads_batch=0) -> None:
+        self._alive()
+        llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
+
+    # -- memory ------------------------------------------------------------------------------------------
+    def clear(self, bint data=False) -> None:
+        self._alive()
+        llama_memory_clear(self.mem, data)
+
+    def seq_rm(self, int seq_id, int p0, int p1=-1) -> bool:
+        """Remove positions [p0, p1) of ``seq_id``; False when llama.cpp cannot (recurrent memory)."""
+        self._alive()
+        return llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+
+    def seq_cp(self, int src, int dst, int p0=-1, int p1=-1) -> None:
+        self._alive()
+        llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, int seq_id) -> None:
+        self._alive()
+        llama_memory_seq_keep(self.mem, seq_id)
+
+    def pos_min(self, int seq_id=0) -> int:
+        self._alive()
+        return llama_memory_seq_pos_min(self.mem, seq_id)
+
+    def pos_max(self, int seq_id=0) -> int:
+        self._alive()
+        return llama_memory_seq_pos_max(self.mem, seq_id)
+
+    def state_get(self, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> bytes:
+        """The sequence state (``PARTIAL_ONLY`` by default: recurrent/SWA part, not the full KV)."""
+        self._alive()
+        cdef size_t size = llama_state_seq_get_size_ext(self.ptr, seq_id, flags)
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
+        cdef uint8_t * dst = <uint8_t *>PyBytes_AS_STRING(out)
+        cdef size_t got
+        with nogil:
+            got = llama_state_seq_get_data_ext(self.ptr, dst, size, seq_id, flags)
+        if got != size:
+            _check("state_get", <long>got)
+        return out
+
+    def state_set(self, bytes data, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> None:
+        self._alive()
+        cdef const uint8_t * src = <const uint8_t *>PyBytes_AS_STRING(data)
+        cdef size_t size = len(data)
+        cdef size_t got
+        _errors.clear()
+        with nogil:
+            got = llama_state_seq_set_data_ext(self.ptr, src, size, seq_id, flags)
+        if got == 0:
+            _check("state_set", -1)
+
+    # -- hidden-state taps (llama-ext.h) -------------------------------------------------------------------
+    def set_embeddings_nextn(self, bint value, bint masked=False) -> None:
+        self._alive()
+        llama_set_embeddings_nextn(self.ptr, value, masked)
+        self._nextn_tap = value
+        self._nextn_masked = masked
+
+    def embeddings_nextn(self):
+        """Rows of the ``h_nextn`` tap of the last decode (zero-copy, ``n_embd_out`` wide)."""
+        self._alive()
+        if not self._nextn_tap:
+            raise RuntimeFault("embeddings_nextn: the nextn tap is not enabled; call set_embeddings_nextn")
+        cdef float * ptr = llama_get_embeddings_nextn(self.ptr)
+        if ptr == NULL:
+            raise RuntimeFault("embeddings_nextn: llama.cpp returned NULL (no decode yet?)")
+        rows = self.n_outputs if self._nextn_masked else self._last_n_tokens
+        return self._view(ptr, rows, llama_model_n_embd_out(self.model.ptr))
+
+    def set_embeddings_layer_inp(self, int lid, bint value=True) -> None:
+        """Tap the input of layer ``lid``; refuses layers the arch does not record (that aborts)."""
+        self._alive()
+        arch = self.model.arch
+        n_layer = self.model.n_layer
+        if value:
+            if arch not in LAYER_INP_ARCHS:
+                raise ArtifactError(f"{self.model.path}: arch {arch!r} records no layer inputs; "
+                                    "hidden-state taps are unsupported", reason="tap_unsupported",
+                                    evidence="general.architecture")
+            limit = n_layer if arch in LAYER_INP_FINAL_ARCHS else n_layer - 1
+            if lid < 0 or lid > limit:
+                raise ConfigError("layer", lid, f"an integer in [0, {limit}] for arch {arch!r}",
+                                  "only deepseek4, mimo2 and nemotron_h record the output of the last layer")
+        llama_set_embeddings_layer_inp(self.ptr, lid, value)
+        if value:
+            self._layer_taps.add(lid)
+        else:
+            self._layer_taps.discard(lid)
+
+    def embeddings_layer_inp(self, int lid):
+        """Input of layer ``lid`` for every token of the last decode (zero-copy, ``n_embd`` wide)."""
+        self._alive()
+        if lid not in self._layer_taps:
+            raise RuntimeFault(f"embeddings_layer_inp: layer {lid} is not tapped; call "
+                               "set_embeddings_layer_inp first (llama.cpp would abort)")
+        cdef float * ptr = llama_get_embeddings_layer_inp(self.ptr, lid)
+        if ptr == NULL:
+            raise RuntimeFault("embeddings_layer_inp: llama.cpp returned NULL (no decode yet?)")
+        return self._view(ptr, self._last_n_tokens, llama_model_n_embd(self.model.ptr))
+
+    @property
+    def other(self):
+        """The ``ctx_other`` this context was created with (or ``None``)."""
+        return self.ctx_other
+
+    @property
+    def has_ctx_other(self) -> bool:
+        self._alive()
+        return llama_get_ctx_other(self.ptr) != NULL

@@ -1,0 +1,72 @@
+# llama.cpp/ggml log routed to structlog, and process-wide backend lifetime.
+# Included by _llama.pyx (one extension module); split by area to keep files small.
+
+cdef int _log_min_level = GGML_LOG_LEVEL_WARN
+cdef int _last_level = GGML_LOG_LEVEL_INFO
+cdef bint _log_alive = True
+_log_parts = []
+_errors = deque(maxlen=8)
+_LEVEL_NAMES = {GGML_LOG_LEVEL_DEBUG: "debug", GGML_LOG_LEVEL_INFO: "info",
+                GGML_LOG_LEVEL_WARN: "warning", GGML_LOG_LEVEL_ERROR: "error"}
+
+
+cdef void _log_emit(int level, const char * text) noexcept with gil:
+    try:
+        _log_parts.append(text.decode("utf-8", "replace"))
+        if not _log_parts[-1].endswith("\n"):
+            return
+        line = "".join(_log_parts).rstrip()
+        _log_parts.clear()
+        if not line:
+            return
+        if level >= GGML_LOG_LEVEL_ERROR:
+            _errors.append(line)
+        if level >= _log_min_level:
+            getattr(_log, _LEVEL_NAMES.get(level, "info"))("llama.log", text=line)
+    except BaseException:
+        pass
+
+
+cdef void _log_cb(ggml_log_level level, const char * text, void * ud) noexcept nogil:
+    global _last_level
+    cdef int lvl = <int>level
+    if lvl == GGML_LOG_LEVEL_CONT:
+        lvl = _last_level
+    else:
+        _last_level = lvl
+    if not _log_alive or (lvl < _log_min_level and lvl < GGML_LOG_LEVEL_ERROR):
+        return
+    _log_emit(lvl, text)
+
+
+def set_log_level(level: str) -> None:
+    """Forward llama.cpp messages at or above ``level`` (debug, info, warning, error) to structlog."""
+    global _log_min_level
+    table = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warning": GGML_LOG_LEVEL_WARN,
+             "error": GGML_LOG_LEVEL_ERROR}
+    if level not in table:
+        raise ConfigError("log_level", level, "one of debug, info, warning, error")
+    _log_min_level = table[level]
+
+
+def last_errors() -> list:
+    """The last llama.cpp error lines (they explain a NULL model or context)."""
+    return list(_errors)
+
+
+def system_info() -> str:
+    return (<bytes>llama_print_system_info()).decode("utf-8", "replace")
+
+
+def _shutdown() -> None:
+    global _log_alive
+    _log_alive = False  # the callback stays installed (silent): NULL would print to stderr
+
+
+llama_log_set(_log_cb, NULL)
+llama_backend_init()
+atexit.register(_shutdown)
+set_log_level(os.environ.get("POWER_NATIVE_LOG_LEVEL", "warning"))
+
+
+# -- the one return-code helper ---------------------------------------------------------------------

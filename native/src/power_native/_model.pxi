@@ -1,0 +1,265 @@
+# Model: one owned llama_model (load, synthetic init, vocabulary, metadata, taps' layer ids).
+# Included by _llama.pyx (one extension module); split by area to keep files small.
+
+cdef str _meta_str(const llama_model * m, str key):
+    cdef bytes k = key.encode()
+    cdef char buf[512]
+    cdef int32_t n = llama_model_meta_val_str(m, k, buf, sizeof(buf))
+    if n < 0:
+        return None
+    if n >= <int32_t>sizeof(buf):
+        big = bytearray(n + 1)
+        llama_model_meta_val_str(m, k, <char *>big, n + 1)
+        return bytes(big[:n]).decode("utf-8", "replace")
+    return buf[:n].decode("utf-8", "replace")
+
+
+# -- Model --------------------------------------------------------------------------------------------
+cdef class Model:
+    """A loaded ``llama_model`` (freed with the object)."""
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.vocab = NULL
+        self._meta = NULL
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            llama_model_free(self.ptr)
+            self.ptr = NULL
+        if self._meta != NULL:
+            gguf_free(self._meta)
+            self._meta = NULL
+
+    cdef _bind(self, llama_model * ptr, str path, bint load_mtp):
+        self.ptr = ptr
+        self.vocab = llama_model_get_vocab(ptr)
+        self.n_vocab = llama_vocab_n_tokens(self.vocab)
+        self.path = path
+        self.load_mtp = load_mtp
+
+    @staticmethod
+    def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True):
+        """Load a GGUF file. The caller validates the header first (``power_native.gguf_check``);
+        a NULL model from llama.cpp is still an :class:`ArtifactError`."""
+        cdef llama_model_params p = llama_model_default_params()
+        p.load_mtp = load_mtp
+        p.vocab_only = vocab_only
+        p.use_extra_bufts = repack
+        if n_gpu_layers is not None:
+            p.n_gpu_layers = n_gpu_layers
+        cdef bytes bpath = os.fsencode(path)
+        cdef const char * cpath = bpath
+        cdef llama_model * ptr
+        _errors.clear()
+        with nogil:
+            ptr = llama_model_load_from_file(cpath, p)
+        if ptr == NULL:
+            _check("model_load", -1)
+        cdef Model m = Model.__new__(Model)
+        m._bind(ptr, os.fsdecode(path), load_mtp)
+        return m
+
+    @staticmethod
+    def from_metadata(meta_path, *, size_t seed=42, float stdev=0.1, bint load_mtp=False):
+        """A synthetic model: every tensor the arch's loader asks for is created from the GGUF
+        metadata at ``meta_path`` and filled with seeded N(0, stdev) (llama_model_init_from_user)."""
+        cdef gguf_init_params gp
+        gp.no_alloc = True
+        gp.ctx = NULL
+        cdef bytes bpath = os.fsencode(meta_path)
+        cdef gguf_context * g = gguf_init_from_file(bpath, gp)
+        if g == NULL:
+            raise ArtifactError(f"{os.fsdecode(meta_path)}: not a readable GGUF metadata file",
+                                reason="gguf_invalid")
+        cdef power_fill_params fp
+        fp.seed = seed
+        fp.stdev = stdev
+        cdef llama_model_params p = llama_model_default_params()
+        p.load_mtp = load_mtp
+        cdef llama_model * ptr
+        _errors.clear()
+        with nogil:
+            ptr = llama_model_init_from_user(g, power_fill_tensor, &fp, p)
+        if ptr == NULL:
+            gguf_free(g)
+            raise ArtifactError(f"{os.fsdecode(meta_path)}: llama_model_init_from_user failed; "
+                                + " | ".join(_errors), reason="gguf_load_failed")
+        cdef Model m = Model.__new__(Model)
+        m._bind(ptr, os.fsdecode(meta_path), load_mtp)
+        m._meta = g
+        return m
+
+    def save(self, path) -> None:
+        """Write the model (tensors included) as a GGUF file."""
+        cdef bytes bpath = os.fsencode(path)
+        cdef const char * cpath = bpath
+        with nogil:
+            llama_model_save_to_file(self.ptr, cpath)
+
+    # -- metadata --------------------------------------------------------------------------------
+    def meta(self, str key):
+        """A scalar metadata value as a string (``None`` when absent; arrays are not readable)."""
+        return _meta_str(self.ptr, key)
+
+    def metadata(self) -> dict:
+        cdef char buf[512]
+        out = {}
+        cdef int32_t i, n = llama_model_meta_count(self.ptr)
+        for i in range(n):
+            if llama_model_meta_key_by_index(self.ptr, i, buf, sizeof(buf)) < 0:
+                continue
+            key = (<bytes>buf).decode("utf-8", "replace")
+            out[key] = _meta_str(self.ptr, key)
+        return out
+
+    @property
+    def arch(self) -> str:
+        return _meta_str(self.ptr, "general.architecture") or ""
+
+    @property
+    def desc(self) -> str:
+        cdef char buf[256]
+        cdef int32_t n = llama_model_desc(self.ptr, buf, sizeof(buf))
+        return buf[:max(0, min(n, 255))].decode("utf-8", "replace")
+
+    @property
+    def n_layer(self) -> int:
+        return llama_model_n_layer(self.ptr)
+
+    @property
+    def n_layer_nextn(self) -> int:
+        return llama_model_n_layer_nextn(self.ptr)
+
+    @property
+    def n_embd(self) -> int:
+        return llama_model_n_embd(self.ptr)
+
+    @property
+    def n_embd_out(self) -> int:
+        return llama_model_n_embd_out(self.ptr)
+
+    @property
+    def n_ctx_train(self) -> int:
+        return llama_model_n_ctx_train(self.ptr)
+
+    @property
+    def size(self) -> int:
+        return llama_model_size(self.ptr)
+
+    @property
+    def n_params(self) -> int:
+        return llama_model_n_params(self.ptr)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return llama_model_is_recurrent(self.ptr)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return llama_model_is_hybrid(self.ptr)
+
+    @property
+    def has_encoder(self) -> bool:
+        return llama_model_has_encoder(self.ptr)
+
+    def target_layer_ids(self):
+        """DFlash/EAGLE3 ``target_layers`` (empty for other archs)."""
+        cdef uint32_t n = llama_model_target_layer_ids_n(self.ptr)
+        cdef const int32_t * ids = llama_model_target_layer_ids(self.ptr)
+        if n == 0 or ids == NULL:
+            return np.zeros(0, dtype=np.int32)
+        return np.asarray(<int32_t[:n]>ids).copy()
+
+    def dflash_selector_top_k(self) -> int:
+        return llama_model_dflash_selector_top_k(self.ptr)
+
+    # -- vocabulary --------------------------------------------------------------------------------
+    @property
+    def bos(self) -> int:
+        return llama_vocab_bos(self.vocab)
+
+    @property
+    def eos(self) -> int:
+        return llama_vocab_eos(self.vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return llama_vocab_get_add_bos(self.vocab)
+
+    @property
+    def add_eos(self) -> bool:
+        return llama_vocab_get_add_eos(self.vocab)
+
+    @property
+    def vocab_type(self) -> int:
+        return llama_vocab_type(self.vocab)
+
+    def is_eog(self, int token) -> bool:
+        self._check_token(token)
+        return llama_vocab_is_eog(self.vocab, token)
+
+    def eog_ids(self) -> frozenset:
+        cdef int32_t t
+        out = []
+        for t in range(self.n_vocab):
+            if llama_vocab_is_eog(self.vocab, t):
+                out.append(t)
+        return frozenset(out)
+
+    def token_text(self, int token) -> str:
+        self._check_token(token)
+        return (<bytes>llama_vocab_get_text(self.vocab, token)).decode("utf-8", "replace")
+
+    cdef int _check_token(self, int token) except -1:
+        if token < 0 or token >= self.n_vocab:
+            raise CapacityError(f"token id {token} is outside the vocabulary [0, {self.n_vocab})")
+        return 0
+
+    def tokenize(self, text, *, bint add_special=True, bint parse_special=True):
+        """Text to int32 ids with llama_tokenize (BOS per the vocabulary, like llama-completion)."""
+        cdef bytes b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef int32_t cap = len(b) + 8
+        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(cap, dtype=np.int32)
+        cdef int32_t n = llama_tokenize(self.vocab, b, len(b), <llama_token *>out.data, cap, add_special,
+                                        parse_special)
+        if n < 0:
+            if n == -2147483648:
+                raise CapacityError("llama_tokenize: the text is too long to tokenize")
+            cap = -n
+            out = np.empty(cap, dtype=np.int32)
+            n = llama_tokenize(self.vocab, b, len(b), <llama_token *>out.data, cap, add_special, parse_special)
+            if n < 0:
+                raise RuntimeFault(f"llama_tokenize failed (rc={n})")
+        return out[:n].copy()
+
+    def token_to_piece(self, int token, *, bint special=False) -> bytes:
+        self._check_token(token)
+        cdef char buf[128]
+        cdef int32_t n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
+        if n >= 0:
+            return buf[:n]
+        big = bytearray(-n)
+        n = llama_token_to_piece(self.vocab, token, <char *>big, len(big), 0, special)
+        return bytes(big[:max(n, 0)])
+
+    def detokenize(self, tokens, *, bint special=False) -> bytes:
+        """Concatenated pieces (bytes), exactly what llama-completion prints token by token."""
+        cdef cnp.ndarray[int32_t, ndim=1] arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef char buf[256]
+        cdef Py_ssize_t i
+        cdef int32_t n, t
+        parts = []
+        for i in range(arr.shape[0]):
+            t = arr[i]
+            if t < 0 or t >= self.n_vocab:
+                raise CapacityError(f"token id {t} is outside the vocabulary [0, {self.n_vocab})")
+            n = llama_token_to_piece(self.vocab, t, buf, sizeof(buf), 0, special)
+            if n >= 0:
+                parts.append(buf[:n])
+            else:
+                parts.append(self.token_to_piece(t, special=special))
+        return b"".join(parts)
+
+
+# -- Context ------------------------------------------------------------------------------------------
