@@ -3,7 +3,8 @@
 Three comparisons on the same model, prompt, token count and threads, each run ``--runs`` times with
 the order alternating inside every pair (A,B then B,A) so drift on a shared machine hits both sides:
 
-1. target-only decode tok/s: ``power run --mode off`` vs ``llama-completion`` (goal ratio ≥ 0.98);
+1. target-only decode tok/s: ``power run --mode off`` vs ``llama-completion`` (goal ratio ≥ 0.98); both
+   rates include sampling (llama-completion's printed "eval" rate does not; it is reported as well);
 2. the draft-model loop: ``power run --mode draft-model`` vs ``llama-speculative-simple
    --spec-type draft-simple`` with the same draft and K (goal ratio ≥ 1.0, identical tokens);
 3. peak RSS of the whole process: Power target-only vs ``llama-completion`` (goal overhead ≤ 64 MiB).
@@ -30,6 +31,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT / "native" / "tools"))
 import build_llama  # noqa: E402
 
+SAMPLING_RE = re.compile(r"sampling time =\s+([\d.]+) ms")
 EVAL_RE = re.compile(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs\s+\(\s*[\d.]+ ms per token,\s+([\d.]+) tokens per second\)")
 SPEC_RE = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 ACCEPT_RE = re.compile(r"accept\s+=\s+([\d.]+)%")
@@ -91,7 +93,8 @@ def main() -> int:
 
     rows: dict[str, list[float]] = {k: [] for k in (
         "power_off_tok_s", "completion_tok_s", "ratio_off", "power_draft_tok_s", "spec_simple_tok_s", "ratio_draft",
-        "power_off_rss_mib", "completion_rss_mib", "rss_overhead_mib", "power_draft_acceptance", "peer_acceptance")}
+        "power_off_rss_mib", "completion_rss_mib", "rss_overhead_mib", "power_draft_acceptance", "peer_acceptance",
+        "completion_eval_only_tok_s")}
     identical = []
     for i in range(args.runs):
         order = [0, 1] if i % 2 == 0 else [1, 0]
@@ -102,9 +105,15 @@ def main() -> int:
                 res[0] = (json.loads(o), rss)
             else:
                 _, e, rss = run_measured(peer_completion)
-                m = EVAL_RE.search(e)
-                assert m, "llama-completion printed no eval timing"
-                res[1] = (float(m.group(2)), rss)
+                m, ms = EVAL_RE.search(e), SAMPLING_RE.search(e)
+                assert m and ms, "llama-completion printed no eval/sampling timing"
+                # like for like with Power's decode rate, which includes sampling: llama-completion's
+                # "eval" rate excludes it (its sampling time covers runs + 1 samples)
+                runs, eval_tok_s = int(m.group(1)), float(m.group(2))
+                eval_s = runs / eval_tok_s
+                sampling_s = float(ms.group(1)) / 1000 * runs / (runs + 1)
+                res[1] = (runs / (eval_s + sampling_s), rss)
+                rows["completion_eval_only_tok_s"].append(eval_tok_s)
         off, off_rss = res[0]
         tok_c, rss_c = res[1]
         t_off = off["receipt"]["timings"]["decode_tok_s"]
@@ -147,7 +156,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(evidence, indent=2))
     for key in ("ratio_off", "ratio_draft", "rss_overhead_mib", "power_off_tok_s", "completion_tok_s",
-                "power_draft_tok_s", "spec_simple_tok_s"):
+                "completion_eval_only_tok_s", "power_draft_tok_s", "spec_simple_tok_s"):
         s = summary[key]
         print(f"{key:>20}: median {s['median']:.3f}  min {s['min']:.3f}  max {s['max']:.3f}")
     print(f"identical tokens (draft-model vs off): {all(identical)}; goals: {evidence['goals']}")
