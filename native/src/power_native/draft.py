@@ -35,6 +35,7 @@ class DraftModelProposer:
         self.ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_rs_seq=0,
                                   n_outputs_max=1, n_threads=n_threads or os.cpu_count())
         self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
+        self._row_ready = False  # the context holds the logits row of the last token in memory
         self._history: list[int] = []  # committed tokens incl. the anchor
         self.stats = {"drafted": 0, "draft_passes": 0}
 
@@ -42,8 +43,10 @@ class DraftModelProposer:
     def begin(self, prompt: TokenArray) -> None:
         self.ctx.clear(False)
         self._kv = []
+        self._row_ready = False
         self._history = [int(t) for t in prompt]
-        self._sync(self._history[:-1], last_logits=False)
+        # the whole prompt in one prefill, like the target: the same numerics, so a self-draft agrees
+        self._sync(self._history, last_logits=True)
 
     def checkpoint(self) -> tuple[int, ...]:
         return tuple(self._history)
@@ -83,6 +86,8 @@ class DraftModelProposer:
             if a != b:
                 break
             common += 1
+        if common == len(want) == len(self._kv) and (self._row_ready or not last_logits):
+            return  # memory already holds exactly ``want`` (and its last row when asked)
         if last_logits and common == len(want) and want:
             common -= 1  # re-decode the last token to get its logits row
         if common < len(self._kv):
@@ -90,6 +95,7 @@ class DraftModelProposer:
                 self.ctx.clear(False)
                 common = 0
             del self._kv[common:]
+            self._row_ready = False
         rest = want[common:]
         if not rest:
             return
@@ -102,6 +108,7 @@ class DraftModelProposer:
             raise CapacityError(f"the draft context of {self.ctx.n_ctx} tokens is full")
         self.ctx.decode(np.asarray(tokens, dtype=np.int32), len(self._kv), all_outputs=False)
         self._kv.extend(tokens)
+        self._row_ready = True  # a decode always outputs its last row
         self.stats["draft_passes"] += 1
 
     def close(self) -> None:
