@@ -104,19 +104,26 @@ def _tokenizer(n_vocab: int, *, mask: bool) -> dict[str, tuple[str, Any]]:
     return kv
 
 
-def target_spec(*, mtp: bool = True, arch: str = "qwen35", n_layer: int = 2, n_nextn: int = 1,
-                n_vocab: int = N_VOCAB, n_embd: int = N_EMBD) -> GGUFSpec:
-    """A tiny target; with ``mtp`` it carries ``n_nextn`` MTP blocks after ``n_layer`` trunk blocks."""
-    n_all = n_layer + (n_nextn if mtp else 0)
-    a = arch
-    kv: dict[str, tuple[str, Any]] = {
-        f"{a}.block_count": ("u32", n_all),
+def _hparams(a: str, n_blocks: int, n_embd: int) -> dict[str, tuple[str, Any]]:
+    """The transformer hyperparameters every tiny file shares."""
+    return {
+        f"{a}.block_count": ("u32", n_blocks),
         f"{a}.context_length": ("u32", 256),
         f"{a}.embedding_length": ("u32", n_embd),
         f"{a}.feed_forward_length": ("u32", N_FF),
         f"{a}.attention.head_count": ("u32", 2),
         f"{a}.attention.head_count_kv": ("u32", 1),
         f"{a}.attention.layer_norm_rms_epsilon": ("f32", 1e-6),
+    }
+
+
+def target_spec(*, mtp: bool = True, arch: str = "qwen35", n_layer: int = 2, n_nextn: int = 1,
+                n_vocab: int = N_VOCAB, n_embd: int = N_EMBD) -> GGUFSpec:
+    """A tiny target; with ``mtp`` it carries ``n_nextn`` MTP blocks after ``n_layer`` trunk blocks."""
+    n_all = n_layer + (n_nextn if mtp else 0)
+    a = arch
+    kv: dict[str, tuple[str, Any]] = {
+        **_hparams(a, n_all, n_embd),
         # per-layer flags, trunk block 0 recurrent, the rest (incl. MTP blocks) attention (notes §7.2)
         f"{a}.attention.recurrent_layers": ("arr:u8", [1] + [0] * (n_all - 1)),
     }
@@ -149,13 +156,7 @@ def dflash_spec(*, target_layers: Iterable[int] = (0, 1), block_size: int = 8, n
     tl = list(target_layers)
     a = "dflash"
     kv: dict[str, tuple[str, Any]] = {
-        f"{a}.block_count": ("u32", n_layer),
-        f"{a}.context_length": ("u32", 256),
-        f"{a}.embedding_length": ("u32", n_embd),
-        f"{a}.feed_forward_length": ("u32", N_FF),
-        f"{a}.attention.head_count": ("u32", 2),
-        f"{a}.attention.head_count_kv": ("u32", 1),
-        f"{a}.attention.layer_norm_rms_epsilon": ("f32", 1e-6),
+        **_hparams(a, n_layer, n_embd),
         f"{a}.target_layers": ("arr:i32", tl),
         f"{a}.block_size": ("u32", block_size),
     }
