@@ -7,9 +7,14 @@ saved as a real GGUF with ``llama_model_save_to_file`` (LLAMACPP_NOTES §7.1-7.2
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("CI"):
+    # CI installs power-native; there a broken extension must fail the run, not skip the native tier
+    import power_native._llama  # noqa: F401
 from native_helpers import make_tiny  # noqa: F401  (fixtures below build the tiny models)
 
 
