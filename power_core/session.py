@@ -96,8 +96,10 @@ class Session:
             raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
                                    "artifacts but has no execution path in this version; use spec_mode='off' or "
                                    "another strategy")
-        request = OpenRequest(model=model, config=config, max_block=config.spec_draft_max + 1,
-                              snapshots=config.snapshots, features=strategy.target_features)
+        # target-only decoding verifies one token per pass and never rolls back: size the context for that
+        request = OpenRequest(model=model, config=config,
+                              max_block=config.spec_draft_max + 1 if speculative else 1,
+                              snapshots=config.snapshots if speculative else 0, features=strategy.target_features)
         opened = chosen.open(request)
         try:
             proposer = None

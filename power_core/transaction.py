@@ -111,7 +111,6 @@ class Transaction:
     finished: str | None = None
     rounds: list[RoundRecord] = attrs.field(factory=list)
     target_passes: int = 0
-    core_seconds: float = 0.0
 
     @property
     def history(self) -> TokenArray:
