@@ -148,3 +148,17 @@ def test_cancel_interrupts_a_running_decode_and_resumes_exactly():
         assert gen.tokens == ref[: len(gen.tokens)]
         token.reset()
         assert gen.run().tokens == ref
+
+
+def test_seeded_stochastic_draft_model_equals_target_only_on_smollm2():
+    """Seeded stochastic sampling: the speculative run emits exactly the target-only run's tokens."""
+    model = _model_path("smollm2")
+    common = dict(max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2, temperature=0.8, top_p=0.95, seed=1234)
+    off = PowerConfig(spec_mode="off", **common)
+    spec = PowerConfig(spec_mode="draft-model", spec_draft_max=7, **common)
+    with Session.open(off, model=model) as s_off, Session.open(spec, model=model) as s_spec:
+        for prompt in PROMPTS[2:4]:
+            ref = s_off.generate(prompt)
+            got = s_spec.generate(prompt)
+            assert got.tokens == ref.tokens and got.receipt.output_sha256 == ref.receipt.output_sha256
+            assert got.receipt.summary()["accepted"] > 0
