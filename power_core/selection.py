@@ -142,6 +142,9 @@ def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, dr
             skipped.append(f"{entry.path} ({entry.mode}: not installed{'; pip install ' + pkg if pkg else ''})")
             continue
         strategy = plugins.strategies[entry.mode]
+        if strategy.proposer is None:  # auto picks what can run; an explicit mode would fail closed instead
+            skipped.append(f"{entry.path} ({entry.mode}: no execution path in {strategy.package} {strategy.version})")
+            continue
         try:
             _check_manifest_digest(entry.path, entry.sha256, progress)
             sv = verify_artifacts(strategy, model, str(entry.path), config, require_binding=False,
@@ -157,6 +160,10 @@ def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, dr
         if "mtp" not in plugins.strategies:
             reason = (f"auto: target carries MTP layers ({ev}) but power-mtp is not installed (pip install power-mtp); "
                       f"target-only{note}")
+        elif plugins.strategies["mtp"].proposer is None:
+            mtp = plugins.strategies["mtp"]
+            reason = (f"auto: target carries MTP layers ({ev}) but {mtp.package} {mtp.version} has no execution "
+                      f"path yet; target-only{note}")
         else:
             strategy = plugins.strategies["mtp"]
             try:

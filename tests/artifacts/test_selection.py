@@ -3,6 +3,7 @@
 import json
 import os
 
+import attrs
 import pytest
 
 from power_core.artifacts import file_digest
@@ -11,15 +12,33 @@ from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError, Stra
 from power_core.plugins import build_plugins
 from power_core.selection import select
 
+FIRST_PARTY = ("mtp", "dflash", "dflash2", "dspark")
+
 
 @pytest.fixture(scope="module")
-def plugins():
+def installed():
+    """The first-party plugins as installed (validators only: no execution path yet)."""
     p = build_plugins()
-    missing = {"mtp", "dflash", "dflash2", "dspark"} - set(p.strategies.names())
+    missing = set(FIRST_PARTY) - set(p.strategies.names())
     if missing:
         # a partial developer install may skip; CI (CI=true, `nox -s tests` installs everything) may not
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"first-party plugins not installed: {missing} (pip install -e plugins/<name>)")
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(
+            f"first-party plugins not installed: {missing} (pip install -e plugins/<name>)")
     return p
+
+
+@pytest.fixture(scope="module")
+def plugins(installed):
+    """The same validators, as if each strategy could run (selection logic does not depend on how)."""
+    p = build_plugins()
+    for name in FIRST_PARTY:
+        p.strategies._items[name] = attrs.evolve(p.strategies[name], proposer=lambda request: None)
+    return p
+
+
+def test_auto_never_picks_a_strategy_that_cannot_run(installed, fx):
+    s = select(installed, cfg("auto"), model=str(fx["target_mtp"]), draft=None)
+    assert s.strategy.name == "off" and "no execution path" in s.reason
 
 
 @pytest.fixture
