@@ -133,8 +133,10 @@ def test_cancel_interrupts_a_running_decode_and_resumes_exactly():
     from power_core.transaction import CancelToken
 
     model = _model_path("smollm2")
-    cfg = PowerConfig(spec_mode="off", max_tokens=16, n_ctx=4096, n_threads=2)
-    prompt = "word " * 1500  # a prefill long enough to be interrupted
+    # a prefill long enough to be interrupted (~1 s here), and enough tokens after it that a cancel
+    # always lands before the request ends, in the prefill or between rounds
+    cfg = PowerConfig(spec_mode="off", max_tokens=96, n_ctx=4096, n_threads=2)
+    prompt = "word " * 1500
     with Session.open(cfg, model=model) as s:
         ref = s.generate(prompt).tokens
         token = CancelToken()
