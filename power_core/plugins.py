@@ -35,6 +35,7 @@ __all__ = [
     "PowerPlugins",
     "get_plugins",
     "hookimpl",
+    "package_version",
 ]
 
 log = structlog.get_logger(__name__)
@@ -217,11 +218,16 @@ class PowerPlugins:
         return out
 
 
-def _own_version() -> str:
+def package_version(distribution: str) -> str:
+    """Installed version of ``distribution`` (``0+unknown`` when running from a source tree)."""
     try:
-        return metadata.version("power-core")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+def _own_version() -> str:
+    return package_version("power-core")
 
 
 def _allowlist() -> set[str] | None:

@@ -7,23 +7,15 @@ fails closed ("execution path not available yet") when this strategy is selected
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import metadata
 
-from power_core.plugins import Strategy, hookimpl
+from power_core.plugins import Strategy, hookimpl, package_version
 from power_dflash.validate import validate_dflash
-
-
-def _version() -> str:
-    try:
-        return metadata.version("power-dflash")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
-        name="dflash", version=_version(), package="power-dflash", kind="model-backed", needs_draft=True,
+        name="dflash", version=package_version("power-dflash"), package="power-dflash", kind="model-backed", needs_draft=True,
         summary="DFlash v1 drafts (llama.cpp `dflash` arch, no selector/conv/Markov parts): validator and strategy registration.",
         validate=validate_dflash, proposer=None,
     ))

@@ -7,23 +7,15 @@ fails closed ("execution path not available yet") when this strategy is selected
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import metadata
 
-from power_core.plugins import Strategy, hookimpl
+from power_core.plugins import Strategy, hookimpl, package_version
 from power_dflash2.validate import validate_dflash2
-
-
-def _version() -> str:
-    try:
-        return metadata.version("power-dflash2")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
-        name="dflash2", version=_version(), package="power-dflash2", kind="model-backed", needs_draft=True,
+        name="dflash2", version=package_version("power-dflash2"), package="power-dflash2", kind="model-backed", needs_draft=True,
         summary="DFlash2 drafts (`dflash` arch + selector and per-layer convolution tensors): validator and strategy registration.",
         validate=validate_dflash2, proposer=None,
     ))

@@ -7,23 +7,15 @@ fails closed ("execution path not available yet") when this strategy is selected
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import metadata
 
-from power_core.plugins import Strategy, hookimpl
+from power_core.plugins import Strategy, hookimpl, package_version
 from power_dspark.validate import validate_dspark
-
-
-def _version() -> str:
-    try:
-        return metadata.version("power-dspark")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
-        name="dspark", version=_version(), package="power-dspark", kind="model-backed", needs_draft=True,
+        name="dspark", version=package_version("power-dspark"), package="power-dspark", kind="model-backed", needs_draft=True,
         summary="DSpark drafts (`dflash` backbone + Markov head, optional confidence head): validator and strategy registration.",
         validate=validate_dspark, proposer=None,
     ))

@@ -7,23 +7,15 @@ fails closed ("execution path not available yet") when this strategy is selected
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import metadata
 
-from power_core.plugins import Strategy, hookimpl
+from power_core.plugins import Strategy, hookimpl, package_version
 from power_mtp.validate import validate_mtp
-
-
-def _version() -> str:
-    try:
-        return metadata.version("power-mtp")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
-        name="mtp", version=_version(), package="power-mtp", kind="model-backed", needs_draft=False,
+        name="mtp", version=package_version("power-mtp"), package="power-mtp", kind="model-backed", needs_draft=False,
         summary="Native MTP (nextn) heads carried by the target GGUF: validator and strategy registration.",
         validate=validate_mtp, proposer=None,
     ))
