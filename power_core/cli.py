@@ -71,6 +71,8 @@ def _config_from_args(args: argparse.Namespace):
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
         "spec_mtp_adaptive": True if args.adaptive else None,
+        "spec_mtp_fr_vocab_size": args.fr_vocab,
+        "trace": True if args.trace else None,
     }
     if args.config:
         return PowerConfig.from_toml(args.config, **overrides)
@@ -152,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--draft-max", type=int, help="K: proposal width")
     r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
     r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
+    r.add_argument("--fr-vocab", type=int, help="spec_mtp_fr_vocab_size: MTP drafts only from the first N token ids")
+    r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
     r.add_argument("--n-ctx", type=int)
     r.add_argument("--threads", type=int)
     r.add_argument("--config", help="TOML file with configuration keys")

@@ -98,6 +98,8 @@ class PowerConfig:
     max_tokens: int = attrs.field(default=128, validator=_int_range(1, 1 << 20))
     n_ctx: int = attrs.field(default=2048, validator=_int_range(16, 1 << 20))
     n_threads: int | None = attrs.field(default=None, validator=_opt(_int_range(1, 1024)))
+    #: record each round's proposed token ids in the receipt (``rounds[i].proposal``)
+    trace: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         s = self.spec_mtp_recurrent_snapshots

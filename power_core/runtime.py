@@ -14,7 +14,7 @@ adapter runs. They are shaped after llama.cpp (see ``shared/LLAMACPP_NOTES.md`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -86,10 +86,13 @@ class TargetRuntime(Protocol):
         """Append ``tokens`` at ``n_past`` in one pass and return one logits row per token."""
         ...
 
-    def prefill(self, tokens: TokenArray) -> npt.NDArray[np.float32]:
+    def prefill(self, tokens: TokenArray,
+                observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32]:
         """Append ``tokens`` at ``n_past`` (prompt processing, in whatever chunking the runtime
         prefers; llama.cpp decodes ``n_batch`` at a time like its own tools) and return the logits
-        row of the last token only."""
+        row of the last token only. ``observe`` (the proposer's) is called once per chunk, right
+        after it was decoded, with a :class:`DecodeResult` whose ``tokens`` are the chunk,
+        ``logits`` has zero rows and ``features`` holds the requested taps for every chunk token."""
         ...
 
     def checkpoint(self) -> Any:
@@ -130,8 +133,12 @@ class ProposalContext:
 class Proposer(Protocol):
     """A proposal mechanism. Advisory only: the target verifies every token it proposes.
 
-    Call order per round: ``checkpoint`` → ``propose`` → ``observe`` → ``commit``; on failure or
-    cancel ``restore`` with the round's checkpoint instead of ``commit``.
+    Per request: ``begin(prompt)``, then ``observe`` once per prefill chunk (zero logits rows,
+    the taps in ``features``). Round 0 emits from the prefill's last row: ``checkpoint`` →
+    ``propose`` (``k == 0``) → ``commit(0, [first token])`` with no ``observe`` (the prefill was
+    its verify pass). Every later round: ``checkpoint`` → ``propose`` → ``observe`` (the verify
+    pass of ``[anchor, proposals...]``) → ``commit``; on failure or cancel ``restore`` with the
+    round's checkpoint instead of (or after) ``commit``.
     """
 
     #: hidden-state taps this proposer needs from the target's verify pass (may be empty)

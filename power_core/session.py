@@ -171,7 +171,7 @@ class Generation:
                                           enabled=s.proposer is not None)
         return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(s.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
-                           cancel=self.cancel, phase_hook=phase_hook)
+                           cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace)
 
     @property
     def tokens(self) -> tuple[int, ...]:

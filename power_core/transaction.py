@@ -85,9 +85,16 @@ class RoundRecord:
     shape: int  # tokens in the verify pass (anchor + proposals)
     stop: str | None
     seconds: float
+    #: the proposed token ids, recorded only when tracing (config ``trace``)
+    proposal: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        out = attrs.asdict(self)
+        if self.proposal is None:
+            del out["proposal"]
+        else:
+            out["proposal"] = list(self.proposal)
+        return out
 
 
 @attrs.define(eq=False)
@@ -102,6 +109,7 @@ class Transaction:
     stop_ids: frozenset[int] = frozenset()
     cancel: CancelToken = attrs.field(factory=CancelToken)
     phase_hook: Callable[..., Any] | None = None
+    trace: bool = False
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -138,14 +146,18 @@ class Transaction:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
         self.target.reset()
-        row = self.target.prefill(tokens)
+        observe = None
+        if self.proposer is not None:
+            # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
+            # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
+            self.proposer.begin(tokens)
+            observe = self.proposer.observe
+        row = self.target.prefill(tokens, observe)
         self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
         self._n_hist = tokens.shape[0]
         self.anchor = int(tokens[-1])
-        if self.proposer is not None:
-            self.proposer.begin(tokens)
 
     # -- phases ------------------------------------------------------------------------------------
     def _phase(self, name: str, step: Callable[[], Any]) -> Any:
@@ -254,7 +266,8 @@ class Transaction:
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
             block[1:] = props
-            res = self._phase("verify", lambda: self._verify(block) if first is None else self._observe(first))
+            # round 0's verify pass is the prefill, which the proposer has already observed
+            res = self._phase("verify", lambda: self._verify(block) if first is None else first)
             self._check_cancel()
             out, accepted, stop = self._phase("accept", lambda: self._accept(props, res))
             self._check_cancel()
@@ -270,7 +283,8 @@ class Transaction:
         self._prefilled = None
         record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
-                             stop=self.finished, seconds=time.perf_counter() - t0)
+                             stop=self.finished, seconds=time.perf_counter() - t0,
+                             proposal=tuple(int(t) for t in props) if self.trace else None)
         self.rounds.append(record)
         log.debug("txn.commit", round=record)  # rendered only when debug logging is on
         return record

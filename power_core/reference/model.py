@@ -13,6 +13,7 @@ size, so a speculative block produces bit-identical rows to one-token-at-a-time 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -198,10 +199,13 @@ class ReferenceTarget:
         self.decoded_tokens += n
         return DecodeResult(tokens=tokens, logits=logits, features={"hidden": hidden})
 
-    def prefill(self, tokens: TokenArray) -> npt.NDArray[np.float32]:
+    def prefill(self, tokens: TokenArray,
+                observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32]:
         tokens = np.asarray(tokens, dtype=np.int32)
         for start in range(0, tokens.shape[0], self.max_block):
             res = self.decode(tokens[start:start + self.max_block])
+            if observe is not None:
+                observe(DecodeResult(tokens=res.tokens, logits=res.logits[:0], features=res.features))
         return res.logits[-1]
 
     def checkpoint(self) -> ReferenceCheckpoint:

@@ -46,10 +46,10 @@ def test_validate_exit_codes(fx, capsys, target, draft, mode, rc, code):
     if code:
         assert out["code"] == code and out["evidence"] and out["message"]
     else:
-        # auto verifies the MTP layers but picks only what can run: MTP has no execution path yet
-        assert out["mode"] == (mode if mode != "auto" else "off") and out["reason"]
+        # auto picks the target's own MTP head once it verifies (power-mtp runs it)
+        assert out["mode"] == (mode if mode != "auto" else "mtp") and out["reason"]
         if mode == "auto":
-            assert "MTP layers" in out["reason"] and "no execution path" in out["reason"]
+            assert "MTP layers" in out["reason"] and "verified" in out["reason"]
 
 
 def test_validate_human_rejection_line(fx, capsys):

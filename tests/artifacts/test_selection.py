@@ -17,7 +17,7 @@ FIRST_PARTY = ("mtp", "dflash", "dflash2", "dspark")
 
 @pytest.fixture(scope="module")
 def installed():
-    """The first-party plugins as installed (validators only: no execution path yet)."""
+    """The first-party plugins as installed."""
     p = build_plugins()
     missing = set(FIRST_PARTY) - set(p.strategies.names())
     if missing:
@@ -37,8 +37,15 @@ def plugins(installed):
 
 
 def test_auto_never_picks_a_strategy_that_cannot_run(installed, fx):
-    s = select(installed, cfg("auto"), model=str(fx["target_mtp"]), draft=None)
+    validator_only = build_plugins()
+    validator_only.strategies._items["mtp"] = attrs.evolve(validator_only.strategies["mtp"], proposer=None)
+    s = select(validator_only, cfg("auto"), model=str(fx["target_mtp"]), draft=None)
     assert s.strategy.name == "off" and "no execution path" in s.reason
+
+
+def test_auto_picks_the_installed_mtp_execution_path(installed, fx):
+    s = select(installed, cfg("auto"), model=str(fx["target_mtp"]), draft=None)
+    assert s.strategy.name == "mtp" and s.strategy.proposer is not None and "verified" in s.reason
 
 
 @pytest.fixture

@@ -7,7 +7,10 @@ saved as a real GGUF with ``llama_model_save_to_file`` (LLAMACPP_NOTES §7.1-7.2
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,23 @@ import pytest
 if os.environ.get("CI"):
     # CI installs power-native; there a broken extension must fail the run, not skip the native tier
     import power_native._llama  # noqa: F401
-from native_helpers import make_tiny  # noqa: F401  (fixtures below build the tiny models)
+from native_helpers import make_tiny, make_tiny_mtp  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def peer_bin() -> Path:
+    """``bin/`` of the cached pinned build with llama.cpp's own tools (``--peers``, built on first use)."""
+    spec = importlib.util.spec_from_file_location("build_llama", ROOT / "native" / "tools" / "build_llama.py")
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)
+    bin_dir = tools.build_dir(False) / "bin"
+    if not all((bin_dir / exe).exists() for exe in tools.PEER_TARGETS):
+        subprocess.run([sys.executable, str(ROOT / "native" / "tools" / "build_llama.py"), "--peers"], check=True)
+    for exe in tools.PEER_TARGETS:
+        assert (bin_dir / exe).exists(), f"{bin_dir / exe} was not built"
+    return bin_dir
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +50,18 @@ def tiny_llama(tiny_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen35(tiny_dir) -> Path:
     return make_tiny(tiny_dir, "qwen35")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_mtp(tiny_dir) -> Path:
+    """qwen35 hybrid (recurrent rollback through n_rs_seq) + one MTP block."""
+    return make_tiny_mtp(tiny_dir, "qwen35")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3next_mtp(tiny_dir) -> Path:
+    """qwen3next + one MTP block: not in llama.cpp's n_rs_seq list, so every rollback is a checkpoint."""
+    return make_tiny_mtp(tiny_dir, "qwen3next")
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen35"])

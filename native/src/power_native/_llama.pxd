@@ -2,7 +2,10 @@
 """The owning wrappers of ``_llama.pyx``, declared so plugin packages can ``cimport`` them and
 reach the raw pointers (``Model.ptr``, ``Context.ptr``) for calls Power does not wrap."""
 
-from power_native.llama cimport gguf_context, llama_batch, llama_context, llama_memory_t, llama_model, llama_vocab
+from libc.stdint cimport int32_t
+
+from power_native.llama cimport (gguf_context, llama_batch, llama_batch_ext, llama_context, llama_memory_t,
+                                  llama_model, llama_vocab)
 
 
 cdef class Model:
@@ -11,6 +14,7 @@ cdef class Model:
     cdef readonly str path
     cdef readonly int n_vocab
     cdef readonly bint load_mtp
+    cdef readonly bint mrope
     cdef gguf_context * _meta
     cdef _bind(self, llama_model * ptr, str path, bint load_mtp)
     cdef int _check_token(self, int token) except -1
@@ -34,3 +38,16 @@ cdef class Context:
     cdef object __weakref__
     cdef int _alive(self) except -1
     cdef object _view(self, float * ptr, int rows, int cols)
+    cdef int process_c(self, BatchExt batch, bint encode) except -1
+
+
+cdef class BatchExt:
+    cdef llama_batch_ext * ptr
+    cdef readonly Context ctx
+    cdef readonly int capacity, n_tokens, n_outputs, n_pos_per_embd
+    cdef void clear_c(self) noexcept nogil
+    cdef int32_t add_token_c(self, int32_t token, int32_t pos, const float * row, size_t width,
+                             bint output) noexcept nogil
+    cdef int32_t add_embd_c(self, const float * row, size_t width, int32_t pos, bint output) noexcept nogil
+    cdef object _outputs(self, outputs, Py_ssize_t n)
+    cdef int _fail(self, int32_t rc, size_t width, int32_t start) except -1

@@ -37,6 +37,8 @@ cdef class Model:
         self.n_vocab = llama_vocab_n_tokens(self.vocab)
         self.path = path
         self.load_mtp = load_mtp
+        rope = llama_model_rope_type(ptr)
+        self.mrope = rope == 8 or rope == 40  # LLAMA_ROPE_TYPE_MROPE / IMROPE: 4 positions per embedding entry
 
     @staticmethod
     def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True):

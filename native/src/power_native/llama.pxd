@@ -132,6 +132,7 @@ cdef extern from "llama.h" nogil:
     int32_t llama_model_n_ctx_train(const llama_model * model)
     int32_t llama_model_n_embd(const llama_model * model)
     int32_t llama_model_n_embd_out(const llama_model * model)
+    int llama_model_rope_type(const llama_model * model)
     int32_t llama_model_n_layer(const llama_model * model)
     int32_t llama_model_n_layer_nextn(const llama_model * model)
     int32_t llama_model_n_head(const llama_model * model)
@@ -169,6 +170,25 @@ cdef extern from "llama.h" nogil:
     llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
     void llama_batch_free(llama_batch batch)
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
+
+    # extended batches (llama.h:1011-1091): token and/or embedding rows, per-entry positions and outputs
+    cdef struct llama_batch_ext
+    cdef struct llama_embd:
+        const float * data
+        size_t n_rows
+        size_t n_embd
+    enum llama_process_type:
+        LLAMA_PROCESS_TYPE_ENCODE
+        LLAMA_PROCESS_TYPE_DECODE
+    llama_batch_ext * llama_batch_ext_init(llama_context * ctx)
+    void llama_batch_ext_free(llama_batch_ext * batch)
+    void llama_batch_ext_clear(llama_batch_ext * batch)
+    int32_t llama_batch_ext_add_token(llama_batch_ext * batch, llama_seq_id seq_id, llama_token id)
+    int32_t llama_batch_ext_add_embd(llama_batch_ext * batch, llama_seq_id seq_id, llama_embd embd)
+    bint llama_batch_ext_set_embd_token(llama_batch_ext * batch, int32_t idx, llama_embd embd)
+    bint llama_batch_ext_set_output_logits(llama_batch_ext * batch, int32_t idx, bint value)
+    bint llama_batch_ext_set_pos(llama_batch_ext * batch, int32_t idx, const llama_pos * pos)
+    int32_t llama_process(llama_context * ctx, llama_process_type type, llama_batch_ext * batch)
 
     void llama_set_n_threads(llama_context * ctx, int32_t n_threads, int32_t n_threads_batch)
     void llama_set_abort_callback(llama_context * ctx, ggml_abort_callback abort_callback, void * data)

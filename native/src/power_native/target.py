@@ -11,6 +11,7 @@ restored and the core replays the accepted prefix.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -18,7 +19,7 @@ import structlog
 
 from power_core.artifacts.identity import file_digest
 from power_core.artifacts.view import ArtifactView
-from power_core.errors import ArtifactError, CapacityError, StateLost
+from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
 from power_core.plugins import OpenedModel, OpenRequest
 from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
 from power_native import _llama, build_info
@@ -30,6 +31,10 @@ log = structlog.get_logger(__name__)
 
 #: tokens per llama_decode call during prefill (llama-completion's n_ubatch default)
 PREFILL_BATCH = 512
+#: what a strategy may ask of the target (``Strategy.target_features``): ``h_nextn`` publishes the
+#: unmasked nextn hidden state of every decoded token as ``DecodeResult.features["h_nextn"]``;
+#: ``mtp_head`` loads the target's MTP (nextn) blocks (llama.cpp ``load_mtp``)
+TARGET_FEATURES = frozenset({"h_nextn", "mtp_head"})
 
 
 @attrs.frozen
@@ -94,6 +99,16 @@ class LlamaTarget:
         self._epoch = 0
         self._last_len = 0  # tokens of the last single llama_decode (0: none / not rollable)
         self._rs_used = True
+        unknown = self._caps.features - TARGET_FEATURES
+        if unknown:
+            raise ConfigError("features", sorted(unknown), f"features of the llama target: {sorted(TARGET_FEATURES)}",
+                              "the strategy asks for a hidden-state tap power-native does not provide")
+        self._nextn = "h_nextn" in self._caps.features
+        if self._nextn:
+            if model.n_layer_nextn == 0:  # only MTP graphs set the nextn hidden state
+                raise ArtifactError(f"{model.path}: the h_nextn tap needs a target with MTP (nextn) layers",
+                                    reason="tap_unsupported", evidence="nextn_predict_layers")
+            ctx.set_embeddings_nextn(True, False)  # unmasked: one row per batch token
         #: rollback accounting for the receipt
         self.stats = {"rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": 0}
 
@@ -115,26 +130,34 @@ class LlamaTarget:
         if n <= step:
             self.ctx.decode(toks, self._n_past)
             self._advance(n, rollable=True)
-            logits = self.ctx.logits()
-        else:  # longer than one output buffer: several calls, rows copied
-            rows = []
-            for s in range(0, n, step):
-                part = toks[s:s + step]
-                self.ctx.decode(part, self._n_past)
-                self._advance(part.shape[0], rollable=False)
-                rows.append(np.array(self.ctx.logits()))
-            logits = np.concatenate(rows)
-        return DecodeResult(tokens=toks, logits=logits)
+            return DecodeResult(tokens=toks, logits=self.ctx.logits(), features=self._features())
+        rows, feats = [], []  # longer than one output buffer: several calls, rows copied
+        for s in range(0, n, step):
+            part = toks[s:s + step]
+            self.ctx.decode(part, self._n_past)
+            self._advance(part.shape[0], rollable=False)
+            rows.append(np.array(self.ctx.logits()))
+            feats.append({k: np.array(v) for k, v in self._features().items()})
+        features = {k: np.concatenate([f[k] for f in feats]) for k in feats[0]}
+        return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features)
 
-    def prefill(self, tokens: TokenArray) -> np.ndarray:
+    def _features(self) -> dict[str, np.ndarray]:
+        """The hidden-state taps of the last decode (zero-copy views, one row per token)."""
+        return {"h_nextn": self.ctx.embeddings_nextn()} if self._nextn else {}
+
+    def prefill(self, tokens: TokenArray, observe: Callable[[DecodeResult], None] | None = None) -> np.ndarray:
         """Append the prompt in ``n_batch`` chunks with only the last row's logits, as llama-completion
-        does, and return that row (a view valid until the next decode)."""
+        does, and return that row (a view valid until the next decode). ``observe`` sees each chunk
+        with its hidden-state taps (no logits rows) right after it was decoded."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         self._room(toks.shape[0])
+        no_rows = np.zeros((0, self._caps.n_vocab), dtype=np.float32)
         for s in range(0, toks.shape[0], self.ctx.n_batch):
             part = toks[s:s + self.ctx.n_batch]
             self.ctx.decode(part, self._n_past, all_outputs=False)
             self._advance(part.shape[0], rollable=False)
+            if observe is not None:
+                observe(DecodeResult(tokens=part, logits=no_rows, features=self._features()))
         return self.ctx.logits()[-1]
 
     def checkpoint(self) -> LlamaCheckpoint:
@@ -234,7 +257,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
                 digest: str | None = None) -> LlamaTarget:
     """Load ``path`` and create its target context (the pieces of :func:`open_llama`)."""
-    model = load_model(path)
+    model = load_model(path, load_mtp="mtp_head" in features)
     shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
     ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), **shape)
     return LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features)

@@ -14,7 +14,7 @@ Rules (reason codes in brackets; ``evidence`` names the key or tensor that decid
   ``mtp_tensor_inconsistent``]; no nextn tensor in a trunk block [``mtp_tensor_unexpected``];
 * a per-layer ``<arch>.attention.recurrent_layers`` array has ``block_count`` entries and marks MTP
   blocks as attention blocks [``mtp_layer_array_length``, ``mtp_block_recurrent``];
-* the FR prefix (``spec_mtp_fr_vocab_size``) is at most the vocabulary [``mtp_fr_vocab_too_large``].
+* the FR prefix (``spec_mtp_fr_vocab_size``) is in [1, n_vocab) [``mtp_fr_vocab_too_large``].
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ def validate_mtp(target: ArtifactView, draft: ArtifactView | None = None, config
                 raise reject(target, f"{rl_key}[{b}] marks MTP block {b} as recurrent; MTP blocks are attention "
                              "blocks", "mtp_block_recurrent", f"{rl_key}[{b}]")
     fr = getattr(config, "spec_mtp_fr_vocab_size", None)
-    if fr is not None and fr > n_vocab:
-        raise reject(target, f"spec_mtp_fr_vocab_size={fr} exceeds the vocabulary ({n_vocab} tokens)",
+    if fr is not None and fr >= n_vocab:
+        raise reject(target, f"spec_mtp_fr_vocab_size={fr} must be in [1, {n_vocab}) (the vocabulary has {n_vocab} "
+                     "tokens; a prefix as large as the vocabulary is no reduction: leave the key unset)",
                      "mtp_fr_vocab_too_large", "spec_mtp_fr_vocab_size")
     return Verified(mode="mtp", max_k=n_nextn if arch in MTP_CHAINED_ARCHS else None, facts={
         "architecture": arch, "n_nextn": n_nextn, "n_layer_all": n_all, "n_trunk": first, "n_embd": n_embd,

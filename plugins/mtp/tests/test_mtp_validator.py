@@ -106,4 +106,6 @@ def test_registered_strategy():
     from power_core.plugins import build_plugins
 
     s = build_plugins().strategy("mtp")
-    assert s.package == "power-mtp" and not s.needs_draft and s.proposer is None and s.validate is validate_mtp
+    assert s.package == "power-mtp" and not s.needs_draft and s.validate is validate_mtp
+    assert s.proposer is not None and s.backends == frozenset({"llama"})
+    assert s.target_features == frozenset({"mtp_head", "h_nextn"})

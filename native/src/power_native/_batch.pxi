@@ -1,0 +1,174 @@
+# BatchExt: llama.cpp's extended batch (token entries with an optional embedding row, embedding-only
+# entries, per-entry positions and output flags) and Context.process (llama_process).
+# Included by _llama.pyx. The cdef methods are the GIL-free building blocks plugin extensions
+# (power-mtp, the DFlash family) call per token; the def methods fill whole arrays in one call.
+
+cdef class BatchExt:
+    """An extended batch bound to one :class:`Context` (capacity ``n_batch`` entries, sequence 0).
+
+    llama.cpp copies every embedding row into the batch when it is added, so the caller's arrays
+    need not outlive the call. ``n_embd`` is the row width the context accepts for token entries
+    (``n_embd_out`` on an MTP context, ``n_embd_inp`` otherwise; DFlash drafts also take
+    ``n_target_layers * n_embd`` wide rows).
+    """
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.n_tokens = 0
+        self.n_outputs = 0
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            llama_batch_ext_free(self.ptr)
+            self.ptr = NULL
+
+    def __init__(self, Context ctx):
+        if ctx is None:
+            raise RuntimeFault("BatchExt: no context")
+        ctx._alive()
+        self.ptr = llama_batch_ext_init(ctx.ptr)
+        if self.ptr == NULL:
+            raise MemoryError("llama_batch_ext_init returned NULL")
+        self.ctx = ctx
+        self.capacity = ctx.n_batch
+        self.n_pos_per_embd = 4 if ctx.model.mrope else 1
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self.clear_c()
+
+    cdef void clear_c(self) noexcept nogil:
+        if self.ptr != NULL:
+            llama_batch_ext_clear(self.ptr)
+        self.n_tokens = 0
+        self.n_outputs = 0
+
+    cdef int32_t add_token_c(self, int32_t token, int32_t pos, const float * row, size_t width,
+                             bint output) noexcept nogil:
+        """Add ``token`` at ``pos`` (with an embedding row when ``row`` is not NULL). Returns the
+        entry index, or a negative code: -1 full, -2 invalid token, -4 embedding rejected (width),
+        -5 position rejected, -6 more outputs than the context allows."""
+        cdef llama_embd e
+        cdef llama_pos p = pos
+        if output and self.n_outputs >= self.ctx.n_outputs_max:
+            return -6
+        cdef int32_t idx = llama_batch_ext_add_token(self.ptr, 0, token)
+        if idx < 0:
+            return idx
+        if row != NULL:
+            e.data = row
+            e.n_rows = 1
+            e.n_embd = width
+            if not llama_batch_ext_set_embd_token(self.ptr, idx, e):
+                return -4
+        if not llama_batch_ext_set_pos(self.ptr, idx, &p):
+            return -5
+        llama_batch_ext_set_output_logits(self.ptr, idx, output)
+        self.n_tokens += 1
+        self.n_outputs += output
+        return idx
+
+    cdef int32_t add_embd_c(self, const float * row, size_t width, int32_t pos, bint output) noexcept nogil:
+        """Add an embedding-only entry at ``pos`` (M-RoPE models get ``{pos, pos, pos, 0}``, as
+        llama.cpp's DFlash injection does). Returns the index or a negative code as above."""
+        cdef llama_embd e
+        cdef llama_pos p[4]
+        if output and self.n_outputs >= self.ctx.n_outputs_max:
+            return -6
+        e.data = row
+        e.n_rows = 1
+        e.n_embd = width
+        cdef int32_t idx = llama_batch_ext_add_embd(self.ptr, 0, e)
+        if idx < 0:
+            return idx if idx != -2 else -4
+        p[0] = pos
+        p[1] = pos
+        p[2] = pos
+        p[3] = 0
+        if not llama_batch_ext_set_pos(self.ptr, idx, p):
+            return -5
+        llama_batch_ext_set_output_logits(self.ptr, idx, output)
+        self.n_tokens += 1
+        self.n_outputs += output
+        return idx
+
+    def add_tokens(self, tokens, int pos0, embd=None, outputs="last") -> int:
+        """Add ``tokens`` at ``pos0, pos0+1, ...``; ``embd`` (``(n, width)`` float32) attaches one
+        row per token; ``outputs`` is ``"all"``, ``"last"``, ``"none"`` or a boolean mask.
+        Returns the number of entries added; raises a typed error (nothing partial stays)."""
+        cdef cnp.ndarray[int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef Py_ssize_t n = toks.shape[0], i
+        cdef cnp.ndarray[float, ndim=2] rows
+        cdef cnp.ndarray[cnp.uint8_t, ndim=1] outs
+        cdef const float * base = NULL
+        cdef size_t width = 0
+        if embd is not None:
+            rows = np.ascontiguousarray(embd, dtype=np.float32)
+            if rows.ndim != 2 or rows.shape[0] != n:
+                raise CapacityError(f"add_tokens: embd has shape {np.shape(embd)}; expected ({n}, width)")
+            base = &rows[0, 0] if n else NULL
+            width = rows.shape[1]
+        outs = self._outputs(outputs, n)
+        if self.n_tokens + n > self.capacity:
+            raise CapacityError(f"add_tokens: {self.n_tokens + n} entries exceed the batch capacity {self.capacity}")
+        cdef int32_t rc = 0, start = self.n_tokens, start_out = self.n_outputs
+        cdef int32_t nv = self.ctx.n_vocab
+        for i in range(n):
+            if toks[i] < 0 or toks[i] >= nv:
+                raise CapacityError(f"add_tokens: token id {toks[i]} at index {i} is outside [0, {nv})")
+        with nogil:
+            for i in range(n):
+                rc = self.add_token_c(toks[i], pos0 + <int32_t>i, base + i * width if base != NULL else NULL,
+                                      width, outs[i])
+                if rc < 0:
+                    break
+        if rc < 0:
+            self._fail(rc, width, start)
+        return n
+
+    def add_embd(self, embd, int pos0, outputs="none") -> int:
+        """Add one embedding-only entry per row of ``embd`` at ``pos0, pos0+1, ...``."""
+        cdef cnp.ndarray[float, ndim=2] rows = np.ascontiguousarray(embd, dtype=np.float32)
+        cdef Py_ssize_t n = rows.shape[0], i
+        cdef size_t width = rows.shape[1]
+        cdef cnp.ndarray[cnp.uint8_t, ndim=1] outs = self._outputs(outputs, n)
+        if self.n_tokens + n > self.capacity:
+            raise CapacityError(f"add_embd: {self.n_tokens + n} entries exceed the batch capacity {self.capacity}")
+        cdef int32_t rc = 0, start = self.n_tokens
+        with nogil:
+            for i in range(n):
+                rc = self.add_embd_c(&rows[i, 0], width, pos0 + <int32_t>i, outs[i])
+                if rc < 0:
+                    break
+        if rc < 0:
+            self._fail(rc, width, start)
+        return n
+
+    cdef object _outputs(self, outputs, Py_ssize_t n):
+        if isinstance(outputs, str):
+            mask = np.zeros(n, dtype=np.uint8)
+            if outputs == "all":
+                mask[:] = 1
+            elif outputs == "last":
+                if n:
+                    mask[n - 1] = 1
+            elif outputs != "none":
+                raise ConfigError("outputs", outputs, "'all', 'last', 'none' or a boolean mask")
+            return mask
+        mask = np.ascontiguousarray(outputs, dtype=np.uint8)
+        if mask.shape != (n,):
+            raise ConfigError("outputs", f"shape {mask.shape}", f"a boolean mask of shape ({n},)")
+        return mask
+
+    cdef int _fail(self, int32_t rc, size_t width, int32_t start) except -1:
+        self.clear_c()  # nothing partial: the whole batch is dropped
+        if rc == -6:
+            raise CapacityError(f"batch: more output rows than n_outputs_max={self.ctx.n_outputs_max} "
+                                "(llama.cpp would abort)")
+        if rc == -4:
+            raise CapacityError(f"batch: llama.cpp rejected an embedding row of width {width} for this context "
+                                f"(entry {start}); an MTP context takes n_embd_out, others n_embd_inp")
+        if rc == -1:
+            raise CapacityError(f"batch: full at {self.capacity} entries")
+        raise RuntimeFault(f"batch: llama_batch_ext refused entry {start} (code {rc})")
+

@@ -1,0 +1,188 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# distutils: language = c++
+"""The MTP draft head on llama.cpp (DRAFT_MTP of ``common/speculative.cpp``), GIL-free per token.
+
+A second context of type ``LLAMA_CONTEXT_TYPE_MTP`` on the target's own model runs the nextn
+block. Its KV is filled from every target batch with pairs ``(token_k, h_{k-1})`` (the target's
+unmasked ``h_nextn`` row of the previous token; the first token of a batch pairs with the row
+carried over from the previous batch, ``pending``). A draft decodes ``(anchor, pending)`` and then
+feeds back the head's own hidden row, greedily, one token per pass.
+"""
+
+from libc.stdint cimport int32_t
+from libc.string cimport memcpy
+
+cimport numpy as cnp
+
+from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_memory_seq_rm,
+                                 llama_process)
+from power_native.llama_ext cimport llama_get_embeddings_nextn_ith
+from power_native._llama cimport BatchExt, Context
+
+import numpy as np
+
+from power_core.errors import CapacityError, RuntimeFault
+
+cnp.import_array()
+
+__all__ = ["MtpHead"]
+
+
+cdef class MtpHead:
+    """Draft state of one request: the MTP context, the boundary row and the last batch's rows."""
+
+    cdef readonly Context ctx
+    cdef BatchExt batch
+    cdef readonly int n_embd, n_vocab, fr
+    cdef float[::1] pending
+    cdef float[:, ::1] rows
+    cdef readonly int n_rows  # rows of the last observed batch
+    cdef readonly int start  # position of that batch's first token
+    cdef readonly int n_kv  # positions filled in the MTP KV (0..n_kv-1)
+    cdef readonly long passes  # draft passes run
+
+    def __init__(self, Context ctx, int fr):
+        if ctx.ctx_type != 1:
+            raise RuntimeFault("MtpHead: the context is not an MTP context (ctx_type=LLAMA_CONTEXT_TYPE_MTP)")
+        self.ctx = ctx
+        self.batch = BatchExt(ctx)
+        self.n_embd = ctx.model.n_embd_out
+        self.n_vocab = ctx.n_vocab
+        if fr < 1 or fr > self.n_vocab:
+            raise CapacityError(f"spec_mtp_fr_vocab_size={fr} outside [1, {self.n_vocab}]")
+        self.fr = fr
+        self.pending = np.zeros(self.n_embd, dtype=np.float32)
+        self.rows = np.zeros((ctx.n_batch, self.n_embd), dtype=np.float32)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new request: empty KV, zero boundary row (as llama.cpp starts a sequence)."""
+        self.ctx.clear(False)
+        self.pending[:] = 0
+        self.n_rows = 0
+        self.start = 0
+        self.n_kv = 0
+
+    def observe(self, tokens, h) -> None:
+        """Fill the MTP KV at ``n_kv..`` from one target batch (``tokens`` and their ``h_nextn`` rows)."""
+        cdef int32_t[::1] toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef const float[:, ::1] hv = np.ascontiguousarray(h, dtype=np.float32)
+        cdef int n = toks.shape[0], k
+        if n == 0:
+            return
+        if hv.shape[0] != n or hv.shape[1] != self.n_embd:
+            raise RuntimeFault(f"MTP observe: {hv.shape[0]}x{hv.shape[1]} h_nextn rows for {n} tokens; expected "
+                               f"{n}x{self.n_embd}")
+        if n > self.rows.shape[0]:
+            raise CapacityError(f"MTP observe: a batch of {n} tokens exceeds the MTP context batch {self.rows.shape[0]}")
+        if self.n_kv + n > self.ctx.n_ctx:
+            raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.ctx.n_ctx}")
+        cdef int32_t rc = 0
+        cdef size_t w = self.n_embd
+        cdef const float * src
+        self.batch.clear_c()
+        with nogil:
+            for k in range(n):
+                if k == 0:
+                    src = &self.pending[0]
+                else:
+                    src = &hv[k - 1, 0]
+                rc = self.batch.add_token_c(toks[k], self.n_kv + k, src, w, False)
+                if rc < 0:
+                    break
+        if rc < 0:
+            self.batch.clear_c()
+            raise RuntimeFault(f"MTP observe: the batch refused entry {k} (code {rc})")
+        self.ctx.process_c(self.batch, False)
+        self.start = self.n_kv
+        self.n_kv += n
+        self.n_rows = n
+        with nogil:
+            memcpy(&self.rows[0, 0], &hv[0, 0], n * w * sizeof(float))
+            memcpy(&self.pending[0], &hv[n - 1, 0], w * sizeof(float))
+
+    def keep(self, int kept) -> None:
+        """Keep the first ``kept`` tokens of the last observed batch: the boundary row becomes the
+        last kept token's row and the MTP KV is trimmed after it."""
+        if not 0 < kept <= self.n_rows:
+            raise RuntimeFault(f"MTP keep: {kept} rows of a {self.n_rows}-row batch")
+        self.pending[:] = self.rows[kept - 1]
+        self.trim(self.start + kept)
+
+    def trim(self, int n_kv) -> None:
+        """Drop MTP KV positions >= ``n_kv``."""
+        if not self.ctx.seq_rm(0, n_kv, -1):
+            raise RuntimeFault(f"MTP: llama_memory_seq_rm refused to trim the draft KV to {n_kv}")
+        self.n_kv = n_kv
+
+    def state(self):
+        """What a checkpoint needs: (n_kv, boundary row)."""
+        return self.n_kv, np.array(self.pending, copy=True)
+
+    def set_state(self, int n_kv, pending) -> None:
+        """Back to a :meth:`state`: the KV is trimmed (the draft chain and any observed rows after
+        ``n_kv`` go) and the boundary row restored. The last batch's rows stay readable: the next
+        :meth:`keep` always follows a new :meth:`observe`, except in the prefill round, whose rows
+        no later batch has replaced."""
+        cdef const float[::1] src = np.ascontiguousarray(pending, dtype=np.float32)
+        if src.shape[0] != self.n_embd:
+            raise RuntimeFault(f"MTP set_state: a boundary row of {src.shape[0]} values; expected {self.n_embd}")
+        self.trim(n_kv)
+        self.pending[:] = src
+
+    def draft(self, int anchor, int k):
+        """Greedy ``k`` tokens after ``anchor`` (at position ``n_kv``), each pass feeding back the
+        head's own hidden row; the draft rows are removed from the KV afterwards."""
+        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(max(k, 0), dtype=np.int32)
+        if k <= 0:
+            return out
+        cdef int pos0 = self.n_kv, i = 0, j, best
+        if pos0 + k > self.ctx.n_ctx:
+            raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.ctx.n_ctx}")
+        if anchor < 0 or anchor >= self.n_vocab:
+            raise CapacityError(f"MTP draft: anchor {anchor} outside [0, {self.n_vocab})")
+        cdef int32_t rc = 0, tok = anchor, fr = self.fr
+        cdef const float * h = &self.pending[0]
+        cdef const float * row
+        cdef float v
+        cdef size_t w = self.n_embd
+        cdef int * abort_flag = self.ctx.abort_flag
+        try:
+            with nogil:
+                for i in range(k):
+                    self.batch.clear_c()
+                    rc = self.batch.add_token_c(tok, pos0 + i, h, w, True)
+                    if rc < 0:
+                        break
+                    if abort_flag[0]:
+                        rc = 2
+                        break
+                    rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
+                    if rc != 0:
+                        break
+                    row = llama_get_logits_ith(self.ctx.ptr, 0)
+                    h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
+                    if row == NULL or h == NULL:
+                        rc = -100
+                        break
+                    best = 0
+                    v = row[0]
+                    for j in range(1, fr):
+                        if row[j] > v:
+                            v = row[j]
+                            best = j
+                    tok = best
+                    out[i] = tok
+            self.passes += i + (rc == 0)
+            if rc == 2:
+                abort_flag[0] = 0
+            if rc != 0:
+                from power_core.errors import Cancelled
+
+                if rc == 2:
+                    raise Cancelled("the MTP draft pass was aborted")
+                raise RuntimeFault(f"MTP draft pass {i} failed (code {rc})")
+        finally:
+            self.batch.clear_c()
+            llama_memory_seq_rm(self.ctx.mem, 0, pos0, -1)  # the draft chain never stays in the KV
+        return out

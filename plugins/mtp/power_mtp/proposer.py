@@ -1,0 +1,107 @@
+"""``MtpProposer``: the ``mtp`` strategy's proposer over llama.cpp's own MTP graph.
+
+The target is loaded with its nextn blocks (``load_mtp``) and publishes its unmasked ``h_nextn``
+row for every token of every batch (prefill chunks and verify passes) as
+``DecodeResult.features["h_nextn"]``. The draft runs in a second context of type MTP on the same
+loaded model (:class:`power_mtp._mtp.MtpHead`, Cython). Per round, exactly as llama.cpp's
+``draft-mtp`` does:
+
+* ``propose``: greedy drafts from ``(anchor, pending_h)``, each pass feeding back the head's own
+  hidden row; the draft chain is removed from the MTP KV again;
+* ``observe``: the verify pass fills the MTP KV with ``(token_k, h_{k-1})`` pairs;
+* ``commit``: the boundary row becomes the row of the last kept token (``verify_h[n_accepted]``)
+  and the rejected rows are trimmed from the MTP KV;
+* ``restore``: KV length and boundary row of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from power_core.errors import ArtifactMismatch, StrategyNotFound
+from power_core.plugins import ProposerRequest
+from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+
+__all__ = ["MtpProposer", "make_mtp_proposer", "TARGET_FEATURES"]
+
+#: what the target must provide: its MTP blocks loaded, and the unmasked h_nextn rows
+TARGET_FEATURES = frozenset({"mtp_head", "h_nextn"})
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class MtpProposer:
+    """Greedy MTP drafting on the target's own nextn head (single head, qwen35 style)."""
+
+    features: frozenset[str] = frozenset({"h_nextn"})
+
+    def __init__(self, head: Any) -> None:
+        self.head = head
+        self._prefill = True  # the last observed batch was a prompt chunk (no logits rows), not a verify pass
+        self.stats = {"drafted": 0}
+
+    def begin(self, prompt: TokenArray) -> None:
+        self.head.reset()
+        self._prefill = True
+
+    def checkpoint(self) -> tuple[int, np.ndarray]:
+        return self.head.state()
+
+    def propose(self, ctx: ProposalContext) -> TokenArray:
+        if ctx.k <= 0:
+            return _EMPTY
+        props = self.head.draft(ctx.anchor, ctx.k)
+        self.stats["drafted"] += int(props.shape[0])
+        return props
+
+    def observe(self, result: DecodeResult) -> None:
+        try:
+            h = result.features["h_nextn"]
+        except KeyError:
+            raise ArtifactMismatch("the target publishes no h_nextn rows; it must be opened with the mtp strategy's "
+                                   "target features", evidence="h_nextn") from None
+        self.head.observe(result.tokens, h)
+        self._prefill = result.logits.shape[0] == 0
+
+    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
+        # a verify pass [anchor, p1..pk] keeps the anchor and the accepted proposals; the prefill
+        # round (round 0, no verify pass of its own) keeps the whole last prompt chunk
+        self.head.keep(self.head.n_rows if self._prefill else n_accepted + 1)
+
+    def restore(self, checkpoint: tuple[int, np.ndarray]) -> None:
+        n_kv, pending = checkpoint
+        self.head.set_state(n_kv, pending)
+
+    def close(self) -> None:
+        self.head.ctx.close()
+
+
+def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
+    """Strategy factory: an MTP context on the target's loaded model (``ctx_other`` = the target)."""
+    from power_native import _llama
+
+    from power_mtp._mtp import MtpHead
+
+    target = req.opened.target
+    model, tctx = getattr(target, "model", None), getattr(target, "ctx", None)
+    if not isinstance(model, _llama.Model) or not isinstance(tctx, _llama.Context):
+        raise StrategyNotFound("spec_mode 'mtp' runs on the llama backend (power-native); this target is "
+                               f"{type(target).__name__}")
+    if not model.load_mtp or model.n_layer_nextn < 1:
+        raise ArtifactMismatch(f"{model.path}: the target was not loaded with its MTP blocks", evidence="load_mtp")
+    if model.n_layer_nextn > 1:
+        raise StrategyNotFound(f"{model.path}: nextn_predict_layers={model.n_layer_nextn}: chained MTP heads "
+                               "(step35 style, one head per draft step) are not supported by this power-mtp; use a "
+                               "single-head MTP target or another spec_mode")
+    cfg = req.config
+    fr = cfg.spec_mtp_fr_vocab_size or model.n_vocab
+    ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
+                         n_outputs_max=1, ctx_type=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count())
+    try:
+        ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
+        return MtpProposer(MtpHead(ctx, fr))
+    except BaseException:
+        ctx.close()
+        raise

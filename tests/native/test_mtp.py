@@ -1,0 +1,264 @@
+"""power-mtp on the pinned llama.cpp: the target's own nextn head drafts through llama.cpp's MTP
+graph, exactly.
+
+Fixtures (written by the tests, random weights): qwen35 + one MTP block (hybrid, recurrent rollback
+through ``n_rs_seq``), qwen3next + MTP (not in llama.cpp's ``n_rs_seq`` list: every rollback is a
+checkpoint restore + replay), glm4moe + MTP (pure attention), and a "predictable" qwen35 whose MTP
+head reproduces the target's next-token map (acceptance ~100 %).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("power_native._llama")
+if os.environ.get("CI"):
+    import power_mtp._mtp  # noqa: F401  (CI installs power-mtp: a broken extension fails, never skips)
+else:
+    pytest.importorskip("power_mtp._mtp")
+
+from native_helpers import make_tiny_mtp  # noqa: E402
+
+from power_core.config import PowerConfig  # noqa: E402
+from power_core.errors import ArtifactError, ConfigError, PowerError  # noqa: E402
+from power_core.reference.proposers import NoisyProposer  # noqa: E402
+from power_core.session import Session  # noqa: E402
+from power_core.testing import AdapterConformance  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+PROMPTS = [[1, 5, 9, 3, 7, 2, 8, 4], [17], [100, 3, 3, 3, 3, 64, 2, 90, 11, 45, 12, 9, 70]]
+
+
+def generate(model, mode: str, prompt, **cfg):
+    base = dict(spec_mode=mode, max_tokens=48, n_ctx=256, n_threads=2)
+    base.update(cfg)
+    if mode == "off":
+        base = {k: v for k, v in base.items() if k not in ("spec_mtp_recurrent_snapshots", "spec_mtp_adaptive",
+                                                           "spec_mtp_fr_vocab_size")}
+    with Session.open(PowerConfig(**base), model=str(model)) as s:
+        return s.generate(prompt)
+
+
+@pytest.fixture(scope="session", params=["qwen35", "qwen3next", "glm4moe"])
+def mtp_target(request, tiny_qwen35_mtp, tiny_qwen3next_mtp, tiny_dir) -> Path:
+    if request.param == "qwen35":
+        return tiny_qwen35_mtp
+    if request.param == "qwen3next":
+        return tiny_qwen3next_mtp
+    return make_tiny_mtp(tiny_dir, "glm4moe")
+
+
+@pytest.fixture(scope="session")
+def predictable_mtp(tiny_dir) -> Path:
+    return make_tiny_mtp(tiny_dir, "qwen35", predictable=True, name="qwen35-mtp-predictable")
+
+
+# -- exactness ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("k", "s"), [(1, 1), (4, 4), (4, 3), (7, 7), (7, 6)])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_mtp_equals_off(mtp_target, k, s, adaptive):
+    for prompt in PROMPTS:
+        ref = generate(mtp_target, "off", prompt)
+        got = generate(mtp_target, "mtp", prompt, spec_draft_max=k, spec_mtp_recurrent_snapshots=s,
+                       spec_mtp_adaptive=adaptive)
+        assert got.tokens == ref.tokens, (k, s, adaptive, prompt)
+        assert got.receipt.strategy["name"] == "mtp"
+        if not adaptive:
+            assert got.receipt.summary()["proposed"] > 0
+
+
+@pytest.mark.parametrize(("k", "s"), [(4, 4), (7, 6)])
+def test_seeded_stochastic_mtp_equals_off(mtp_target, k, s):
+    for seed in (1, 7, 42):
+        cfg = dict(temperature=0.9, top_k=40, top_p=0.95, seed=seed)
+        ref = generate(mtp_target, "off", PROMPTS[0], **cfg)
+        got = generate(mtp_target, "mtp", PROMPTS[0], spec_draft_max=k, spec_mtp_recurrent_snapshots=s, **cfg)
+        assert got.tokens == ref.tokens, seed
+
+
+def test_rollback_paths_per_arch(tiny_qwen35_mtp, tiny_qwen3next_mtp):
+    """qwen35 rolls back in place through n_rs_seq; qwen3next (not in llama.cpp's list) restores and replays."""
+    q35 = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], spec_draft_max=4)
+    assert q35.receipt.backend["n_rs_seq"] == 4 and q35.receipt.summary()["replays"] == 0
+    assert q35.receipt.backend["rollback"]["rollback_in_place"] > 0
+    nxt = generate(tiny_qwen3next_mtp, "mtp", PROMPTS[0], spec_draft_max=4)
+    assert nxt.receipt.backend["n_rs_seq"] == 0 and nxt.receipt.summary()["replays"] > 0
+
+
+class TestMtpConformanceQwen35(AdapterConformance):
+    """The conformance kit on the real MTP adapter: parity, every rejection depth, zero-proposal rounds,
+    stop/max inside a block, S < K replay, faults and cancels at every step."""
+
+    strategy_name = "mtp"
+    k = 4
+    seeds = 4
+    max_tokens = 24
+    fixture_name = "tiny_qwen35_mtp"
+
+    @pytest.fixture(autouse=True)
+    def _tiny(self, request):
+        self.model = str(request.getfixturevalue(self.fixture_name))
+
+
+class TestMtpConformanceQwen3Next(TestMtpConformanceQwen35):
+    fixture_name = "tiny_qwen3next_mtp"
+
+
+# -- high acceptance, scheduling on real llama.cpp -----------------------------------------------------------
+def test_predictable_head_high_acceptance(predictable_mtp):
+    ref = generate(predictable_mtp, "off", PROMPTS[0], max_tokens=128)
+    got = generate(predictable_mtp, "mtp", PROMPTS[0], max_tokens=128, spec_draft_max=7)
+    assert got.tokens == ref.tokens
+    s = got.receipt.summary()
+    assert s["acceptance"] >= 0.9, s
+    assert s["verified_tokens_per_pass"] >= 0.9 * 8, s
+
+
+def test_guarded_k7_s6_replays_once_then_clamps(predictable_mtp):
+    """A full rejection (depth 7 > S=6) needs one exact replay; the guard then clamps K to 6."""
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=64, n_ctx=256,
+                      n_threads=2)
+    with Session.open(cfg, model=str(predictable_mtp)) as s:
+        s.proposer = NoisyProposer(s.proposer, vocab=128, reject_at=0, keep_tail=True)
+        got = s.generate(PROMPTS[0])
+    ref = generate(predictable_mtp, "off", PROMPTS[0], max_tokens=64)
+    assert got.tokens == ref.tokens
+    rounds = got.receipt.rounds
+    assert sum(r["replayed"] for r in rounds) == 1
+    first_replay = next(i for i, r in enumerate(rounds) if r["replayed"])
+    assert all(r["planned"] <= 6 and r["reason"] == "clamped-after-replay" for r in rounds[first_replay + 1:])
+    assert got.receipt.scheduler["mode"] == "guarded" and got.receipt.scheduler["clamp"] == 6
+
+
+def test_adaptive_widens_on_full_acceptance_and_opens_circuit_on_low_yield(predictable_mtp):
+    ref = generate(predictable_mtp, "off", PROMPTS[0], max_tokens=64)
+    good = generate(predictable_mtp, "mtp", PROMPTS[0], max_tokens=64, spec_draft_max=7,
+                    spec_mtp_recurrent_snapshots=4, spec_mtp_adaptive=True)
+    assert good.tokens == ref.tokens
+    assert max(r["planned"] for r in good.receipt.rounds) > 4  # widened after a fully accepted probe
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_mtp_adaptive=True, max_tokens=64, n_ctx=256,
+                      n_threads=2)
+    with Session.open(cfg, model=str(predictable_mtp)) as s:
+        s.proposer = NoisyProposer(s.proposer, vocab=128, reject_at=0, keep_tail=True)
+        bad = s.generate(PROMPTS[0])
+    assert bad.tokens == ref.tokens
+    assert bad.receipt.summary()["circuit_open"] is True
+
+
+# -- same proposals as llama.cpp's draft-mtp -----------------------------------------------------------------
+_DRAFT = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)")
+_ACCEPT = re.compile(r"accepted (\d+)/(\d+) draft tokens")
+
+
+def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int) -> list[tuple[list[int], int]]:
+    """Per round of ``llama-speculative-simple --spec-type draft-mtp -lv 5``: (draft ids, accepted)."""
+    cmd = [str(peer_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", "draft-mtp",
+           "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "-c", "256",
+           "-t", "2", "-lv", "5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rounds, draft = [], []
+    for line in proc.stderr.splitlines():
+        if m := _DRAFT.search(line):
+            draft.append(int(m.group(2)))
+        elif m := _ACCEPT.search(line):
+            gen = int(m.group(2))  # the draft as used: llama.cpp truncates it to its remaining budget
+            assert gen <= len(draft)
+            rounds.append((draft[:gen], int(m.group(1))))
+            draft = []
+    return rounds
+
+
+@pytest.mark.parametrize("k", [1, 4, 7])
+def test_same_proposals_as_llama_cpp(peer_bin, tiny_qwen35_mtp, k):
+    """Round by round, at the same anchor position, Power's proposals equal llama.cpp's draft tokens.
+
+    llama.cpp's first round drafts from the last prompt token (it prefills ``prompt[:-1]``); Power's
+    round 0 emits from the prefill of the whole prompt (DESIGN.md: round 0 is the prefill round), so
+    rounds are matched by the anchor's position, not by index."""
+    prompt = "hello world, this is a test prompt"
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=k, max_tokens=32, n_ctx=256, n_threads=2, trace=True)
+    with Session.open(cfg, model=str(tiny_qwen35_mtp)) as s:
+        n_prompt = len(s.encode(prompt))
+        ours = s.generate(prompt)
+    theirs = peer_rounds(peer_bin, tiny_qwen35_mtp, prompt, k, 32)
+    ours_at, pos = {}, n_prompt - 1
+    for r in ours.receipt.rounds:
+        if r["index"] > 0:
+            ours_at[pos] = (r["proposal"], r["accepted"])
+        pos += r["emitted"]
+    theirs_at, pos = {}, n_prompt - 1
+    for draft, acc in theirs:
+        theirs_at[pos] = (draft, acc)
+        pos += acc + 1
+    common = sorted(set(ours_at) & set(theirs_at))
+    assert len(common) >= 0.8 * len(ours_at) and len(common) >= 5, (sorted(ours_at), sorted(theirs_at))
+    for p in common:
+        ours_p, theirs_p = ours_at[p], theirs_at[p]
+        n = min(len(ours_p[0]), len(theirs_p[0]))  # the last rounds are cut by each side's token budget
+        assert ours_p[0][:n] == theirs_p[0][:n], (p, ours_p, theirs_p)
+        if len(ours_p[0]) == len(theirs_p[0]):
+            assert ours_p[1] == theirs_p[1], p
+    full = [p for p in common if len(ours_at[p][0]) == len(theirs_at[p][0]) == k]
+    assert sum(ours_at[p][1] for p in full) == sum(theirs_at[p][1] for p in full)
+
+
+# -- the selection and bad input --------------------------------------------------------------------------
+def test_auto_picks_mtp_for_a_verified_mtp_target(tiny_qwen35_mtp):
+    with Session.open(PowerConfig(spec_mode="auto", max_tokens=8, n_ctx=256), model=str(tiny_qwen35_mtp)) as s:
+        assert s.selection.strategy.name == "mtp"
+        assert "MTP" in s.selection.reason
+        res = s.generate(PROMPTS[0])
+    assert res.receipt.selection == s.selection.reason
+    assert res.receipt.strategy["name"] == "mtp"
+
+
+def test_trace_off_by_default(tiny_qwen35_mtp):
+    res = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], max_tokens=8)
+    assert all("proposal" not in r for r in res.receipt.rounds)
+    traced = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], max_tokens=8, trace=True)
+    assert all(len(r["proposal"]) == r["proposed"] for r in traced.receipt.rounds)
+    json.dumps(traced.receipt.to_dict())
+
+
+def test_fr_vocab_restricts_proposals_and_stays_exact(tiny_qwen35_mtp):
+    ref = generate(tiny_qwen35_mtp, "off", PROMPTS[0])
+    got = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], spec_mtp_fr_vocab_size=32, trace=True)
+    assert got.tokens == ref.tokens
+    props = [t for r in got.receipt.rounds for t in r["proposal"]]
+    assert props and max(props) < 32
+    assert got.receipt.config["spec_mtp_fr_vocab_size"] == 32
+
+
+@pytest.mark.parametrize("fr", [0, 128, 10_000])
+def test_fr_vocab_out_of_range_is_a_typed_error(tiny_qwen35_mtp, fr):
+    with pytest.raises((ConfigError, ArtifactError)) as err:
+        generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], spec_mtp_fr_vocab_size=fr)
+    assert "spec_mtp_fr_vocab_size" in str(err.value) or getattr(err.value, "key", "") == "spec_mtp_fr_vocab_size"
+
+
+def test_mtp_on_a_target_without_nextn_fails_closed(tiny_llama):
+    with pytest.raises(ArtifactError) as err:
+        generate(tiny_llama, "mtp", PROMPTS[0])
+    assert err.value.reason == "mtp_no_nextn"
+
+
+def test_mtp_with_a_draft_file_is_refused_before_loading(tiny_qwen35_mtp, tiny_llama):
+    with pytest.raises(PowerError) as err:
+        Session.open(PowerConfig(spec_mode="mtp", n_ctx=256), model=str(tiny_qwen35_mtp), draft=str(tiny_llama))
+    assert "draft" in str(err.value)
+
+
+def test_mtp_target_also_runs_target_only(tiny_qwen35_mtp):
+    """The MTP blocks carry no optional tensors a converter would not write: the file loads without load_mtp."""
+    res = generate(tiny_qwen35_mtp, "off", PROMPTS[0], max_tokens=4)
+    assert len(res.tokens) == 4
+    assert np.asarray(res.tokens).dtype.kind in "iu"
