@@ -30,15 +30,15 @@ PY = "3.11"
 
 def install_all(session: nox.Session, *, models: bool = True) -> None:
     session.install("-e", ".[testing]")
-    for plugin in PLUGINS:
-        if plugin not in NATIVE_PLUGINS:
-            session.install("-e", plugin)
     # a non-editable install: scikit-build-core compiles the Cython extension against the cached build
     session.install("./native")
-    # plugin extensions cimport power-native's .pxd and link its libllama: build them in this venv
+    # the plugins run on power-native; those with their own extension cimport its .pxd and link its libllama
     session.install("scikit-build-core>=0.10", "cython>=3.0.8")
-    for plugin in NATIVE_PLUGINS:
-        session.install("--no-build-isolation", plugin)
+    for plugin in PLUGINS:
+        if plugin in NATIVE_PLUGINS:
+            session.install("--no-build-isolation", plugin)
+        else:
+            session.install("-e", plugin)
     if models:
         session.install("--no-deps", *MODEL_PACKAGES)
 

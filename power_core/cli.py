@@ -72,6 +72,7 @@ def _config_from_args(args: argparse.Namespace):
         "n_threads": args.threads,
         "spec_mtp_adaptive": True if args.adaptive else None,
         "spec_mtp_fr_vocab_size": args.fr_vocab,
+        "spec_draft_p_min": args.p_min,
         "trace": True if args.trace else None,
     }
     if args.config:
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
     r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
     r.add_argument("--fr-vocab", type=int, help="spec_mtp_fr_vocab_size: MTP drafts only from the first N token ids")
+    r.add_argument("--p-min", type=float, help="spec_draft_p_min: block drafters stop below this confidence")
     r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
     r.add_argument("--n-ctx", type=int)
     r.add_argument("--threads", type=int)

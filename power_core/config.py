@@ -86,6 +86,9 @@ class PowerConfig:
     spec_mtp_recurrent_snapshots: int | None = attrs.field(default=None, validator=_opt(_int_range(1, S_MAX)))
     spec_mtp_fr_vocab_size: int | None = attrs.field(default=None, validator=_opt(_int_range(1, None)))
     spec_mtp_adaptive: bool = attrs.field(default=False, validator=_bool)
+    #: block drafters (dflash, dflash2, dspark) stop a proposal where the draft's confidence falls
+    #: below this (llama.cpp ``--spec-draft-p-min``; 0 = never)
+    spec_draft_p_min: float = attrs.field(default=0.0, validator=_float_range(0.0, 1.0, hi_open=True))
     #: adaptive controller: a round "yields low" when accepted/proposed < this fraction
     spec_adaptive_low_yield: float = attrs.field(default=0.25, validator=_float_range(0.0, 1.0))
     #: adaptive controller: consecutive low-yield rounds that open the target-only circuit
@@ -111,6 +114,10 @@ class PowerConfig:
         if self.spec_mode == "off" and self.spec_mtp_adaptive:
             raise ConfigError("spec_mtp_adaptive", True, "false when spec_mode = 'off'",
                               "the adaptive controller schedules proposals; enable a speculative mode")
+        if self.spec_draft_p_min > 0 and self.spec_mode not in ("dflash", "dflash2", "dspark", "auto"):
+            raise ConfigError("spec_draft_p_min", self.spec_draft_p_min,
+                              "0 unless spec_mode is 'dflash', 'dflash2', 'dspark' or 'auto'",
+                              "the confidence cut applies to the block drafters only")
         if self.spec_mtp_fr_vocab_size is not None and self.spec_mode not in ("mtp", "auto"):
             raise ConfigError("spec_mtp_fr_vocab_size", self.spec_mtp_fr_vocab_size,
                               "unset unless spec_mode is 'mtp' or 'auto'",

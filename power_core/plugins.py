@@ -102,8 +102,8 @@ def _check_name(inst: Any, attr: attrs.Attribute, value: Any) -> None:
 class Strategy:
     """A proposal mechanism a plugin offers (``spec_mode`` selects it by ``name``).
 
-    ``proposer`` builds the :class:`~power_core.runtime.Proposer` for one request (``None`` for
-    target-only). ``validate`` is the fail-closed artifact validator (``(target_view, draft_view,
+    ``proposer`` builds the :class:`~power_core.runtime.Proposer` for one session (``None`` for
+    target-only); ``target_features`` names what it needs the target to publish. ``validate`` is the fail-closed artifact validator (``(target_view, draft_view,
     config) -> verified``; raises :class:`~power_core.errors.ArtifactError`). ``backends`` lists the
     backends it can run on (empty: any).
     """
@@ -117,10 +117,18 @@ class Strategy:
     proposer: Callable[[ProposerRequest], Proposer] | None = None
     validate: Callable[..., Any] | None = None
     backends: frozenset[str] = frozenset()
-    target_features: frozenset[str] = frozenset()
+    #: hidden-state taps the target must publish (``DecodeResult.features``), or a callable that
+    #: derives them from the validator's result (e.g. the layers a DFlash draft reads)
+    target_features: frozenset[str] | Callable[[Any], frozenset[str]] = frozenset()
     experimental: bool = False
     #: with ``needs_draft`` and no draft given, the target file drafts for itself (a self-check)
     self_draft: bool = False
+
+
+    def features_for(self, verified: Any) -> frozenset[str]:
+        """The target features for this selection (``verified``: the validator's result, or None)."""
+        tf = self.target_features
+        return frozenset(tf(verified) if callable(tf) else tf)
 
 
 @attrs.frozen

@@ -99,7 +99,8 @@ class Session:
         # target-only decoding verifies one token per pass and never rolls back: size the context for that
         request = OpenRequest(model=model, config=config,
                               max_block=config.spec_draft_max + 1 if speculative else 1,
-                              snapshots=config.snapshots if speculative else 0, features=strategy.target_features)
+                              snapshots=config.snapshots if speculative else 0,
+                              features=strategy.features_for(selection.verified) if speculative else frozenset())
         opened = chosen.open(request)
         try:
             proposer = None

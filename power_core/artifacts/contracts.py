@@ -263,19 +263,23 @@ def check_dflash_backbone(target: ArtifactView, draft: ArtifactView, prefix: str
         raise reject(draft, f"tokenizer.ggml.mask_token_id={mask} is outside the vocabulary [0, {n_vocab})",
                      f"{prefix}_mask_token_out_of_range", "tokenizer.ggml.mask_token_id")
 
+    # the pinned llama.cpp sizes the feature input as n_target_layers * the draft's own n_embd
+    # (src/models/dflash.cpp:41), so the target's layer inputs fit only when the widths are equal
+    if n_embd != t_embd:
+        raise reject(draft, f"the draft's n_embd ({n_embd}) differs from the target's ({t_embd}); llama.cpp feeds "
+                     f"it {len(tl)} target layer inputs of the target's width", f"{prefix}_embd_mismatch",
+                     k("embedding_length"), mismatch=True)
     need_tensor(draft, "fc.weight", prefix, (len(tl) * t_embd, n_embd))
     need_tensor(draft, "enc.output_norm.weight", prefix, (n_embd,))
     need_tensor(draft, "output_norm.weight", prefix, (n_embd,))
     own = True
-    for name in ("token_embd.weight", "output.weight"):
+    # a reduced-vocabulary export (d2t) has fewer output rows; vocab.compare_vocab checks d2t against them
+    n_out = None if draft.has("d2t") else n_vocab
+    for name, rows in (("token_embd.weight", n_vocab), ("output.weight", n_out)):
         if draft.has(name):
-            need_tensor(draft, name, prefix, (n_embd, n_vocab))
+            need_tensor(draft, name, prefix, (n_embd, rows))
         else:
             own = False
-    if not own and n_embd != t_embd:
-        raise reject(draft, f"the draft borrows token_embd/output from the target, which needs equal n_embd "
-                     f"(draft {n_embd}, target {t_embd})", f"{prefix}_embd_mismatch", k("embedding_length"),
-                     mismatch=True)
     for i in range(n_layer):
         p = f"blk.{i}."
         shapes: dict[str, tuple[int | None, ...]] = {

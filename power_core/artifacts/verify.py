@@ -17,7 +17,7 @@ from power_core.artifacts.binding import Binding, check_binding
 from power_core.artifacts.identity import file_digest, vocab_digest
 from power_core.artifacts.view import ArtifactView
 from power_core.artifacts.vocab import VocabMatch, compare_vocab
-from power_core.errors import ArtifactError, ArtifactMismatch
+from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
 
 __all__ = ["VerifiedArtifacts", "verify_artifacts"]
 
@@ -48,7 +48,7 @@ def _call_validator(strategy: Any, target: ArtifactView, draft: ArtifactView | N
         return None
     try:
         return strategy.validate(target, draft, config)
-    except ArtifactError:
+    except (ArtifactError, ConfigError):  # a rejected artifact, or a configuration the contract refuses
         raise
     except Exception as exc:  # a plugin bug must not become a traceback or a pass
         raise ArtifactError(f"the {strategy.name!r} validator ({strategy.package}) crashed: {type(exc).__name__}: "

@@ -2,9 +2,15 @@
 
 Compared: tokenizer model, pre-tokenizer, every token text and type, and the special ids
 (bos/eos/eot/eom/pad/unk/sep; ``mask`` only when both files set it, since DFlash drafts add a mask
-token the target need not have). The first differing id is reported. A draft with a reduced
-vocabulary is accepted only through its ``d2t`` tensor, which maps every draft id to a target id
-(absolute ids, I64/I32); each mapped pair must have equal text and type.
+token the target need not have). The first differing id is reported.
+
+A reduced draft vocabulary is llama.cpp's format (``src/models/dflash.cpp``): the draft carries the
+target's complete tokenizer (its input embeddings and the anchor/mask ids are target ids) and a
+``d2t`` tensor (I64, one absolute target id per row of the draft's output projection) that
+scatters its fewer output rows onto the target vocabulary in-graph. Checked: the tokenizers are
+identical, ``d2t`` is I64 with exactly one entry per output row (own ``output.weight``, or the
+target's vocabulary when the output is borrowed; llama.cpp asserts both), every id is inside the
+target vocabulary, and no id repeats.
 """
 
 from __future__ import annotations
@@ -56,9 +62,8 @@ def compare_vocab(target: ArtifactView, draft: ArtifactView) -> VocabMatch:
         if a != b:
             raise _fail(f"{key} differs: target {a!r}, draft {b!r}; the draft was converted with another tokenizer",
                         code, key)
-    if draft.has("d2t"):
-        return _compare_d2t(target, draft, tv, dv)
-    _compare_special(tv, dv, None)
+    n_rows = _check_d2t(target, draft) if draft.has("d2t") else None
+    _compare_special(tv, dv)
     if tv.tokens != dv.tokens:
         i = _first_diff(tv.tokens, dv.tokens)
         if i >= min(len(tv.tokens), len(dv.tokens)):
@@ -74,39 +79,35 @@ def compare_vocab(target: ArtifactView, draft: ArtifactView) -> VocabMatch:
         i = _first_diff(tv.token_types, dv.token_types)
         raise _fail(f"token type of id {i} differs: target {tv.token_types[i]}, draft {dv.token_types[i]} "
                     f"(first differing id {i})", "vocab_type_mismatch", f"tokenizer.ggml.token_type[{i}]")
+    if n_rows is not None:
+        return VocabMatch(len(tv.tokens), n_rows, "d2t")
     return VocabMatch(len(tv.tokens), len(dv.tokens), "identity")
 
 
-def _compare_special(tv: Vocabulary, dv: Vocabulary, d2t: Any) -> None:
+def _compare_special(tv: Vocabulary, dv: Vocabulary) -> None:
     for role, key in SPECIAL_TOKEN_KEYS.items():
         a, b = tv.special.get(role), dv.special.get(role)
         if role == "mask" and (a is None or b is None):
             continue
-        if d2t is not None and b is not None:
-            b = int(d2t[b]) if 0 <= b < len(d2t) else -1 - b  # an out-of-range draft id never matches
         if a != b:
             raise _fail(f"special token {role} differs: target {a}, draft {b}", "vocab_special_mismatch", key)
 
 
-def _compare_d2t(target: ArtifactView, draft: ArtifactView, tv: Vocabulary, dv: Vocabulary) -> VocabMatch:
+def _check_d2t(target: ArtifactView, draft: ArtifactView) -> int:
+    """Validate the ``d2t`` scatter map; returns the number of draft output rows."""
     info = draft.tensors["d2t"]
-    if info.ggml_type not in ("I64", "I32") or len(info.shape) != 1 or info.shape[0] != len(dv.tokens):
-        raise _fail(f"d2t must be an I64 vector with one entry per draft token ({len(dv.tokens)}); found "
+    out = draft.tensors.get("output.weight")
+    n_t = len(target.vocab.tokens) if target.vocab else 0
+    rows = int(out.shape[1]) if out is not None and len(out.shape) == 2 else n_t
+    where = "the draft's output.weight" if out is not None else "the target's output (borrowed)"
+    if info.ggml_type != "I64" or len(info.shape) != 1 or info.shape[0] != rows:
+        raise _fail(f"d2t must be an I64 vector with one target id per output row ({rows} rows in {where}); found "
                     f"{info.ggml_type} {list(info.shape)}", "d2t_invalid", "d2t")
     m: Any = draft.read_tensor("d2t").astype(np.int64)
-    n_t = len(tv.tokens)
     bad = np.flatnonzero((m < 0) | (m >= n_t))
     if bad.size:
         i = int(bad[0])
         raise _fail(f"d2t[{i}]={int(m[i])} is outside the target vocabulary [0, {n_t})", "d2t_invalid", f"d2t[{i}]")
     if np.unique(m).size != m.size:
-        raise _fail("d2t maps two draft ids to the same target id", "d2t_invalid", "d2t")
-    _compare_special(tv, dv, m)
-    for i, t in enumerate(m.tolist()):
-        if dv.tokens[i] != tv.tokens[t]:
-            raise _fail(f"d2t maps draft id {i} ({dv.tokens[i]!r}) to target id {t} ({tv.tokens[t]!r}); texts "
-                        f"differ (first differing id {i})", "vocab_token_mismatch", f"d2t[{i}]")
-        if tv.token_types is not None and dv.token_types is not None and dv.token_types[i] != tv.token_types[t]:
-            raise _fail(f"d2t maps draft id {i} to target id {t} but their token types differ",
-                        "vocab_type_mismatch", f"d2t[{i}]")
-    return VocabMatch(n_t, len(dv.tokens), "d2t")
+        raise _fail("d2t maps two draft output rows to the same target id", "d2t_invalid", "d2t")
+    return rows

@@ -76,23 +76,17 @@ def test_size_mismatch_without_d2t(tmp_path):
 
 
 def _reduced(n_draft=64, mapping=None):
-    s = synthetic.dflash_spec(n_vocab=n_draft)
+    """llama.cpp's reduced-vocab export: the target's full tokenizer, n_draft output rows, d2t per row."""
+    s = synthetic.dflash_spec()
     ids = np.arange(n_draft, dtype=np.int64) * 2 if mapping is None else np.asarray(mapping, dtype=np.int64)
-    s.kv["tokenizer.ggml.tokens"] = ("arr:str", [f"tok_{int(i)}" for i in ids])
-    types = [3 if int(i) in (0, 1, 2) else 1 for i in ids]
-    s.kv["tokenizer.ggml.token_type"] = ("arr:i32", types)
-    s.kv["tokenizer.ggml.bos_token_id"] = ("u32", 0)
-    s.kv["tokenizer.ggml.eos_token_id"] = ("u32", 1)
-    s.kv["tokenizer.ggml.mask_token_id"] = ("u32", n_draft - 1)
+    s.tensors["output.weight"] = ((synthetic.N_EMBD, n_draft), "F32")
     s.tensors["d2t"] = ((n_draft,), "I64")
     s.data["d2t"] = ids
     return s
 
 
 def test_reduced_vocab_through_checked_d2t(tmp_path):
-    # draft id i is target id 2i; draft bos 0 -> 0 is not target bos 1, so remap specials to match
-    mapping = [1, 2] + [2 * i for i in range(2, 64)]
-    s = _reduced(mapping=mapping)
+    s = _reduced(mapping=[1, 2] + [2 * i for i in range(2, 64)])
     t, d = _views(tmp_path, s)
     m = compare_vocab(t, d)
     assert m.mapping == "d2t" and m.n_draft == 64 and m.n_target == synthetic.N_VOCAB
@@ -112,19 +106,26 @@ def test_bad_d2t(tmp_path, mutate, evidence):
     assert e.code == "d2t_invalid" and e.evidence == evidence
 
 
-def test_d2t_text_mismatch_reports_draft_id(tmp_path):
-    mapping = np.array([1, 2] + [2 * i for i in range(2, 64)])
-    s = _reduced(mapping=mapping)
-    ids = s.data["d2t"].copy()
-    ids[10] = 21  # points at tok_21, the draft text says tok_20
-    s.data["d2t"] = ids
+def test_d2t_does_not_excuse_a_different_tokenizer(tmp_path):
+    s = _reduced()
+    tokens = list(s.kv["tokenizer.ggml.tokens"][1])
+    tokens[10] = "other"
+    s.kv["tokenizer.ggml.tokens"] = ("arr:str", tokens)
     e = _mismatch(tmp_path, s)
-    assert e.code == "vocab_token_mismatch" and e.evidence == "d2t[10]"
+    assert e.code == "vocab_token_mismatch" and e.evidence == "tokenizer.ggml.tokens[10]"
 
 
-def test_d2t_wrong_length(tmp_path):
-    s = _reduced(mapping=[1, 2] + [2 * i for i in range(2, 64)])
-    s.tensors["d2t"] = ((32,), "I64")
-    s.data["d2t"] = s.data["d2t"][:32]
+@pytest.mark.parametrize("rows,ttype", [(32, "I64"), (64, "I32")])
+def test_d2t_must_match_the_output_rows_as_i64(tmp_path, rows, ttype):
+    s = _reduced()
+    s.tensors["d2t"] = ((rows,), ttype)
+    s.data["d2t"] = np.arange(rows)
     e = _mismatch(tmp_path, s)
-    assert e.code == "d2t_invalid"
+    assert e.code == "d2t_invalid" and "64 rows" in str(e)
+
+
+def test_d2t_with_a_borrowed_output_covers_the_target_vocabulary(tmp_path):
+    s = _reduced()
+    del s.tensors["output.weight"]
+    e = _mismatch(tmp_path, s)
+    assert e.code == "d2t_invalid" and "borrowed" in str(e)

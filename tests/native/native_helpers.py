@@ -3,6 +3,8 @@ exactly as ``power_core.transaction`` does (checkpoint → verify → accept →
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -153,6 +155,59 @@ def _rewrite(src: Path, dst: Path, *, n_all: int, edit: Callable[[str, np.ndarra
     w.close()
 
 
+def make_tiny_draft(out_dir: Path, target: Path, kind: str = "dflash", *, name: str | None = None,
+                    borrow: bool = False, d2t: int | None = None, target_layers: tuple[int, ...] = (0, 1),
+                    block_size: int = 8, confidence: bool = False, predictable: bool = False) -> Path:
+    """A tiny DFlash v1 / DFlash2 / DSpark draft for ``target`` (random weights, the core's synthetic
+    specs), carrying the target's tokenizer plus a mask token as a converter writes it.
+
+    ``borrow``: no ``token_embd``/``output`` (llama.cpp borrows the target's through ``ctx_other``).
+    The draft's width is the target's (llama.cpp feeds it target layer inputs as its own width). ``d2t``: that many output rows scattered onto
+    target ids through a ``d2t`` tensor (llama.cpp's reduced-vocab export).
+    """
+    from power_core.artifacts import synthetic
+
+    r = gguf.GGUFReader(str(target))
+    arch = str(r.fields["general.architecture"].contents())
+    n_embd_t = int(r.fields[f"{arch}.embedding_length"].contents())
+    n_vocab = len(r.fields["tokenizer.ggml.tokens"].contents())
+    make = {"dflash": synthetic.dflash_spec, "dflash2": synthetic.dflash2_spec, "dspark": synthetic.dspark_spec}[kind]
+    extra = {"confidence": confidence} if kind == "dspark" else {}
+    spec = make(target_layers=target_layers, block_size=block_size, n_vocab=n_vocab,
+                n_embd=n_embd_t, own_embeddings=not borrow, target_n_embd=n_embd_t, **extra)
+    spec.kv = {k: v for k, v in spec.kv.items() if not k.startswith("tokenizer.")}
+    kinds = {gguf.GGUFValueType.STRING: "str", gguf.GGUFValueType.INT32: "i32", gguf.GGUFValueType.UINT32: "u32",
+             gguf.GGUFValueType.FLOAT32: "f32", gguf.GGUFValueType.BOOL: "bool"}
+    for key, field in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            if len(value) and field.types[-1] in kinds:
+                spec.kv[key] = (f"arr:{kinds[field.types[-1]]}", list(value))
+        elif field.types[0] in kinds:
+            spec.kv[key] = (kinds[field.types[0]], value)
+    spec.kv["tokenizer.ggml.mask_token_id"] = ("u32", n_vocab - 1)
+    if d2t is not None:
+        n_embd = spec.kv["dflash.embedding_length"][1]
+        spec.tensors["output.weight"] = ((n_embd, d2t), "F32")
+        spec.tensors["d2t"] = ((d2t,), "I64")
+        spec.data["d2t"] = np.random.default_rng(7).permutation(n_vocab)[:d2t].astype(np.int64)
+        if kind == "dspark":
+            spec.tensors["markov_w2.weight"] = ((spec.tensors["markov_w2.weight"][0][0], d2t), "F32")
+    # decisive weights: unit norms and fan-in scaled matrices, so the draft's logits have clear margins
+    # (near-flat logits would make its argmax depend on last-ulp differences between batch shapes)
+    rng = np.random.default_rng(11)
+    for tname, (shape, ttype) in spec.tensors.items():
+        if ttype == "F32" and tname not in spec.data:
+            np_shape = tuple(reversed(shape))
+            spec.data[tname] = (np.ones(np_shape) if "norm" in tname
+                                else rng.standard_normal(np_shape) / np.sqrt(shape[0])).astype(np.float32)
+    path = out_dir / f"{name or kind}.gguf"
+    spec.write(path)
+    return path
+
+
 def greedy_reference(target, prompt, n: int) -> list[int]:
     """Autoregressive greedy decoding, one token per pass."""
     prompt = np.asarray(prompt, dtype=np.int32)
@@ -214,3 +269,63 @@ def oracle(reference: list[int], prompt_len: int, n_vocab: int):
         return props
 
     return propose
+
+
+# -- llama.cpp's own drafter as the reference for proposals -------------------------------------------------
+_DRAFT = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)")
+_ACCEPT = re.compile(r"accepted (\d+)/(\d+) draft tokens")
+
+
+def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spec_type: str,
+                draft: Path | None = None, n_ctx: int = 256) -> list[tuple[list[int], int, int]]:
+    """Per round of ``llama-speculative-simple --spec-type T --spec-draft-n-max K -lv 5``:
+    (draft ids as logged, drafted count, accepted count). DFlash2 logs no ids, only the counts."""
+    cmd = [str(peer_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", spec_type,
+           "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "-c", str(n_ctx),
+           "-t", "2", "-lv", "5"]
+    if draft is not None:
+        cmd[3:3] = ["-md", str(draft)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rounds, ids = [], []
+    for line in proc.stderr.splitlines():
+        if m := _DRAFT.search(line):
+            ids.append(int(m.group(2)))
+        elif m := _ACCEPT.search(line):
+            gen = int(m.group(2))  # the draft as used: llama.cpp truncates it to its remaining budget
+            assert not ids or gen <= len(ids)
+            rounds.append((ids[:gen], gen, int(m.group(1))))
+            ids = []
+    return rounds
+
+
+def assert_same_rounds(ours: list[dict], theirs: list[tuple[list[int], int, int]], n_prompt: int, k: int, *,
+                       ids: bool = True) -> int:
+    """Power's traced rounds against llama.cpp's, matched by the anchor's position.
+
+    llama.cpp's first round drafts from the last prompt token (it prefills ``prompt[:-1]``); Power's
+    round 0 emits from the prefill of the whole prompt (DESIGN.md: round 0 is the prefill round),
+    so round ``i`` of one side pairs with the round of the other that drafts at the same position.
+    Proposals (when llama.cpp logs them), drafted and accepted counts must be equal wherever both
+    drafted the full width; returns the number of rounds compared."""
+    ours_at, pos = {}, n_prompt - 1
+    for r in ours:
+        if r["index"] > 0:
+            ours_at[pos] = (r["proposal"], r["proposed"], r["accepted"])
+        pos += r["emitted"]
+    theirs_at, pos = {}, n_prompt - 1
+    for draft, gen, acc in theirs:
+        theirs_at[pos] = (draft, gen, acc)
+        pos += acc + 1
+    common = sorted(set(ours_at) & set(theirs_at))
+    assert len(common) >= 0.8 * len(ours_at) and len(common) >= 5, (sorted(ours_at), sorted(theirs_at))
+    compared = 0
+    for p in common:
+        (o_ids, o_gen, o_acc), (t_ids, t_gen, t_acc) = ours_at[p], theirs_at[p]
+        n = min(o_gen, t_gen)  # the last rounds are cut by each side's token budget
+        if ids:
+            assert o_ids[:n] == t_ids[:n], (p, ours_at[p], theirs_at[p])
+        if o_gen == t_gen == k:
+            assert o_acc == t_acc, (p, ours_at[p], theirs_at[p])
+            compared += 1
+    return compared

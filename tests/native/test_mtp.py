@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +22,7 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("power_mtp._mtp")
 
-from native_helpers import make_tiny_mtp  # noqa: E402
+from native_helpers import assert_same_rounds, make_tiny_mtp, peer_rounds  # noqa: E402
 
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ArtifactError, ConfigError, PowerError  # noqa: E402
@@ -154,29 +152,6 @@ def test_adaptive_widens_on_full_acceptance_and_opens_circuit_on_low_yield(predi
 
 
 # -- same proposals as llama.cpp's draft-mtp -----------------------------------------------------------------
-_DRAFT = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)")
-_ACCEPT = re.compile(r"accepted (\d+)/(\d+) draft tokens")
-
-
-def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int) -> list[tuple[list[int], int]]:
-    """Per round of ``llama-speculative-simple --spec-type draft-mtp -lv 5``: (draft ids, accepted)."""
-    cmd = [str(peer_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", "draft-mtp",
-           "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "-c", "256",
-           "-t", "2", "-lv", "5"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rounds, draft = [], []
-    for line in proc.stderr.splitlines():
-        if m := _DRAFT.search(line):
-            draft.append(int(m.group(2)))
-        elif m := _ACCEPT.search(line):
-            gen = int(m.group(2))  # the draft as used: llama.cpp truncates it to its remaining budget
-            assert gen <= len(draft)
-            rounds.append((draft[:gen], int(m.group(1))))
-            draft = []
-    return rounds
-
-
 @pytest.mark.parametrize("k", [1, 4, 7])
 def test_same_proposals_as_llama_cpp(peer_bin, tiny_qwen35_mtp, k):
     """Round by round, at the same anchor position, Power's proposals equal llama.cpp's draft tokens.
@@ -189,26 +164,8 @@ def test_same_proposals_as_llama_cpp(peer_bin, tiny_qwen35_mtp, k):
     with Session.open(cfg, model=str(tiny_qwen35_mtp)) as s:
         n_prompt = len(s.encode(prompt))
         ours = s.generate(prompt)
-    theirs = peer_rounds(peer_bin, tiny_qwen35_mtp, prompt, k, 32)
-    ours_at, pos = {}, n_prompt - 1
-    for r in ours.receipt.rounds:
-        if r["index"] > 0:
-            ours_at[pos] = (r["proposal"], r["accepted"])
-        pos += r["emitted"]
-    theirs_at, pos = {}, n_prompt - 1
-    for draft, acc in theirs:
-        theirs_at[pos] = (draft, acc)
-        pos += acc + 1
-    common = sorted(set(ours_at) & set(theirs_at))
-    assert len(common) >= 0.8 * len(ours_at) and len(common) >= 5, (sorted(ours_at), sorted(theirs_at))
-    for p in common:
-        ours_p, theirs_p = ours_at[p], theirs_at[p]
-        n = min(len(ours_p[0]), len(theirs_p[0]))  # the last rounds are cut by each side's token budget
-        assert ours_p[0][:n] == theirs_p[0][:n], (p, ours_p, theirs_p)
-        if len(ours_p[0]) == len(theirs_p[0]):
-            assert ours_p[1] == theirs_p[1], p
-    full = [p for p in common if len(ours_at[p][0]) == len(theirs_at[p][0]) == k]
-    assert sum(ours_at[p][1] for p in full) == sum(theirs_at[p][1] for p in full)
+    theirs = peer_rounds(peer_bin, tiny_qwen35_mtp, prompt, k, 32, spec_type="draft-mtp")
+    assert_same_rounds(ours.receipt.rounds, theirs, n_prompt, k)
 
 
 # -- the selection and bad input --------------------------------------------------------------------------

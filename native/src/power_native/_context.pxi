@@ -227,6 +227,11 @@ cdef class Context:
         if self.abort_flag != NULL:
             self.abort_flag[0] = 0
 
+    def set_causal_attn(self, bint causal) -> None:
+        """Causal (default) or bidirectional attention inside a batch (DFlash blocks are non-causal)."""
+        self._alive()
+        llama_set_causal_attn(self.ptr, causal)
+
     def set_threads(self, int n_threads, int n_threads_batch=0) -> None:
         self._alive()
         llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)

@@ -73,7 +73,7 @@ cdef extern from *:
     bint power_abort_cb(void * data) noexcept nogil
 
 
-__all__ = ["Model", "Context", "BatchExt", "set_log_level", "system_info", "last_errors",
+__all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors",
            "LAYER_INP_ARCHS", "LAYER_INP_FINAL_ARCHS"]
 
 #: archs whose graph records ``t_layer_inp[il]`` (else the next decode aborts, llama-graph.cpp:1384)
@@ -119,3 +119,4 @@ cdef int _check(str op, long rc) except -1:
 include "_model.pxi"
 include "_context.pxi"
 include "_batch.pxi"
+include "_block.pxi"

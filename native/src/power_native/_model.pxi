@@ -182,6 +182,11 @@ cdef class Model:
         return llama_vocab_bos(self.vocab)
 
     @property
+    def mask(self) -> int:
+        """``tokenizer.ggml.mask_token_id`` (-1 when the vocabulary has none)."""
+        return llama_vocab_mask(self.vocab)
+
+    @property
     def eos(self) -> int:
         return llama_vocab_eos(self.vocab)
 

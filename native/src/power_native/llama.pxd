@@ -191,6 +191,7 @@ cdef extern from "llama.h" nogil:
     int32_t llama_process(llama_context * ctx, llama_process_type type, llama_batch_ext * batch)
 
     void llama_set_n_threads(llama_context * ctx, int32_t n_threads, int32_t n_threads_batch)
+    void llama_set_causal_attn(llama_context * ctx, bint causal_attn)
     void llama_set_abort_callback(llama_context * ctx, ggml_abort_callback abort_callback, void * data)
     void llama_synchronize(llama_context * ctx)
 
@@ -201,6 +202,7 @@ cdef extern from "llama.h" nogil:
     bint llama_vocab_is_control(const llama_vocab * vocab, llama_token token)
     llama_token llama_vocab_bos(const llama_vocab * vocab)
     llama_token llama_vocab_eos(const llama_vocab * vocab)
+    llama_token llama_vocab_mask(const llama_vocab * vocab)
     bint llama_vocab_get_add_bos(const llama_vocab * vocab)
     bint llama_vocab_get_add_eos(const llama_vocab * vocab)
     int llama_vocab_type(const llama_vocab * vocab)

@@ -25,7 +25,8 @@ from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
 from power_native import _llama, build_info
 from power_native.models import resolve_model
 
-__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "PREFILL_BATCH"]
+__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "layer_feature",
+           "PREFILL_BATCH", "TARGET_FEATURES"]
 
 log = structlog.get_logger(__name__)
 
@@ -33,8 +34,20 @@ log = structlog.get_logger(__name__)
 PREFILL_BATCH = 512
 #: what a strategy may ask of the target (``Strategy.target_features``): ``h_nextn`` publishes the
 #: unmasked nextn hidden state of every decoded token as ``DecodeResult.features["h_nextn"]``;
-#: ``mtp_head`` loads the target's MTP (nextn) blocks (llama.cpp ``load_mtp``)
+#: ``mtp_head`` loads the target's MTP (nextn) blocks (llama.cpp ``load_mtp``); ``layer_inp:<L>``
+#: publishes the input of target layer ``L`` for every decoded token (:func:`layer_feature`)
 TARGET_FEATURES = frozenset({"h_nextn", "mtp_head"})
+_LAYER_PREFIX = "layer_inp:"
+
+
+def layer_feature(layer: int) -> str:
+    """The feature name of target layer ``layer``'s input tap."""
+    return f"{_LAYER_PREFIX}{int(layer)}"
+
+
+def _layer_of(name: str) -> int | None:
+    rest = name[len(_LAYER_PREFIX):] if name.startswith(_LAYER_PREFIX) else ""
+    return int(rest) if rest.isdigit() else None
 
 
 @attrs.frozen
@@ -99,9 +112,10 @@ class LlamaTarget:
         self._epoch = 0
         self._last_len = 0  # tokens of the last single llama_decode (0: none / not rollable)
         self._rs_used = True
-        unknown = self._caps.features - TARGET_FEATURES
+        self._layers = sorted(lid for f in self._caps.features if (lid := _layer_of(f)) is not None)
+        unknown = {f for f in self._caps.features - TARGET_FEATURES if _layer_of(f) is None}
         if unknown:
-            raise ConfigError("features", sorted(unknown), f"features of the llama target: {sorted(TARGET_FEATURES)}",
+            raise ConfigError("features", sorted(unknown), f"features of the llama target: {sorted(TARGET_FEATURES)} and layer_inp:<L>",
                               "the strategy asks for a hidden-state tap power-native does not provide")
         self._nextn = "h_nextn" in self._caps.features
         if self._nextn:
@@ -109,6 +123,8 @@ class LlamaTarget:
                 raise ArtifactError(f"{model.path}: the h_nextn tap needs a target with MTP (nextn) layers",
                                     reason="tap_unsupported", evidence="nextn_predict_layers")
             ctx.set_embeddings_nextn(True, False)  # unmasked: one row per batch token
+        for lid in self._layers:
+            ctx.set_embeddings_layer_inp(lid, True)  # refuses layers the arch does not record (abort in llama.cpp)
         #: rollback accounting for the receipt
         self.stats = {"rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": 0}
 
@@ -143,7 +159,10 @@ class LlamaTarget:
 
     def _features(self) -> dict[str, np.ndarray]:
         """The hidden-state taps of the last decode (zero-copy views, one row per token)."""
-        return {"h_nextn": self.ctx.embeddings_nextn()} if self._nextn else {}
+        out = {"h_nextn": self.ctx.embeddings_nextn()} if self._nextn else {}
+        for lid in self._layers:
+            out[layer_feature(lid)] = self.ctx.embeddings_layer_inp(lid)
+        return out
 
     def prefill(self, tokens: TokenArray, observe: Callable[[DecodeResult], None] | None = None) -> np.ndarray:
         """Append the prompt in ``n_batch`` chunks with only the last row's logits, as llama-completion

@@ -128,6 +128,8 @@ def test_borrowed_embeddings_need_equal_n_embd(tmp_path):
     t = ArtifactView.from_gguf(synthetic.target_spec(mtp=False, n_embd=32).write(tmp_path / "t.gguf"))
     s = synthetic.dflash_spec(own_embeddings=False, target_n_embd=32)
     assert reject(t, s, tmp_path) == ("dflash_embd_mismatch", "dflash.embedding_length")
+    own = synthetic.dflash_spec(own_embeddings=True, target_n_embd=32)  # own embeddings do not help either
+    assert reject(t, own, tmp_path) == ("dflash_embd_mismatch", "dflash.embedding_length")
 
 
 def test_block_size(target, tmp_path):

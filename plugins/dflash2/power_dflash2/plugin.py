@@ -1,21 +1,38 @@
 """The ``power.adapters`` entry point of power-dflash2: registers the ``dflash2`` strategy.
 
-The llama.cpp execution path comes in a later release, so ``proposer`` is None; the session
-fails closed ("execution path not available yet") when this strategy is selected to run.
+The shared block-draft mechanics (draft context, feature injection, noise block, trimming) are
+power-native's (:mod:`power_native.block`); this package owns the contract's validator and readout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from power_core.plugins import Strategy, hookimpl, package_version
+from power_core.plugins import ProposerRequest, Strategy, hookimpl, package_version
 from power_dflash2.validate import validate_dflash2
+
+
+def _proposer(req: ProposerRequest) -> Any:
+    from power_native.block import open_block_draft
+
+    from power_dflash2.readout import LatticeReadout
+
+    return open_block_draft(req, lambda model, r: LatticeReadout(top_k=model.dflash_selector_top_k(),
+                                                                 p_min=r.config.spec_draft_p_min),
+                            anchor_first_allowed=False)
+
+
+def _target_features(verified: Any) -> frozenset[str]:
+    from power_native.block import target_features
+
+    return target_features(verified)
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
         name="dflash2", version=package_version("power-dflash2"), package="power-dflash2", kind="model-backed", needs_draft=True,
-        summary="DFlash2 drafts (`dflash` arch + selector and per-layer convolution tensors): validator and strategy registration.",
-        validate=validate_dflash2, proposer=None,
+        summary="DFlash2 block drafts through llama.cpp's dflash graph: the selector-lattice walk over one forward.",
+        validate=validate_dflash2, proposer=_proposer, backends=frozenset({"llama"}), target_features=_target_features,
     ))

@@ -53,7 +53,9 @@ def validate_dspark(target: ArtifactView, draft: ArtifactView | None, config: An
     n_vocab_t = target.n_vocab or bb.n_vocab
     w1 = need_tensor(draft, "markov_w1.weight", p, (None, n_vocab_t))
     rank = w1[0]
-    need_tensor(draft, "markov_w2.weight", p, (rank, bb.n_vocab))
+    # with a reduced vocabulary (d2t) the second Markov factor has one column per draft output row
+    n_out = draft.tensors["d2t"].shape[0] if draft.has("d2t") else bb.n_vocab
+    need_tensor(draft, "markov_w2.weight", p, (rank, n_out))
     flag = draft.metadata.get("dflash.has_confidence_head") if "dflash.has_confidence_head" in draft.metadata else None
     has_w, has_b = draft.has("conf_proj.weight"), draft.has("conf_proj.bias")
     if has_b and not has_w:
@@ -69,6 +71,11 @@ def validate_dspark(target: ArtifactView, draft: ArtifactView | None, config: An
         need_tensor(draft, "conf_proj.weight", p, (bb.n_embd + rank, 1))
         if has_b:
             need_tensor(draft, "conf_proj.bias", p, (1,))
+    p_min = getattr(config, "spec_draft_p_min", 0.0) or 0.0
+    if p_min > 0 and not has_w:
+        raise reject(draft, f"spec_draft_p_min={p_min} needs the DSpark confidence head, and this draft has none "
+                     "(no conf_proj.weight); set spec_draft_p_min = 0", "dspark_no_confidence_head",
+                     "dflash.has_confidence_head" if flag is False else "conf_proj.weight")
     max_k = bb.block_size if bb.sample_from_anchor else bb.block_size - 1
     if max_k < 1:
         raise reject(draft, f"dflash.block_size={bb.block_size} leaves no proposal per round", "dspark_key_invalid",

@@ -1,0 +1,180 @@
+"""The DFlash-family proposer (DFlash v1, DFlash2, DSpark share llama.cpp's ``dflash`` graph).
+
+Everything but the readout lives here, once (``common/speculative.cpp``,
+``common_speculative_impl_draft_dflash``):
+
+* the draft GGUF is loaded with ``ctx_other`` = the target's context (drafts without
+  ``token_embd``/``output`` borrow the target's), bidirectional attention unless the file says
+  ``dflash.attention.causal``;
+* the target publishes the inputs of the draft's ``target_layers`` for every batch (prompt chunks
+  and verify passes); :meth:`BlockDraftProposer.observe` injects them into the draft KV at the
+  target positions (:class:`power_native._llama.BlockDraft`, chunked by ``n_ubatch``);
+* a proposal is one decode of the noise block ``[anchor, mask x ...]`` at the anchor's position,
+  always of the configured width (llama.cpp decodes ``n_max`` + 1 tokens whatever the remaining
+  budget, so the non-causal block and its predictions do not depend on it), read out by the
+  plugin's :class:`Readout` and cut to the round's ``k``; the noise rows leave the KV again;
+* ``commit`` trims the rejected rows' features, ``restore`` the round's.
+
+The three plugins differ only in their :class:`Readout` (and their validators).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from power_core.errors import ArtifactMismatch, StrategyNotFound
+from power_core.plugins import ProposerRequest
+from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_native import _llama
+from power_native.target import layer_feature, load_model
+
+__all__ = ["BlockRows", "Readout", "BlockDraftProposer", "open_block_draft", "target_features"]
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@attrs.frozen
+class BlockRows:
+    """What one noise-block decode exposes: ``logits`` (one row per block token, or ``None`` when
+    outputs were off) and ``hidden`` (the draft's ``h_nextn`` rows: one per output when masked,
+    one per block token when unmasked, e.g. DFlash2's selector lattice). Views, valid until the
+    next decode on the draft."""
+
+    logits: npt.NDArray[np.float32] | None
+    hidden: npt.NDArray[np.float32]
+    n_block: int
+
+
+class Readout(Protocol):
+    """A contract's reading of the noise block (the only part the three plugins implement)."""
+
+    #: noise rows output logits (DFlash v1, DSpark) or not (DFlash2 reads only the lattice)
+    outputs: bool
+    #: the block starts with the anchor as its first proposal slot (DSpark ``sample_from_anchor``):
+    #: ``n_max`` block tokens instead of ``n_max + 1``
+    anchor_first: bool
+
+    def __call__(self, rows: BlockRows, n: int) -> TokenArray:
+        """At most ``n`` proposals from ``rows``."""
+        ...
+
+
+def target_features(verified: Any) -> frozenset[str]:
+    """``Strategy.target_features`` of the three plugins: the inputs of the draft's target layers."""
+    facts = verified.result.facts if verified is not None else {}
+    layers = facts.get("target_layers")
+    if not layers:
+        raise ArtifactMismatch("the draft's target_layers are unknown (the validator did not run)",
+                               evidence="dflash.target_layers")
+    return frozenset(layer_feature(lid) for lid in layers)
+
+
+class BlockDraftProposer:
+    """The Proposer over one DFlash-family draft context; ``readout`` makes it v1, DFlash2 or DSpark."""
+
+    def __init__(self, draft: _llama.BlockDraft, readout: Readout, *, target_layers: tuple[int, ...],
+                 n_max: int) -> None:
+        self.draft = draft
+        self.readout = readout
+        self.layers = tuple(layer_feature(lid) for lid in target_layers)
+        self.features = frozenset(self.layers)
+        self.n_max = n_max
+        self.n_block = n_max if readout.anchor_first else n_max + 1
+        self._start = 0  # position of the last observed batch's first token
+        self._rows = 0  # tokens of the last observed batch
+        self._prefill = True
+        self.stats = {"drafted": 0, "noise_blocks": 0}
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def begin(self, prompt: TokenArray) -> None:
+        self.draft.reset()
+        self._start = self._rows = 0
+        self._prefill = True
+
+    def checkpoint(self) -> int:
+        return int(self.draft.n_kv)
+
+    def propose(self, ctx: ProposalContext) -> TokenArray:
+        if ctx.k <= 0:
+            return _EMPTY
+        pos0 = self.draft.n_kv
+        try:
+            self.draft.noise(int(ctx.anchor), self.n_block, self.readout.outputs)
+            c = self.draft.ctx
+            rows = BlockRows(logits=c.logits() if self.readout.outputs else None, hidden=c.embeddings_nextn(),
+                             n_block=self.n_block)
+            props = np.asarray(self.readout(rows, min(ctx.k, self.n_max)), dtype=np.int32)
+        finally:
+            self.draft.trim(pos0)  # the noise block never stays in the draft KV
+        self.stats["noise_blocks"] += 1
+        self.stats["drafted"] += int(props.shape[0])
+        return props
+
+    def observe(self, result: DecodeResult) -> None:
+        try:
+            layers = [result.features[name] for name in self.layers]
+        except KeyError as exc:
+            raise ArtifactMismatch(f"the target publishes no {exc.args[0]!r} rows; it must be opened with the "
+                                   "strategy's target features", evidence=str(exc.args[0])) from None
+        self._start = int(self.draft.n_kv)
+        self._rows = self.draft.inject(layers)
+        self._prefill = result.logits.shape[0] == 0
+
+    def commit(self, n_accepted: int, emitted: TokenArray) -> None:
+        # a verify pass [anchor, p1..pk] keeps the anchor and the accepted proposals' features; the
+        # prefill round (round 0) keeps the whole last prompt chunk
+        kept = self._rows if self._prefill else n_accepted + 1
+        self.draft.trim(self._start + kept)
+
+    def restore(self, checkpoint: int) -> None:
+        self.draft.trim(int(checkpoint))
+
+    def close(self) -> None:
+        self.draft.ctx.close()
+
+
+def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model, Any], Readout], *,
+                     anchor_first_allowed: bool) -> BlockDraftProposer:
+    """Load ``req.draft`` on the target's llama.cpp context and wrap it with the contract's readout.
+
+    ``req.verified`` is the contract validator's result (target layers, block size, causality,
+    sample_from_anchor); the loaded model is cross-checked against it before any decode."""
+    target = req.opened.target
+    tmodel, tctx = getattr(target, "model", None), getattr(target, "ctx", None)
+    if not isinstance(tmodel, _llama.Model) or not isinstance(tctx, _llama.Context):
+        raise StrategyNotFound(f"block drafters run on the llama backend (power-native); this target is "
+                               f"{type(target).__name__}")
+    if req.draft is None or req.verified is None:
+        raise ArtifactMismatch("a DFlash-family strategy needs a verified draft file (--draft)", evidence="draft")
+    facts = req.verified.result.facts
+    layers = tuple(int(x) for x in facts["target_layers"])
+    model = load_model(req.draft, role="draft")
+    if model.arch != "dflash" or tuple(model.target_layer_ids()) != layers:
+        raise ArtifactMismatch(f"{req.draft}: llama.cpp loaded arch {model.arch!r} with target layers "
+                               f"{tuple(model.target_layer_ids())}; the validator proved 'dflash' with {layers}",
+                               evidence="dflash.target_layers")
+    readout = make_readout(model, req)
+    block = int(facts["block_size"])
+    anchor_first = bool(readout.anchor_first)
+    if anchor_first and not anchor_first_allowed:
+        raise ArtifactMismatch("an anchor-first block is a DSpark layout", evidence="dflash.sample_from_anchor")
+    limit = block if anchor_first else block - 1
+    n_max = min(req.config.spec_draft_max, limit)
+    n_block = n_max if anchor_first else n_max + 1
+    ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
+                         n_outputs_max=max(n_block, 1), ctx_other=tctx,
+                         n_threads=req.config.n_threads or os.cpu_count())
+    try:
+        ctx.set_embeddings_nextn(True, readout.outputs)  # masked rows follow the outputs; DFlash2: all rows
+        ctx.set_causal_attn(bool(facts.get("causal", False)))
+        draft = _llama.BlockDraft(ctx, len(layers), model.mask)
+        return BlockDraftProposer(draft, readout, target_layers=layers, n_max=n_max)
+    except BaseException:
+        ctx.close()
+        raise
