@@ -103,3 +103,20 @@ def bench_native(session: nox.Session) -> None:
     session.run("python", "native/tools/build_llama.py", "--peers")
     session.run("python", "tests/bench/bench_native.py", "--out", str(ROOT / "evidence" / "bench_native.json"),
                 *session.posargs, env=env)
+
+
+@nox.session(python=PY)
+def bench_mtp(session: nox.Session) -> None:
+    """power-mtp vs llama-speculative-simple --spec-type draft-mtp (paired, interleaved), vs --mode off on a
+    high-acceptance fixture, and the FR compact vocabulary's draft-pass time."""
+    install_all(session, models=False)
+    session.run("python", "native/tools/build_llama.py", "--peers")
+    session.run("python", "tests/bench/bench_spec.py", "--suite", "mtp", *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_dflash(session: nox.Session) -> None:
+    """DFlash v1 / DFlash2 / DSpark vs llama-speculative-simple with the same draft, K and threads."""
+    install_all(session, models=False)
+    session.run("python", "native/tools/build_llama.py", "--peers")
+    session.run("python", "tests/bench/bench_spec.py", "--suite", "dflash", *session.posargs)

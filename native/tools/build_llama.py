@@ -11,6 +11,12 @@ Usage::
 
 ``--cuda`` turns on ``GGML_CUDA`` (the one documented switch). ``--peers`` also builds
 ``llama-completion`` and ``llama-speculative-simple`` for paired benchmarks.
+
+Power's reviewed changes to the pinned source live in ``native/patches/*.patch`` (unified diffs,
+applied in name order with ``patch -p1`` to a fresh extraction); their sha256 is part of the
+source and build cache keys and is recorded in ``power-build.json`` (and so in every receipt).
+Each patch is inert until a Power call switches it on, so the peers built from the same tree
+behave as stock llama.cpp.
 Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``.
 """
 
@@ -48,7 +54,12 @@ BASE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF",
     "-DGGML_CCACHE=OFF",
-    "-DGGML_NATIVE=ON",
+    # the build machine's ISA (like GGML_NATIVE) minus AMX: CPUs here advertise AMX tiles that the
+    # sandbox does not execute (SIGILL in ggml's AMX q4_1 kernel on SmolLM2); ggml's own flags
+    # (AVX2/FMA/F16C, added after these) only add to -march=native
+    "-DGGML_NATIVE=OFF",
+    "-DCMAKE_C_FLAGS=-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
 )
 CUDA_FLAGS = ("-DGGML_CUDA=ON",)
@@ -87,10 +98,22 @@ def fetch_sdist(root: Path) -> Path:
     return target
 
 
+PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
+
+
+def patches() -> list[tuple[str, str]]:
+    """(name, sha256) of every patch applied to the pinned source, in application order."""
+    return [(p.name, _sha256(p)) for p in sorted(PATCH_DIR.glob("*.patch"))]
+
+
+def _patch_key() -> str:
+    return hashlib.sha256("\n".join(f"{n}:{h}" for n, h in patches()).encode()).hexdigest()[:12]
+
+
 def source_dir(root: Path | None = None) -> Path:
-    """Extract ``vendor/llama.cpp`` once; return its path."""
+    """Extract ``vendor/llama.cpp`` and apply Power's patches once; return its path."""
     root = root or cache_root()
-    src = root / f"src-{SDIST_SHA256[:12]}" / "llama.cpp"
+    src = root / f"src-{SDIST_SHA256[:12]}-{_patch_key()}" / "llama.cpp"
     if (src / "include" / "llama.h").exists():
         return src
     sdist = fetch_sdist(root)
@@ -100,10 +123,13 @@ def source_dir(root: Path | None = None) -> Path:
         with tarfile.open(sdist) as tf:
             members = [m for m in tf.getmembers() if m.name.startswith(prefix)]
             tf.extractall(tmp, members=members, filter="data")
+        tree = Path(tmp) / prefix.rstrip("/")
+        for p in sorted(PATCH_DIR.glob("*.patch")):
+            subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(p)], cwd=tree, check=True)
         if parent.exists():
             shutil.rmtree(parent)
         parent.mkdir(parents=True)
-        os.replace(Path(tmp) / prefix.rstrip("/"), src)
+        os.replace(tree, src)
     return src
 
 
@@ -113,7 +139,7 @@ def build_flags(cuda: bool) -> tuple[str, ...]:
 
 def build_dir(cuda: bool, root: Path | None = None) -> Path:
     root = root or cache_root()
-    key = hashlib.sha256("\n".join((SDIST_SHA256,) + build_flags(cuda)).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join((SDIST_SHA256, _patch_key()) + build_flags(cuda)).encode()).hexdigest()[:12]
     return root / f"build-{'cuda' if cuda else 'cpu'}-{key}"
 
 
@@ -144,7 +170,8 @@ def _build(cuda: bool, peers: bool) -> Path:
     targets = ["llama"] + (list(PEER_TARGETS) if peers else [])
     subprocess.run(["cmake", "--build", str(bdir), "--target", *targets], check=True)
     info = {"sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256, "llama_cpp_commit": LLAMA_CPP_COMMIT,
-            "flags": list(build_flags(cuda)), "source": str(src), "build": str(bdir)}
+            "flags": list(build_flags(cuda)), "patches": [f"{n} sha256:{h}" for n, h in patches()],
+            "source": str(src), "build": str(bdir)}
     (bdir / "power-build.json").write_text(json.dumps(info, indent=2))
     return bdir
 

@@ -16,14 +16,15 @@ MOE_ARCHS = frozenset({"qwen3next", "qwen35moe", "glm4moe"})
 
 
 def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2, n_ff: int = 384,
-                   n_layer: int = 2, n_ctx: int = 256, token_prefix: str = "tok_", n_nextn: int = 0) -> Path:
+                   n_layer: int = 2, n_ctx: int = 256, token_prefix: str = "tok_", n_nextn: int = 0,
+                   n_vocab: int = N_VOCAB) -> Path:
     """A tensor-less GGUF with the hyperparameters and a ``test`` tokenizer of ``N_VOCAB`` tokens;
     ``n_nextn`` MTP blocks are added after the ``n_layer`` trunk blocks."""
     w = gguf.GGUFWriter(str(path), arch)
     if n_nextn:
         w.add_uint32(f"{arch}.nextn_predict_layers", n_nextn)
         n_layer += n_nextn
-    w.add_uint32(f"{arch}.vocab_size", N_VOCAB)
+    w.add_uint32(f"{arch}.vocab_size", n_vocab)
     w.add_uint32(f"{arch}.context_length", n_ctx)
     w.add_uint32(f"{arch}.embedding_length", n_embd)
     w.add_uint32(f"{arch}.block_count", n_layer)
@@ -49,8 +50,8 @@ def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2,
         w.add_uint32(f"{arch}.expert_shared_count", 1)
         w.add_uint32(f"{arch}.leading_dense_block_count", 1)
     w.add_string("tokenizer.ggml.model", "test")
-    w.add_array("tokenizer.ggml.tokens", [f"{token_prefix}{i}" for i in range(N_VOCAB)])
-    w.add_array("tokenizer.ggml.scores", [0.0] * N_VOCAB)
+    w.add_array("tokenizer.ggml.tokens", [f"{token_prefix}{i}" for i in range(n_vocab)])
+    w.add_array("tokenizer.ggml.scores", [0.0] * n_vocab)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -219,3 +219,28 @@ def test_mtp_target_also_runs_target_only(tiny_qwen35_mtp):
     res = generate(tiny_qwen35_mtp, "off", PROMPTS[0], max_tokens=4)
     assert len(res.tokens) == 4
     assert np.asarray(res.tokens).dtype.kind in "iu"
+
+
+def test_fr_patch_shrinks_the_head_matmul(tiny_qwen35_mtp):
+    """Power's patch (native/patches/0001-mtp-fr-vocab.patch): with N set, the MTP head computes the first
+    N logits exactly as the full head does and nothing else (the rest is zero padding, never read)."""
+    from power_native import _llama, build_info
+
+    assert any(p.startswith("0001-mtp-fr-vocab.patch") for p in build_info()["patches"])
+    model = _llama.Model.load(str(tiny_qwen35_mtp), load_mtp=True)
+    rows = {}
+    for n in (0, 40):
+        ctx = _llama.Context(model, n_ctx=64, n_batch=16, n_outputs_max=1, ctx_type=1, n_threads=2)
+        ctx.set_embeddings_nextn(True, True)
+        if n:
+            ctx.set_fr_vocab(n)
+        batch = _llama.BatchExt(ctx)
+        h = np.random.default_rng(0).standard_normal((3, model.n_embd_out)).astype(np.float32)
+        batch.add_tokens(np.array([5, 9, 17], dtype=np.int32), 0, embd=h, outputs="last")
+        ctx.process(batch)
+        rows[n] = np.array(ctx.logits()[0])
+        ctx.close()
+    np.testing.assert_array_equal(rows[40][:40], rows[0][:40])
+    assert not rows[40][40:].any() and rows[0][40:].any()
+    with pytest.raises(ConfigError):
+        _llama.Context(model, n_ctx=64, n_batch=16, ctx_type=1).set_fr_vocab(129)

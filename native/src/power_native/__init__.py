@@ -32,4 +32,4 @@ def build_info() -> dict:
     """The pinned source and build flags this extension was compiled against."""
     path = _HERE / "build-info.json"
     info = json.loads(path.read_text()) if path.exists() else {}
-    return {k: info.get(k) for k in ("sdist", "sdist_sha256", "llama_cpp_commit", "flags")}
+    return {k: info.get(k) for k in ("sdist", "sdist_sha256", "llama_cpp_commit", "flags", "patches")}

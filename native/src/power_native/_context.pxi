@@ -227,6 +227,15 @@ cdef class Context:
         if self.abort_flag != NULL:
             self.abort_flag[0] = 0
 
+    def set_fr_vocab(self, int n) -> None:
+        """FR compact vocabulary (Power's patch to the pinned llama.cpp): this context's LM head
+        multiplies only the first ``n`` token rows; logits of the others are zero and must not be
+        read. ``0`` restores the full head. Meant for draft contexts, never the target."""
+        self._alive()
+        if n < 0 or n > self.n_vocab:
+            raise ConfigError("spec_mtp_fr_vocab_size", n, f"an integer in [1, {self.n_vocab})")
+        llama_set_mtp_fr_vocab(self.ptr, 0 if n >= self.n_vocab else n)
+
     def set_causal_attn(self, bint causal) -> None:
         """Causal (default) or bidirectional attention inside a batch (DFlash blocks are non-causal)."""
         self._alive()

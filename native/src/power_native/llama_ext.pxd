@@ -12,6 +12,8 @@ from power_native.llama cimport llama_context, llama_model
 cdef extern from "llama-ext.h" nogil:
     void llama_set_embeddings_nextn(llama_context * ctx, bint value, bint masked)
     void llama_set_nextn_layer_offset(llama_context * ctx, int32_t offset)
+    # Power patch native/patches/0001-mtp-fr-vocab.patch: the LM head projects only the first n rows
+    void llama_set_mtp_fr_vocab(llama_context * ctx, int32_t n)
     float * llama_get_embeddings_nextn(llama_context * ctx)
     float * llama_get_embeddings_nextn_ith(llama_context * ctx, int32_t i)
     void llama_set_embeddings_layer_inp(llama_context * ctx, uint32_t lid, bint value)

@@ -21,7 +21,7 @@ from power_native._llama cimport BatchExt, Context
 
 import numpy as np
 
-from power_core.errors import CapacityError, RuntimeFault
+from power_core.errors import CapacityError, Cancelled, RuntimeFault
 
 cnp.import_array()
 
@@ -177,8 +177,6 @@ cdef class MtpHead:
             if rc == 2:
                 abort_flag[0] = 0
             if rc != 0:
-                from power_core.errors import Cancelled
-
                 if rc == 2:
                     raise Cancelled("the MTP draft pass was aborted")
                 raise RuntimeFault(f"MTP draft pass {i} failed (code {rc})")

@@ -101,6 +101,8 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
                          n_outputs_max=1, ctx_type=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count())
     try:
         ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
+        if fr < model.n_vocab:
+            ctx.set_fr_vocab(fr)  # the head's matmul covers ids < fr only; the draft reads no other
         return MtpProposer(MtpHead(ctx, fr))
     except BaseException:
         ctx.close()
