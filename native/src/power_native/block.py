@@ -7,13 +7,15 @@ Everything but the readout lives here, once (``common/speculative.cpp``,
   ``token_embd``/``output`` borrow the target's), bidirectional attention unless the file says
   ``dflash.attention.causal``;
 * the target publishes the inputs of the draft's ``target_layers`` for every batch (prompt chunks
-  and verify passes); :meth:`BlockDraftProposer.observe` injects them into the draft KV at the
-  target positions (:class:`power_native._llama.BlockDraft`, chunked by ``n_ubatch``);
+  and verify passes); they are injected into the draft KV at the target positions
+  (:class:`power_native._llama.BlockDraft`, chunked by ``n_ubatch``): prompt chunks at once, a
+  verify pass at ``commit`` and only its kept rows (llama.cpp injects the whole verify batch and
+  trims the rejected rows again; the kept rows are the same computation);
 * a proposal is one decode of the noise block ``[anchor, mask x ...]`` at the anchor's position,
   always of the configured width (llama.cpp decodes ``n_max`` + 1 tokens whatever the remaining
   budget, so the non-causal block and its predictions do not depend on it), read out by the
   plugin's :class:`Readout` and cut to the round's ``k``; the noise rows leave the KV again;
-* ``commit`` trims the rejected rows' features, ``restore`` the round's.
+* ``restore`` trims the draft KV back to the round's checkpoint.
 
 The three plugins differ only in their :class:`Readout` (and their validators).
 """
@@ -89,6 +91,7 @@ class BlockDraftProposer:
         self._start = 0  # position of the last observed batch's first token
         self._rows = 0  # tokens of the last observed batch
         self._prefill = True
+        self._staged: list[np.ndarray] | None = None  # a verify pass's layer rows, injected at commit
         self.stats = {"drafted": 0, "noise_blocks": 0}
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -96,6 +99,7 @@ class BlockDraftProposer:
         self.draft.reset()
         self._start = self._rows = 0
         self._prefill = True
+        self._staged = None
 
     def checkpoint(self) -> int:
         return int(self.draft.n_kv)
@@ -123,16 +127,24 @@ class BlockDraftProposer:
             raise ArtifactMismatch(f"the target publishes no {exc.args[0]!r} rows; it must be opened with the "
                                    "strategy's target features", evidence=str(exc.args[0])) from None
         self._start = int(self.draft.n_kv)
-        self._rows = self.draft.inject(layers)
+        self._rows = int(result.tokens.shape[0])
         self._prefill = result.logits.shape[0] == 0
+        if self._prefill:
+            self.draft.inject(layers)
+        else:  # copies: a replay decode may overwrite the target's buffers before commit
+            self._staged = [np.array(a, dtype=np.float32) for a in layers]
 
     def commit(self, n_accepted: int, emitted: TokenArray) -> None:
-        # a verify pass [anchor, p1..pk] keeps the anchor and the accepted proposals' features; the
-        # prefill round (round 0) keeps the whole last prompt chunk
-        kept = self._rows if self._prefill else n_accepted + 1
-        self.draft.trim(self._start + kept)
+        # a verify pass [anchor, p1..pk] keeps the anchor's and the accepted proposals' features; the
+        # prefill round (round 0) keeps the whole last prompt chunk, already injected
+        if self._staged is not None:
+            staged, self._staged = self._staged, None
+            self.draft.inject([a[: n_accepted + 1] for a in staged])
+        else:
+            self.draft.trim(self._start + self._rows)
 
     def restore(self, checkpoint: int) -> None:
+        self._staged = None
         self.draft.trim(int(checkpoint))
 
     def close(self) -> None:

@@ -36,6 +36,8 @@ cdef class MtpHead:
     cdef readonly int n_embd, n_vocab, fr
     cdef float[::1] pending
     cdef float[:, ::1] rows
+    cdef int32_t[::1] toks
+    cdef readonly bint staged  # the last observed batch is copied but not yet in the KV
     cdef readonly int n_rows  # rows of the last observed batch
     cdef readonly int start  # position of that batch's first token
     cdef readonly int n_kv  # positions filled in the MTP KV (0..n_kv-1)
@@ -53,6 +55,7 @@ cdef class MtpHead:
         self.fr = fr
         self.pending = np.zeros(self.n_embd, dtype=np.float32)
         self.rows = np.zeros((ctx.n_batch, self.n_embd), dtype=np.float32)
+        self.toks = np.zeros(ctx.n_batch, dtype=np.int32)
         self.reset()
 
     def reset(self) -> None:
@@ -62,12 +65,18 @@ cdef class MtpHead:
         self.n_rows = 0
         self.start = 0
         self.n_kv = 0
+        self.staged = False
 
-    def observe(self, tokens, h) -> None:
-        """Fill the MTP KV at ``n_kv..`` from one target batch (``tokens`` and their ``h_nextn`` rows)."""
-        cdef int32_t[::1] toks = np.ascontiguousarray(tokens, dtype=np.int32)
+    def observe(self, tokens, h, bint defer=False) -> None:
+        """One target batch (``tokens`` and their ``h_nextn`` rows) at positions ``n_kv..``.
+
+        A prompt chunk fills the MTP KV at once. A verify pass is only staged (``defer``): its rows
+        are copied and :meth:`keep` decodes the pairs of the kept tokens alone. llama.cpp decodes
+        the whole verify batch and trims the rejected rows again; the kept rows are the same
+        computation, and rejected ones cost nothing."""
+        cdef const int32_t[::1] toks = np.ascontiguousarray(tokens, dtype=np.int32)
         cdef const float[:, ::1] hv = np.ascontiguousarray(h, dtype=np.float32)
-        cdef int n = toks.shape[0], k
+        cdef int n = toks.shape[0]
         if n == 0:
             return
         if hv.shape[0] != n or hv.shape[1] != self.n_embd:
@@ -77,37 +86,53 @@ cdef class MtpHead:
             raise CapacityError(f"MTP observe: a batch of {n} tokens exceeds the MTP context batch {self.rows.shape[0]}")
         if self.n_kv + n > self.ctx.n_ctx:
             raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.ctx.n_ctx}")
+        cdef size_t w = self.n_embd
+        with nogil:
+            memcpy(&self.rows[0, 0], &hv[0, 0], n * w * sizeof(float))
+            memcpy(&self.toks[0], &toks[0], n * sizeof(int32_t))
+        self.start = self.n_kv
+        self.n_rows = n
+        self.staged = defer
+        if not defer:
+            self._fill(n)
+
+    cdef int _fill(self, int m) except -1:
+        """Decode the pairs ``(token_i, h_{i-1})`` of the first ``m`` staged rows at ``start..``; the
+        first pairs with the boundary row; the last row becomes the new boundary."""
         cdef int32_t rc = 0
+        cdef int k = 0
         cdef size_t w = self.n_embd
         cdef const float * src
         self.batch.clear_c()
         with nogil:
-            for k in range(n):
+            for k in range(m):
                 if k == 0:
                     src = &self.pending[0]
                 else:
-                    src = &hv[k - 1, 0]
-                rc = self.batch.add_token_c(toks[k], self.n_kv + k, src, w, False)
+                    src = &self.rows[k - 1, 0]
+                rc = self.batch.add_token_c(self.toks[k], self.start + k, src, w, False)
                 if rc < 0:
                     break
         if rc < 0:
             self.batch.clear_c()
-            raise RuntimeFault(f"MTP observe: the batch refused entry {k} (code {rc})")
+            raise RuntimeFault(f"MTP: the batch refused entry {k} (code {rc})")
         self.ctx.process_c(self.batch, False)
-        self.start = self.n_kv
-        self.n_kv += n
-        self.n_rows = n
+        self.n_kv = self.start + m
         with nogil:
-            memcpy(&self.rows[0, 0], &hv[0, 0], n * w * sizeof(float))
-            memcpy(&self.pending[0], &hv[n - 1, 0], w * sizeof(float))
+            memcpy(&self.pending[0], &self.rows[m - 1, 0], w * sizeof(float))
+        self.staged = False
+        return 0
 
     def keep(self, int kept) -> None:
-        """Keep the first ``kept`` tokens of the last observed batch: the boundary row becomes the
-        last kept token's row and the MTP KV is trimmed after it."""
+        """Keep the first ``kept`` tokens of the last observed batch: their pairs are in the MTP KV
+        (decoded now when staged), nothing after them, and the boundary row is the last kept row."""
         if not 0 < kept <= self.n_rows:
             raise RuntimeFault(f"MTP keep: {kept} rows of a {self.n_rows}-row batch")
-        self.pending[:] = self.rows[kept - 1]
-        self.trim(self.start + kept)
+        if self.staged:
+            self._fill(kept)
+        else:
+            self.pending[:] = self.rows[kept - 1]
+            self.trim(self.start + kept)
 
     def trim(self, int n_kv) -> None:
         """Drop MTP KV positions >= ``n_kv``."""
@@ -129,6 +154,7 @@ cdef class MtpHead:
             raise RuntimeFault(f"MTP set_state: a boundary row of {src.shape[0]} values; expected {self.n_embd}")
         self.trim(n_kv)
         self.pending[:] = src
+        self.staged = False
 
     def draft(self, int anchor, int k):
         """Greedy ``k`` tokens after ``anchor`` (at position ``n_kv``), each pass feeding back the

@@ -8,9 +8,11 @@ loaded model (:class:`power_mtp._mtp.MtpHead`, Cython). Per round, exactly as ll
 
 * ``propose``: greedy drafts from ``(anchor, pending_h)``, each pass feeding back the head's own
   hidden row; the draft chain is removed from the MTP KV again;
-* ``observe``: the verify pass fills the MTP KV with ``(token_k, h_{k-1})`` pairs;
-* ``commit``: the boundary row becomes the row of the last kept token (``verify_h[n_accepted]``)
-  and the rejected rows are trimmed from the MTP KV;
+* ``observe``: prompt chunks fill the MTP KV with ``(token_k, h_{k-1})`` pairs; a verify pass is
+  staged (its rows copied);
+* ``commit``: the pairs of the kept tokens (anchor + accepted) go into the MTP KV and the
+  boundary row becomes the last kept token's (``verify_h[n_accepted]``). llama.cpp decodes the
+  whole verify batch and trims the rejected rows; Power decodes only what stays;
 * ``restore``: KV length and boundary row of the checkpoint.
 """
 
@@ -62,8 +64,9 @@ class MtpProposer:
         except KeyError:
             raise ArtifactMismatch("the target publishes no h_nextn rows; it must be opened with the mtp strategy's "
                                    "target features", evidence="h_nextn") from None
-        self.head.observe(result.tokens, h)
         self._prefill = result.logits.shape[0] == 0
+        # prompt chunks go into the MTP KV at once; a verify pass waits for commit (kept rows only)
+        self.head.observe(result.tokens, h, not self._prefill)
 
     def commit(self, n_accepted: int, emitted: TokenArray) -> None:
         # a verify pass [anchor, p1..pk] keeps the anchor and the accepted proposals; the prefill
