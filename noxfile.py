@@ -18,7 +18,7 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "typecheck", "tests"]
 
 ROOT = Path(__file__).parent
-PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark"]
+PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark", "plugins/suffix"]
 #: plugins with a Cython extension built against the installed power-native (its .pxd files and libllama)
 NATIVE_PLUGINS = ["plugins/mtp"]
 TUTORIAL = "docs/tutorial/power-lookup"
@@ -120,3 +120,10 @@ def bench_dflash(session: nox.Session) -> None:
     install_all(session, models=False)
     session.run("python", "native/tools/build_llama.py", "--peers")
     session.run("python", "tests/bench/bench_spec.py", "--suite", "dflash", *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_suffix(session: nox.Session) -> None:
+    """The suffix proposer's own cost per round at 512 and 4096 tokens of history."""
+    session.install("-e", ".", "-e", "plugins/suffix")
+    session.run("python", "tests/bench/bench_suffix.py", *session.posargs)

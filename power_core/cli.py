@@ -130,6 +130,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from power_core.bench import BenchSpec, run_bench
+
+    spec = BenchSpec(model=args.model, modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+                     prompts=tuple(Path(p) for p in args.prompts), runs=args.runs, tokens=args.tokens,
+                     threads=args.threads, draft=args.draft, n_ctx=args.n_ctx,
+                     peer_bin=Path(args.peer_bin) if args.peer_bin else None, out=Path(args.out))
+    report = run_bench(spec, progress=not args.no_progress and sys.stderr.isatty())
+    print((spec.out / "report.md").read_text())
+    if report["parity_failures"]:
+        print(f"parity failure: {report['parity_failures']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="power", description="Exact speculative decoding on llama.cpp.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logs on stderr")
@@ -164,6 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, receipt")
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
+
+    b = sub.add_parser("bench", help="paired, interleaved benchmark of modes (and llama.cpp peers) -> evidence")
+    b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    b.add_argument("--draft", help="draft artifact for modes that need one")
+    b.add_argument("--modes", default="off,suffix", help="comma-separated modes (off is always included)")
+    b.add_argument("--prompts", nargs="+", required=True, help="UTF-8 prompt files")
+    b.add_argument("--runs", type=int, default=5)
+    b.add_argument("--tokens", type=int, default=128)
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--n-ctx", type=int, default=2048)
+    b.add_argument("--peer-bin", help="directory with llama-completion and llama-speculative-simple")
+    b.add_argument("--out", default="evidence/bench", help="directory for report.json, report.md, speedup.png")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=_cmd_bench)
 
     try:
         from power_core.artifacts.cli import add_subcommands

@@ -27,6 +27,8 @@ MODE_NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 K_MAX = 64
 S_MAX = 64
+#: K when neither the configuration nor the strategy says (suits model-backed drafters)
+DEFAULT_DRAFT_MAX = 7
 
 
 def _int_range(lo: int, hi: int | None):
@@ -77,12 +79,13 @@ def _mode(inst: Any, attr: attrs.Attribute, value: Any) -> None:
 class PowerConfig:
     """One request's speculative-decoding and sampling configuration.
 
-    ``spec_draft_max`` (K) bounds proposal width; ``spec_mtp_recurrent_snapshots`` (S) bounds the
+    ``spec_draft_max`` (K) bounds proposal width (unset: the strategy's default, else 7); ``spec_mtp_recurrent_snapshots`` (S) bounds the
     target's resident rollback snapshots (``None`` means S = K, the balanced default K7/S7).
     """
 
     spec_mode: str = attrs.field(default="auto", validator=_mode)
-    spec_draft_max: int = attrs.field(default=7, validator=_int_range(1, K_MAX))
+    #: K; ``None`` takes the strategy's own default (``Strategy.default_draft_max``), else 7
+    spec_draft_max: int | None = attrs.field(default=None, validator=_opt(_int_range(1, K_MAX)))
     spec_mtp_recurrent_snapshots: int | None = attrs.field(default=None, validator=_opt(_int_range(1, S_MAX)))
     spec_mtp_fr_vocab_size: int | None = attrs.field(default=None, validator=_opt(_int_range(1, None)))
     spec_mtp_adaptive: bool = attrs.field(default=False, validator=_bool)
@@ -106,9 +109,9 @@ class PowerConfig:
 
     def __attrs_post_init__(self) -> None:
         s = self.spec_mtp_recurrent_snapshots
-        if s is not None and s > self.spec_draft_max:
+        if s is not None and s > self.draft_max:
             raise ConfigError(
-                "spec_mtp_recurrent_snapshots", s, f"an integer in [1, spec_draft_max={self.spec_draft_max}]",
+                "spec_mtp_recurrent_snapshots", s, f"an integer in [1, spec_draft_max={self.draft_max}]",
                 "snapshots beyond the proposal width can never be used; lower S or raise spec_draft_max",
             )
         if self.spec_mode == "off" and self.spec_mtp_adaptive:
@@ -125,9 +128,14 @@ class PowerConfig:
 
     # -- derived -------------------------------------------------------------------------------
     @property
+    def draft_max(self) -> int:
+        """Effective K (the session resolves an unset key to the strategy's default first)."""
+        return DEFAULT_DRAFT_MAX if self.spec_draft_max is None else self.spec_draft_max
+
+    @property
     def snapshots(self) -> int:
         """Effective S: resident rollback snapshots (defaults to K)."""
-        return self.spec_draft_max if self.spec_mtp_recurrent_snapshots is None else self.spec_mtp_recurrent_snapshots
+        return self.draft_max if self.spec_mtp_recurrent_snapshots is None else self.spec_mtp_recurrent_snapshots
 
     @property
     def greedy(self) -> bool:

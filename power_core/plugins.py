@@ -68,6 +68,8 @@ class OpenRequest:
     max_block: int  # anchor + K
     snapshots: int  # S requested; the runtime reports what it got
     features: frozenset[str] = frozenset()
+    #: measure (or load the cached) verify-cost curve of passes of 1..max_block tokens
+    verify_cost: bool = False
 
 
 @attrs.define(eq=False)
@@ -123,6 +125,11 @@ class Strategy:
     experimental: bool = False
     #: with ``needs_draft`` and no draft given, the target file drafts for itself (a self-check)
     self_draft: bool = False
+    #: K when the configuration leaves ``spec_draft_max`` unset (None: the core's 7)
+    default_draft_max: int | None = None
+    #: the scheduler picks each round's verified width from the target's verify-cost curve and the
+    #: proposer's ``confidence`` (the backend measures the curve once per model)
+    cost_aware: bool = False
 
 
     def features_for(self, verified: Any) -> frozenset[str]:

@@ -51,6 +51,8 @@ class TargetCapabilities:
     eog_ids: frozenset[int] = frozenset()
     features: frozenset[str] = frozenset()
     digest: str | None = None
+    #: relative cost of a verify pass of 1..max_block tokens (``[0] == 1``), when measured
+    verify_cost: tuple[float, ...] | None = None
 
     def in_place(self, depth: int) -> bool:
         """True when removing ``depth`` trailing tokens of the last decode needs no checkpoint."""
@@ -139,6 +141,11 @@ class Proposer(Protocol):
     its verify pass). Every later round: ``checkpoint`` → ``propose`` → ``observe`` (the verify
     pass of ``[anchor, proposals...]``) → ``commit``; on failure or cancel ``restore`` with the
     round's checkpoint instead of (or after) ``commit``.
+
+    Optional attribute ``confidence``, read right after ``propose``: per proposal, the probability
+    that it is accepted given that the previous one was (``None``: no estimate). Cost-aware
+    strategies (``Strategy.cost_aware``) use it to choose how much of the proposal to verify;
+    ``observe`` then shows the proposer the block actually verified.
     """
 
     #: hidden-state taps this proposer needs from the target's verify pass (may be empty)

@@ -15,6 +15,15 @@ S here is the rollback window the target actually granted (``TargetCapabilities.
 ``None`` means attention-only memory, where any suffix rolls back in place and replay cannot occur.
 A window of 0 means the runtime has no in-place rollback at all: every rejection goes through
 checkpoint + replay, and clamping cannot help, so the guard records replays without clamping.
+
+**Cost-aware width.** When the target reports its verify-cost curve (``verify_cost[b-1]``: the cost
+of a pass of ``b`` tokens relative to one) and the proposer attaches a confidence to its proposals
+(``Proposer.confidence``: the probability that each is accepted given the previous one was),
+:meth:`Scheduler.choose_width` verifies the prefix ``w`` that maximizes the expected tokens per
+unit of cost, ``E[emitted | w] / cost(w + 1)``, where ``E = 1 + sum_{i<=w} prod_{j<=i} p_j``. A
+round where no prefix beats a one-token decode verifies nothing (cost 1, one token, exactly
+target-only), and the next rounds back off from proposing (1, 3, 7, 15 rounds) until one pays
+again, so a request where speculation does not pay converges to target-only.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ class RoundOutcome:
     proposed: int
     accepted: int
     replayed: bool
+    offered: int = 0  # proposals before the cost-aware width cut them
 
 
 @attrs.define(eq=False)
@@ -53,6 +63,8 @@ class Scheduler:
     low_yield: float = 0.25
     low_yield_rounds: int = 3
     enabled: bool = True
+    #: relative cost of a verify pass of 1..B tokens (None: width is not cost-aware)
+    costs: tuple[float, ...] | None = None
     # state
     round_index: int = 0
     replays: int = 0
@@ -60,14 +72,19 @@ class Scheduler:
     wide_open: bool | None = None  # adaptive: None until the probe decides
     circuit_open: bool = False
     low_streak: int = 0
+    nopay_streak: int = 0  # consecutive rounds whose best width was 0
+    backoff: int = 0  # rounds left without proposing
     events: list[dict[str, Any]] = attrs.field(factory=list)
 
     @classmethod
-    def for_request(cls, config: Any, window: int | None, enabled: bool = True) -> Scheduler:
-        """``window`` is the granted rollback window; configured S caps it."""
+    def for_request(cls, config: Any, window: int | None, enabled: bool = True,
+                    costs: tuple[float, ...] | None = None) -> Scheduler:
+        """``window`` is the granted rollback window; configured S caps it. ``costs``: the target's
+        verify-cost curve, for cost-aware strategies."""
         # attention-only targets (window None) roll back any depth: K vs S never binds
         return cls(
-            k_max=config.spec_draft_max,
+            costs=tuple(costs) if costs else None,
+            k_max=config.draft_max,
             window=None if window is None else min(window, config.snapshots),
             adaptive=config.spec_mtp_adaptive,
             low_yield=config.spec_adaptive_low_yield,
@@ -94,6 +111,8 @@ class Scheduler:
             return RoundPlan(0, "target-only")
         if self.circuit_open:
             return RoundPlan(0, "circuit-open")
+        if self.backoff > 0:
+            return RoundPlan(0, "backoff")
         if self.clamp is not None:
             return RoundPlan(self.clamp, "clamped-after-replay")
         if self.adaptive:
@@ -103,8 +122,33 @@ class Scheduler:
                              "wide" if self.wide_open else "narrow")
         return RoundPlan(self.k_max, "guarded" if self.guarded else "balanced")
 
+    def choose_width(self, confidence: Any, offered: int) -> tuple[int, dict[str, Any]]:
+        """The verified prefix of ``offered`` proposals that maximizes expected tokens per cost."""
+        costs = self.costs
+        p = [float(x) for x in confidence][:offered]
+        w_max = min(len(p), len(costs) - 1) if costs else 0
+        best_w, best_e, best_gain = 0, 1.0, 1.0 / costs[0] if costs else 1.0
+        expected, run = 1.0, 1.0
+        for w in range(1, w_max + 1):
+            run *= min(max(p[w - 1], 0.0), 1.0)
+            expected += run
+            assert costs is not None
+            gain = expected / costs[w]
+            if gain > best_gain:
+                best_w, best_e, best_gain = w, expected, gain
+        info = {"offered": offered, "chosen": best_w, "expected_tokens": round(best_e, 4),
+                "relative_cost": round(costs[best_w], 4) if costs else 1.0, "gain": round(best_gain, 4)}
+        return best_w, info
+
     def record(self, plan: RoundPlan, outcome: RoundOutcome) -> None:
         """Update request-local state after a committed round."""
+        if plan.reason == "backoff":
+            self.backoff -= 1
+        elif outcome.offered > 0 and outcome.proposed == 0:  # the cost-aware width chose target-only
+            self.nopay_streak += 1
+            self.backoff = min((1 << self.nopay_streak) - 1, 15)
+        elif outcome.proposed > 0:
+            self.nopay_streak = 0
         if outcome.replayed:
             self.replays += 1
             if self.clamp is None and self.window and self.window > 0 and self.k_max > self.window:
@@ -142,5 +186,6 @@ class Scheduler:
             "clamp": self.clamp,
             "wide_open": self.wide_open,
             "circuit_open": self.circuit_open,
+            "cost_aware": self.costs is not None,
             "events": list(self.events),
         }

@@ -92,15 +92,18 @@ class Session:
             raise StrategyNotFound(f"strategy {strategy.name!r} runs on backend(s) {sorted(strategy.backends)}, "
                                    f"but model {model!r} is served by {chosen.name!r}")
         speculative = strategy.kind != "target-only"
+        if config.spec_draft_max is None and strategy.default_draft_max and speculative:
+            config = attrs.evolve(config, spec_draft_max=strategy.default_draft_max)
         if speculative and strategy.proposer is None:
             raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
                                    "artifacts but has no execution path in this version; use spec_mode='off' or "
                                    "another strategy")
         # target-only decoding verifies one token per pass and never rolls back: size the context for that
         request = OpenRequest(model=model, config=config,
-                              max_block=config.spec_draft_max + 1 if speculative else 1,
+                              max_block=config.draft_max + 1 if speculative else 1,
                               snapshots=config.snapshots if speculative else 0,
-                              features=strategy.features_for(selection.verified) if speculative else frozenset())
+                              features=strategy.features_for(selection.verified) if speculative else frozenset(),
+                              verify_cost=speculative and strategy.cost_aware)
         opened = chosen.open(request)
         try:
             proposer = None
@@ -168,8 +171,9 @@ class Generation:
         interrupt, withdraw = (getattr(s.opened.target, name, None) for name in ("cancel", "clear_abort"))
         if callable(interrupt) and callable(withdraw):  # the runtime can stop a decode in flight
             self.cancel.subscribe(interrupt, withdraw)
-        scheduler = Scheduler.for_request(s.config, s.opened.target.capabilities.rollback_window,
-                                          enabled=s.proposer is not None)
+        caps = s.opened.target.capabilities
+        scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=s.proposer is not None,
+                                          costs=caps.verify_cost if s.selection.strategy.cost_aware else None)
         return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(s.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace)

@@ -87,12 +87,15 @@ class RoundRecord:
     seconds: float
     #: the proposed token ids, recorded only when tracing (config ``trace``)
     proposal: tuple[int, ...] | None = None
+    #: the cost-aware width choice and its inputs (cost-aware strategies only)
+    width: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
-        if self.proposal is None:
-            del out["proposal"]
-        else:
+        for key in ("proposal", "width"):
+            if out[key] is None:
+                del out[key]
+        if self.proposal is not None:
             out["proposal"] = list(self.proposal)
         return out
 
@@ -199,6 +202,16 @@ class Transaction:
             raise AdapterFault(f"proposer returned token id outside [0, {n_vocab}): {props.tolist()}")
         return props.astype(np.int32, copy=False)
 
+    def _choose_width(self, props: TokenArray) -> tuple[TokenArray, dict[str, Any] | None]:
+        """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
+        if self.scheduler.costs is None or props.shape[0] == 0:
+            return props, None
+        conf = getattr(self.proposer, "confidence", None)
+        if conf is None or len(conf) != props.shape[0]:
+            return props, None
+        w, info = self.scheduler.choose_width(conf, props.shape[0])
+        return props[:w], info
+
     def _verify(self, block: TokenArray) -> DecodeResult:
         res = self.target.decode(block)
         self.target_passes += 1
@@ -261,7 +274,8 @@ class Transaction:
         decoder = (len(self.emitted), self.anchor, self.finished)  # sampler state is len(emitted)
         try:
             self._check_cancel()
-            props = self._phase("propose", lambda: self._propose(k))
+            offered = self._phase("propose", lambda: self._propose(k))
+            props, width = self._choose_width(offered)
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
@@ -279,12 +293,13 @@ class Transaction:
             raise
         # the round is committed: record it (pure bookkeeping, cannot fail)
         if first is None:
-            self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed))
+            self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed,
+                                                     offered=offered.shape[0]))
         self._prefilled = None
         record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
                              stop=self.finished, seconds=time.perf_counter() - t0,
-                             proposal=tuple(int(t) for t in props) if self.trace else None)
+                             proposal=tuple(int(t) for t in props) if self.trace else None, width=width)
         self.rounds.append(record)
         log.debug("txn.commit", round=record)  # rendered only when debug logging is on
         return record

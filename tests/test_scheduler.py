@@ -40,8 +40,8 @@ def test_k7_s7_keeps_a_rollback_point_for_every_proposed_token():
 
 
 def test_k7_s7_is_the_balanced_default():
-    cfg = PowerConfig()
-    assert (cfg.spec_draft_max, cfg.snapshots, cfg.spec_mtp_adaptive) == (7, 7, False)
+    cfg = PowerConfig()  # K unset: the strategy's default, else 7
+    assert (cfg.spec_draft_max, cfg.draft_max, cfg.snapshots, cfg.spec_mtp_adaptive) == (None, 7, 7, False)
 
 
 def test_k7_s6_rejected_suffix_may_exceed_window_and_replays_once_then_clamps_to_six():
@@ -163,3 +163,40 @@ def test_one_scheduler_for_every_model_backed_strategy():
         gen = s.start(PROMPT)
         gen.run()
         assert type(gen.txn.scheduler) is Scheduler
+
+
+# -- cost-aware width --------------------------------------------------------------------------------
+def _cost_aware(costs):
+    from power_core.config import PowerConfig
+    from power_core.scheduler import Scheduler
+
+    return Scheduler.for_request(PowerConfig(spec_mode="suffix", spec_draft_max=32), None, costs=costs)
+
+
+def test_choose_width_maximizes_expected_tokens_per_cost():
+    costs = (1.0, 2.05, 2.5, 3.0, 4.3, 3.9)  # some widths are cheaper than smaller ones
+    s = _cost_aware(costs)
+    w, info = s.choose_width([0.99] * 5, 5)
+    # brute force over the same objective
+    best = max(range(6), key=lambda w: sum(0.99 ** i for i in range(w + 1)) / costs[w])
+    assert w == best == 5 and info["chosen"] == 5 and info["offered"] == 5
+    assert abs(info["gain"] - sum(0.99 ** i for i in range(6)) / costs[5]) < 1e-3
+
+
+def test_choose_width_zero_when_nothing_pays_then_backs_off():
+    from power_core.scheduler import RoundOutcome
+
+    s = _cost_aware((1.0, 2.05, 3.0, 4.5))
+    w, info = s.choose_width([0.6, 0.6, 0.6], 3)
+    assert w == 0 and info["expected_tokens"] == 1.0
+    plans = []
+    for _ in range(6):
+        plan = s.plan()
+        plans.append(plan.reason)
+        s.record(plan, RoundOutcome(proposed=0, accepted=0, replayed=False, offered=3 if plan.k else 0))
+    assert plans == ["balanced", "backoff", "balanced", "backoff", "backoff", "backoff"]
+
+
+def test_choose_width_without_costs_keeps_everything():
+    s = _cost_aware(None)
+    assert s.costs is None

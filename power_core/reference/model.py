@@ -129,6 +129,9 @@ class ReferenceTarget:
     decode_calls: int = attrs.field(init=False, default=0)
     decoded_tokens: int = attrs.field(init=False, default=0)
     fail_on: int | None = None
+    #: a modelled CPU-like verify-cost curve (a pass of b tokens costs 1 + 0.5 (b - 1) one-token
+    #: passes) for cost-aware strategies; the reference backend computes every row at the same cost
+    verify_cost: tuple[float, ...] | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx > self.model.max_pos:
@@ -143,7 +146,7 @@ class ReferenceTarget:
         return TargetCapabilities(
             name="reference", n_vocab=self.model.vocab, n_ctx=self.n_ctx, max_block=self.max_block,
             rollback_window=self.snapshots if self.model.recurrent else None,
-            eog_ids=frozenset({self.model.eos}), features=frozenset({"hidden"}),
+            eog_ids=frozenset({self.model.eos}), features=frozenset({"hidden"}), verify_cost=self.verify_cost,
         )
 
     @property

@@ -65,8 +65,10 @@ def _accepts(model: str | None) -> bool:
 def open_reference(request: OpenRequest) -> OpenedModel:
     spec = request.model or DEFAULT_SPEC
     model = ReferenceModel.from_spec(spec)
-    target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots,
-                             max_block=max(64, request.max_block))
+    max_block = max(64, request.max_block)
+    costs = tuple(1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
+    target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
+                             verify_cost=costs)
     return OpenedModel(
         target=target,
         tokenizer=ByteTokenizer() if model.vocab > BYTE_EOS else None,

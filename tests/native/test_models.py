@@ -149,3 +149,22 @@ def test_seeded_stochastic_draft_model_equals_target_only_on_smollm2():
             got = s_spec.generate(prompt)
             assert got.tokens == ref.tokens and got.receipt.output_sha256 == ref.receipt.output_sha256
             assert got.receipt.summary()["accepted"] > 0
+
+
+SHARED_BENCH = ROOT.parent / "shared" / "bench"
+
+
+@pytest.mark.parametrize("workload", ["code-edit.txt", "quote-from-context.txt", "story.txt"])
+def test_suffix_is_exact_on_smollm2(workload):
+    """power-suffix on the bench workloads: tokens identical to --mode off (SmolLM2 is batch-invariant)."""
+    path = SHARED_BENCH / workload
+    if not path.exists():
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{path} is missing (../shared beside the repo)")
+    prompt = path.read_text(encoding="utf-8")
+    model = _model_path("smollm2")
+    with Session.open(PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_threads=2), model=model) as s:
+        ref = s.generate(prompt)
+    with Session.open(PowerConfig(spec_mode="suffix", max_tokens=N_TOKENS, n_threads=2), model=model) as s:
+        got = s.generate(prompt)
+    assert got.tokens == ref.tokens
+    assert got.receipt.scheduler["cost_aware"] and got.receipt.backend["verify_cost"][0] == 1.0

@@ -177,7 +177,7 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     if anchor_first and not anchor_first_allowed:
         raise ArtifactMismatch("an anchor-first block is a DSpark layout", evidence="dflash.sample_from_anchor")
     limit = block if anchor_first else block - 1
-    n_max = min(req.config.spec_draft_max, limit)
+    n_max = min(req.config.draft_max, limit)
     n_block = n_max if anchor_first else n_max + 1
     ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
                          n_outputs_max=max(n_block, 1), ctx_other=tctx,

@@ -128,5 +128,5 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
         raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
                                f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
     cfg = req.config
-    return DraftModelProposer(model, n_ctx=target.capabilities.n_ctx, k_max=cfg.spec_draft_max,
+    return DraftModelProposer(model, n_ctx=target.capabilities.n_ctx, k_max=cfg.draft_max,
                               n_threads=cfg.n_threads)

@@ -10,8 +10,12 @@ restored and the core replays the accepted prefix.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -240,6 +244,10 @@ class LlamaTarget:
         self._rs_used = True
 
     # -- extras -------------------------------------------------------------------------------------------
+    def set_verify_cost(self, relative: tuple[float, ...]) -> None:
+        """Publish the measured verify-cost curve in the capabilities (cost-aware scheduling)."""
+        self._caps = attrs.evolve(self._caps, verify_cost=tuple(relative))
+
     def cancel(self) -> None:
         """Abort a running decode (it raises Cancelled; the core restores its checkpoint)."""
         self.ctx.abort()
@@ -282,6 +290,50 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
     return LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features)
 
 
+def _cost_cache(digest: str, n_threads: int, max_block: int) -> Path:
+    info = build_info()
+    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, info], sort_keys=True).encode()).hexdigest()[:20]
+    root = Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
+    return root / "verify-cost" / f"{key}.json"
+
+
+def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> tuple[float, ...]:
+    """The cost of a verify pass of 1..max_block tokens relative to one token, on this model,
+    build and thread count: measured once (median of ``reps`` timed passes per width after a
+    warm-up, at a context position of about 200 tokens, like a request in progress) and cached
+    under the model's digest."""
+    b_max = target.capabilities.max_block
+    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max)
+    try:
+        cached = json.loads(path.read_text())
+        if len(cached["relative"]) == b_max:
+            return tuple(float(x) for x in cached["relative"])
+    except (OSError, ValueError, KeyError):
+        pass
+    n_vocab = target.capabilities.n_vocab
+    base = max(1, min(200, target.capabilities.n_ctx - b_max - 1))
+    rng = np.random.default_rng(0)
+    target.reset()
+    target.prefill(rng.integers(0, n_vocab, base).astype(np.int32))
+    seconds = []
+    for b in range(1, b_max + 1):
+        block = rng.integers(0, n_vocab, b).astype(np.int32)
+        times = []
+        for _ in range(reps + 1):  # the first pass warms up (graph allocation for this shape)
+            cp = target.checkpoint()
+            t0 = time.perf_counter()
+            target.decode(block)
+            times.append(time.perf_counter() - t0)
+            target.restore(cp)
+        seconds.append(float(np.median(times[1:])))
+    target.reset()
+    relative = tuple(t / seconds[0] for t in seconds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"digest": target.capabilities.digest, "n_threads": n_threads,
+                                "one_token_s": seconds[0], "relative": relative}))
+    return relative
+
+
 def open_llama(req: OpenRequest) -> OpenedModel:
     """The ``llama`` backend: open ``req.model`` (``None``: embedded SmolLM2) as a :class:`LlamaTarget`."""
     path = resolve_model(req.model)
@@ -289,11 +341,18 @@ def open_llama(req: OpenRequest) -> OpenedModel:
     cfg = req.config
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
                          n_threads=cfg.n_threads, features=req.features, digest=digest)
+    if req.verify_cost:
+        try:
+            target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
+        except BaseException:
+            target.close()
+            raise
     info = dict(build_info())
     info.update(backend="llama", arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
-                n_threads=cfg.n_threads or os.cpu_count(), rollback=target.stats)
+                n_threads=cfg.n_threads or os.cpu_count(), rollback=target.stats,
+                verify_cost=list(target.capabilities.verify_cost) if target.capabilities.verify_cost else None)
     log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
              n_rs_seq=target.ctx.n_rs_seq)
     return OpenedModel(target=target, tokenizer=LlamaTokenizer(target.model), model_path=str(path),

@@ -1,0 +1,134 @@
+"""power-suffix: the index (exact matches, exact truncation), per-round draft length, exactness on the
+reference backend (greedy and seeded, property-based), the cost-aware width and the conformance kit."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from power_suffix.index import SuffixIndex
+from power_suffix.proposer import ALPHA, SuffixProposer
+
+from power_core import PowerConfig, Session
+from power_core.runtime import ProposalContext
+from power_core.testing import AdapterConformance
+
+REF = "reference:seed=11,vocab=97,dim=16,recurrent=1"
+
+
+def brute_longest(tokens: list[int]) -> int:
+    """Longest suffix of ``tokens`` that also ends at an earlier position (brute force)."""
+    n, best = len(tokens), 0
+    for e in range(n - 1):
+        L = 0
+        while L <= e and tokens[e - L] == tokens[n - 1 - L]:
+            L += 1
+        best = max(best, L)
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=2, max_size=60))
+def test_match_length_is_the_longest_earlier_occurrence(tokens):
+    ix = SuffixIndex()
+    ix.extend(tokens)
+    m = ix.match(8)
+    best = brute_longest(tokens)
+    if best == 0:
+        assert m is None
+    else:
+        assert m is not None and m.length == best
+        # every proposed token continues at least one earlier occurrence of that match
+        ends = [e for e in range(len(tokens) - 1)
+                if all(tokens[e - j] == tokens[-1 - j] for j in range(best)) and e >= best - 1]
+        first = {tokens[e + 1] for e in ends if e + 1 < len(tokens)}
+        assert m.tokens.size == 0 or int(m.tokens[0]) in first
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=80), st.data())
+def test_truncate_is_exact(tokens, data):
+    cut = data.draw(st.integers(0, len(tokens)))
+    ix = SuffixIndex()
+    ix.extend(tokens)
+    ix.truncate(cut)
+    fresh = SuffixIndex()
+    fresh.extend(tokens[:cut])
+    assert ix.n == fresh.n and ix._tables == fresh._tables and ix._pre == fresh._pre
+    a, b = ix.match(16), fresh.match(16)
+    assert (a is None) == (b is None)
+    if a is not None:
+        assert a.length == b.length and a.tokens.tolist() == b.tokens.tolist()
+
+
+def ctx(history, k=32):
+    h = np.asarray(history, dtype=np.int32)
+    return ProposalContext(history=h, anchor=int(h[-1]), k=k, round_index=1)
+
+
+def test_long_unambiguous_matches_draft_long_short_ones_little():
+    p = SuffixProposer(session_memory=0)
+    text = list(range(40)) + [90, 91] + list(range(20))  # the last 20 tokens copy the first 20
+    p.begin(np.asarray(text, dtype=np.int32))
+    long = p.propose(ctx(text))
+    assert long.tolist() == (list(range(20, 40)) + [90, 91] + list(range(20)))[:32]  # k caps it
+    assert p.confidence is not None and len(p.confidence) == long.size
+    short_hist = [7, 1, 2, 3, 8, 9, 5, 3]  # '3' occurred once, followed by 8: a one-token match
+    p.begin(np.asarray(short_hist, dtype=np.int32))
+    short = p.propose(ctx(short_hist))
+    assert 0 < short.size <= ALPHA * 1
+    ambiguous = [5, 1, 2, 5, 3, 4, 5, 6, 7, 5]  # '5' was followed by 1, 3 and 6: no majority
+    p.begin(np.asarray(ambiguous, dtype=np.int32))
+    assert p.propose(ctx(ambiguous)).size == 0
+
+
+def test_explicit_draft_max_caps_and_the_default_is_the_strategys():
+    prompt = list(range(1, 60)) * 3
+    with Session.open(PowerConfig(spec_mode="suffix", max_tokens=16), model=REF) as s:
+        assert s.config.spec_draft_max == 32
+    with Session.open(PowerConfig(spec_mode="suffix", max_tokens=16, spec_draft_max=5), model=REF) as s:
+        res = s.generate(prompt)
+    assert res.receipt.config["spec_draft_max"] == 5
+    assert max(r["proposed"] for r in res.receipt.rounds) <= 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(3, 20), min_size=1, max_size=24), st.integers(1, 24), st.integers(0, 2**31))
+def test_suffix_equals_off_greedy_and_seeded(motif, repeats, seed):
+    prompt = (motif * repeats)[:200]
+    for cfg in (dict(), dict(temperature=0.9, top_k=20, seed=seed)):
+        with Session.open(PowerConfig(spec_mode="off", max_tokens=40, **cfg), model=REF) as s:
+            ref = s.generate(prompt).tokens
+        with Session.open(PowerConfig(spec_mode="suffix", max_tokens=40, **cfg), model=REF) as s:
+            got = s.generate(prompt)
+        assert got.tokens == ref
+
+
+def test_cost_aware_width_is_in_the_receipt():
+    prompt = list(range(1, 80)) * 3
+    with Session.open(PowerConfig(spec_mode="suffix", max_tokens=48), model=REF) as s:
+        res = s.generate(prompt)
+    widths = [r["width"] for r in res.receipt.rounds if "width" in r]
+    assert widths and all(w["chosen"] <= w["offered"] for w in widths)
+    assert res.receipt.scheduler["cost_aware"] is True
+
+
+def test_session_memory_reuses_earlier_requests():
+    p = SuffixProposer()
+    first = np.asarray([50, 51, 52, 53, 54, 55, 56, 57], dtype=np.int32)
+    p.begin(first)
+    p.propose(ctx(first))
+    second = np.asarray([9, 50, 51, 52], dtype=np.int32)
+    p.begin(second)
+    assert p.propose(ctx(second)).tolist()[:4] == [53, 54, 55, 56]
+
+
+class TestSuffixConformance(AdapterConformance):
+    strategy_name = "suffix"
+    model = REF
+    k = 6
+
+    def prompt(self, seed: int, n_vocab: int) -> list[int]:
+        rng = np.random.default_rng(seed + 2000)
+        motif = rng.integers(3, n_vocab - 1, size=int(rng.integers(2, 6))).tolist()
+        return (motif * 6)[: int(rng.integers(4, 30))]

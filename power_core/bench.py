@@ -1,0 +1,311 @@
+"""``power bench``: paired, interleaved evidence for any strategy, with llama.cpp's own tools as peers.
+
+Every mode runs on every prompt ``--runs`` times, interleaved with ``--mode off`` (the order of the
+cells alternates from run to run, so drift on a shared machine hits every cell alike). Power's
+sessions stay open across runs (weights load once); figures are decode tok/s (the receipt's
+``decode_tok_s``: tokens after the first, which the prompt pass produces, per decode second).
+
+With ``--peer-bin DIR`` (llama.cpp's ``llama-completion`` and ``llama-speculative-simple`` of the
+same pinned build, e.g. ``native/tools/build_llama.py --peers``) each prompt also runs
+``llama-completion`` and ``llama-speculative-simple`` with each n-gram type, on the same workload:
+the same prompt text on both sides (its ``-f`` drops one trailing newline, so the peer gets the
+text through ``-p``) and equal generated-token counts: ``llama-speculative-simple -n`` overshoots by
+up to one draft, so Power's speculative modes are also run at the count the peer decoded.
+
+Every Power mode's tokens are checked against ``--mode off`` at the same count; a mode that
+differs is a **parity failure**: flagged in the report, never averaged in, and the exit code is 1.
+Output: ``report.json`` (per cell median/min/max tok/s, ratios to off and to the best peer n-gram
+type, acceptance, tokens per pass, replays, output digests, machine, build, config hashes),
+``report.md`` and ``speedup.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from power_core.config import PowerConfig
+from power_core.errors import ConfigError
+
+__all__ = ["BenchSpec", "run_bench", "NGRAM_TYPES"]
+
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+PEERS = ("llama-completion", "llama-speculative-simple")
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+_ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
+_EVAL = re.compile(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs\s+\(\s*[\d.]+ ms per token,\s+([\d.]+) tokens per second\)")
+
+
+@attrs.frozen
+class BenchSpec:
+    model: str | None
+    modes: tuple[str, ...]
+    prompts: tuple[Path, ...]
+    runs: int = 5
+    tokens: int = 128
+    threads: int = 2
+    draft: str | None = None
+    peer_bin: Path | None = None
+    out: Path = Path("evidence/bench")
+    n_ctx: int = 2048
+
+
+def _stats(xs: Sequence[float]) -> dict[str, float] | None:
+    xs = [float(x) for x in xs]
+    if not xs:
+        return None
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def check_spec(spec: BenchSpec, known_modes: Sequence[str]) -> None:
+    """Bad input is a typed error before anything runs."""
+    if spec.runs < 1:
+        raise ConfigError("runs", spec.runs, "an integer >= 1")
+    if not spec.modes:
+        raise ConfigError("modes", "", "a comma-separated list of modes, e.g. off,suffix")
+    for m in spec.modes:
+        if m not in known_modes:
+            raise ConfigError("modes", m, f"an installed strategy: {', '.join(sorted(known_modes))}")
+    if not spec.prompts:
+        raise ConfigError("prompts", "", "one or more UTF-8 prompt files")
+    for p in spec.prompts:
+        if not p.is_file():
+            raise ConfigError("prompts", str(p), "an existing UTF-8 prompt file", "check the path")
+        try:
+            p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError("prompts", str(p), "a UTF-8 text file", str(exc)) from None
+    if spec.peer_bin is not None:
+        missing = [exe for exe in PEERS if not (spec.peer_bin / exe).is_file()]
+        if missing:
+            raise ConfigError("peer_bin", str(spec.peer_bin), f"a directory with {', '.join(PEERS)}",
+                              f"missing {', '.join(missing)}; build them with native/tools/build_llama.py --peers")
+
+
+class _PowerCell:
+    """One open Power session (one mode) reused across runs and token counts."""
+
+    def __init__(self, spec: BenchSpec, mode: str, plugins: Any) -> None:
+        from power_core.session import Session
+
+        self.mode = mode
+        cfg = PowerConfig(spec_mode=mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens)
+        self.session = Session.open(cfg, model=spec.model, draft=spec.draft if mode not in ("off",) else None,
+                                    plugins=plugins)
+
+    def run(self, prompt: str, tokens: int) -> dict[str, Any]:
+        res = self.session.generate(prompt, max_tokens=tokens)
+        r = res.receipt
+        s = r.summary()
+        return {"tok_s": r.timings["decode_tok_s"], "tokens": list(res.tokens), "digest": r.output_sha256,
+                "acceptance": s["acceptance"], "tokens_per_pass": s["verified_tokens_per_pass"],
+                "replays": s["replays"], "config_sha256": r.config_sha256, "n": len(res.tokens)}
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) -> dict[str, Any]:
+    assert spec.peer_bin is not None
+    cmd = [str(spec.peer_bin / exe), "-m", model, "-p", prompt, "-n", str(spec.tokens),
+           "-t", str(spec.threads), "--temp", "0", "--top-k", "1", "-c", str(spec.n_ctx), *extra]
+    if exe == "llama-completion":
+        cmd.append("-no-cnv")
+    for _ in range(2):  # a run that ends without its summary (rare here) is retried once
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{exe} exited {proc.returncode}: {proc.stderr[-1500:]}")
+        if exe == "llama-completion":
+            m = _EVAL.search(proc.stderr)
+            if m:
+                return {"tok_s": float(m.group(2)), "n": int(m.group(1)) + 1, "acceptance": None}
+        else:
+            m = _DECODED.search(proc.stderr)
+            if m:
+                a = _ACCEPT.search(proc.stderr)
+                return {"tok_s": float(m.group(3)), "n": int(m.group(1)),
+                        "acceptance": float(a.group(1)) / 100 if a else None}
+    raise RuntimeError(f"{exe} printed no timing summary: {proc.stderr[-800:]}")
+
+
+def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) -> dict[str, Any]:
+    """Run the matrix; write report.json, report.md and speedup.png under ``spec.out``."""
+    from rich.progress import Progress
+
+    from power_core.plugins import get_plugins
+
+    plugins = plugins or get_plugins()
+    check_spec(spec, plugins.strategies.names())
+    modes = ("off", *[m for m in spec.modes if m != "off"])
+    peers: list[tuple[str, list[str]]] = [("llama-completion", [])] if spec.peer_bin else []
+    if spec.peer_bin:
+        peers += [(t, ["--spec-type", t]) for t in NGRAM_TYPES]
+    cells: dict[str, _PowerCell] = {}
+    report: dict[str, Any] = {"schema": "power.bench/1", "model": spec.model, "modes": list(modes),
+                              "runs": spec.runs, "tokens": spec.tokens, "threads": spec.threads,
+                              "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                                          "cpus": os.cpu_count()},
+                              "prompts": {}, "parity_failures": []}
+    try:
+        for m in modes:
+            cells[m] = _PowerCell(spec, m, plugins)
+        backend = cells["off"].session.opened.backend_info
+        report["model_path"] = cells["off"].session.opened.model_path
+        report["build"] = {k: backend.get(k) for k in ("llama_cpp_commit", "sdist_sha256", "flags", "patches")}
+        total = len(spec.prompts) * spec.runs * (len(modes) + len(peers) * (1 + len(modes) - 1))
+        with Progress(disable=not progress, transient=True) as bar:
+            task = bar.add_task("power bench", total=total)
+            for path in spec.prompts:
+                text = path.read_text(encoding="utf-8")
+                report["prompts"][path.name] = _bench_prompt(spec, text, modes, peers, cells, bar, task, report)
+    finally:
+        for c in cells.values():
+            c.close()
+    _write(spec, report)
+    return report
+
+
+def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[tuple[str, list[str]]],
+                  cells: dict[str, _PowerCell], bar: Any, task: Any, report: dict[str, Any]) -> dict[str, Any]:
+    raw: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    peer_raw: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
+    matched: dict[str, dict[str, list[dict[str, Any]]]] = {}  # peer type -> mode -> runs at the peer's count
+    ref_at: dict[int, str] = {}  # token count -> off's digest
+    for i in range(spec.runs):
+        order = list(modes) + [p for p, _ in peers]
+        if i % 2:
+            order.reverse()
+        for name in order:
+            if name in cells:
+                raw[name].append(cells[name].run(text, spec.tokens))
+            else:
+                extra = dict(peers)[name]
+                r = _peer(spec, str(report["model_path"]),
+                          "llama-completion" if name == "llama-completion" else "llama-speculative-simple", text, extra)
+                peer_raw[name].append(r)
+                if name != "llama-completion":  # Power's speculative modes at the count this peer decoded
+                    for m in modes:
+                        if m == "off":
+                            continue
+                        run = cells[m].run(text, r["n"])
+                        matched.setdefault(name, {}).setdefault(m, []).append(run)
+                        if r["n"] not in ref_at:
+                            ref_at[r["n"]] = cells["off"].run(text, r["n"])["digest"]
+                        run["parity"] = run["digest"] == ref_at[r["n"]]
+                        bar.advance(task)
+            bar.advance(task)
+    out: dict[str, Any] = {"modes": {}, "peers": {}}
+    off_digest = raw["off"][0]["digest"]
+    off_rate = _stats([r["tok_s"] for r in raw["off"]])
+    for m, runs in raw.items():
+        parity = all(r["digest"] == off_digest for r in runs) and all(
+            run.get("parity", True) for per in matched.values() for run in per.get(m, []))
+        ratios = [r["tok_s"] / o["tok_s"] for r, o in zip(runs, raw["off"], strict=True)]
+        cell = {"tok_s": _stats([r["tok_s"] for r in runs]), "ratio_to_off": _stats(ratios),
+                "acceptance": _stats([r["acceptance"] for r in runs if r["acceptance"] is not None]),
+                "tokens_per_pass": _stats([r["tokens_per_pass"] for r in runs]),
+                "replays": _stats([r["replays"] for r in runs]), "output_sha256": runs[0]["digest"],
+                "tokens": runs[0]["n"], "config_sha256": runs[0]["config_sha256"], "parity": parity}
+        if not parity:
+            first = next((j for j, (a, b) in enumerate(zip(runs[0]["tokens"], raw["off"][0]["tokens"], strict=False))
+                          if a != b), None)
+            cell["first_divergence"] = first
+            report["parity_failures"].append({"mode": m, "first_divergence": first})
+            cell["ratio_to_off"] = None  # never averaged in
+        out["modes"][m] = cell
+    out["off_tok_s"] = off_rate
+    for name, runs in peer_raw.items():
+        peer = {"tok_s": _stats([r["tok_s"] for r in runs]), "tokens": runs[0]["n"],
+                "acceptance": _stats([r["acceptance"] for r in runs if r["acceptance"] is not None])}
+        for m, mruns in matched.get(name, {}).items():
+            if all(r["parity"] for r in mruns):
+                peer.setdefault("power_at_same_count", {})[m] = {
+                    "tok_s": _stats([r["tok_s"] for r in mruns]),
+                    "ratio": _stats([r["tok_s"] / p["tok_s"] for r, p in zip(mruns, runs, strict=True)])}
+        out["peers"][name] = peer
+    ngram = {n: p for n, p in out["peers"].items() if n != "llama-completion"}
+    if ngram:
+        best = max(ngram, key=lambda n: ngram[n]["tok_s"]["median"])
+        out["best_peer_ngram"] = best
+        out["ratio_to_best_peer_ngram"] = {m: v["ratio"] for m, v in ngram[best].get("power_at_same_count", {}).items()}
+    return out
+
+
+def _write(spec: BenchSpec, report: dict[str, Any]) -> None:
+    out = spec.out
+    out.mkdir(parents=True, exist_ok=True)
+    report["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(_markdown(report))
+    _plot(report, out / "speedup.png")
+
+
+def _fmt(s: dict[str, float] | None, digits: int = 1) -> str:
+    if not s:
+        return "—"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = [f"# power bench: {report['model'] or 'embedded model'}", "",
+             f"{report['runs']} paired runs, {report['tokens']} tokens, {report['threads']} threads; "
+             "decode tok/s median (min–max); ratios are per-run pairs.", ""]
+    if report["parity_failures"]:
+        lines += ["**Parity failures** (excluded from every ratio): " + ", ".join(
+            f"{f['mode']} (first differing token {f['first_divergence']})" for f in report["parity_failures"]), ""]
+    for name, p in report["prompts"].items():
+        lines += [f"## {name}", "", "| cell | tok/s | × off | acceptance | tokens/pass | parity |", "|---|---|---|---|---|---|"]
+        for m, c in p["modes"].items():
+            lines.append(f"| power {m} | {_fmt(c['tok_s'])} | {_fmt(c['ratio_to_off'], 3)} | {_fmt(c['acceptance'], 2)} "
+                         f"| {_fmt(c['tokens_per_pass'], 2)} | {'yes' if c['parity'] else 'NO'} |")
+        for n, c in p["peers"].items():
+            lines.append(f"| llama.cpp {n} ({c['tokens']} tokens) | {_fmt(c['tok_s'])} | | {_fmt(c['acceptance'], 2)} | | |")
+        if "best_peer_ngram" in p:
+            best = p["best_peer_ngram"]
+            for m, r in p["ratio_to_best_peer_ngram"].items():
+                lines.append(f"\npower {m} vs best llama.cpp n-gram type ({best}), same token count: ×{_fmt(r, 3)}")
+        lines.append("")
+    b = report.get("build") or {}
+    lines += [f"Build: llama.cpp {b.get('llama_cpp_commit')}, patches {b.get('patches')}; machine {report['machine']}."]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prompts = list(report["prompts"])
+    series: dict[str, list[float]] = {}
+    for i, name in enumerate(prompts):
+        p = report["prompts"][name]
+        off = p["off_tok_s"]["median"]
+        for m, c in p["modes"].items():
+            if m != "off":
+                series.setdefault(f"power {m}", [float("nan")] * len(prompts))[i] = (
+                    c["tok_s"]["median"] / off if c["parity"] else float("nan"))
+        for n, c in p["peers"].items():
+            series.setdefault(f"llama.cpp {n}", [float("nan")] * len(prompts))[i] = c["tok_s"]["median"] / off
+    fig, ax = plt.subplots(figsize=(max(6, 2.5 * len(prompts)), 4))
+    width = 0.8 / max(1, len(series))
+    for j, (label, ys) in enumerate(series.items()):
+        ax.bar([i + j * width for i in range(len(prompts))], ys, width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(prompts))], prompts)
+    ax.set_ylabel("decode tok/s relative to power --mode off")
+    ax.set_title(f"power bench: {Path(report['model']).name if report['model'] else 'embedded model'}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
