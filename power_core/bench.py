@@ -1,15 +1,15 @@
 """``power bench``: paired, interleaved evidence for any strategy, with llama.cpp's own tools as peers.
 
 Every mode runs on every prompt ``--runs`` times, interleaved with ``--mode off`` (the order of the
-cells alternates from run to run, so drift on a shared machine hits every cell alike). Power's
-sessions stay open across runs (weights load once); figures are decode tok/s (the receipt's
+cells alternates from run to run, so drift on a shared machine hits every cell alike). Each Power
+run is a fresh session (no run learns from an earlier one); figures are decode tok/s (the receipt's
 ``decode_tok_s``: tokens after the first, which the prompt pass produces, per decode second).
 
 With ``--peer-bin DIR`` (llama.cpp's ``llama-completion`` and ``llama-speculative-simple`` of the
 same pinned build, e.g. ``native/tools/build_llama.py --peers``) each prompt also runs
 ``llama-completion`` and ``llama-speculative-simple`` with each n-gram type, on the same workload:
-the same prompt text on both sides (its ``-f`` drops one trailing newline, so the peer gets the
-text through ``-p``) and equal generated-token counts: ``llama-speculative-simple -n`` overshoots by
+the same prompt text on both sides (a prompt file is read as llama.cpp's ``-f`` reads it, one
+trailing newline dropped, and the peer gets that text through ``-p``) and equal generated-token counts: ``llama-speculative-simple -n`` overshoots by
 up to one draft, so Power's speculative modes are also run at the count the peer decoded.
 
 Every Power mode's tokens are checked against ``--mode off`` at the same count; a mode that
@@ -92,18 +92,33 @@ def check_spec(spec: BenchSpec, known_modes: Sequence[str]) -> None:
                               f"missing {', '.join(missing)}; build them with native/tools/build_llama.py --peers")
 
 
+def read_prompt(path: Path) -> str:
+    """A prompt file as llama.cpp's ``-f`` reads it (one trailing newline dropped); both sides then get
+    this same text (the peer through ``-p``)."""
+    text = path.read_text(encoding="utf-8")
+    return text[:-1] if text.endswith("\n") else text
+
+
 class _PowerCell:
-    """One open Power session (one mode) reused across runs and token counts."""
+    """One mode. Every run opens a fresh session (the weights reload; the verify-cost curve comes from
+    its cache), so no run learns from an earlier one: a session-level memory (e.g. a proposer that
+    indexes earlier requests, or learns acceptance) would otherwise copy the previous run's answer."""
 
     def __init__(self, spec: BenchSpec, mode: str, plugins: Any) -> None:
+        self.spec, self.mode, self.plugins = spec, mode, plugins
+        self.session = self._open()  # the first open also validates the mode and measures costs
+
+    def _open(self) -> Any:
         from power_core.session import Session
 
-        self.mode = mode
-        cfg = PowerConfig(spec_mode=mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens)
-        self.session = Session.open(cfg, model=spec.model, draft=spec.draft if mode not in ("off",) else None,
-                                    plugins=plugins)
+        spec = self.spec
+        cfg = PowerConfig(spec_mode=self.mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens)
+        return Session.open(cfg, model=spec.model, draft=spec.draft if self.mode != "off" else None,
+                            plugins=self.plugins)
 
     def run(self, prompt: str, tokens: int) -> dict[str, Any]:
+        self.session.close()
+        self.session = self._open()
         res = self.session.generate(prompt, max_tokens=tokens)
         r = res.receipt
         s = r.summary()
@@ -166,7 +181,7 @@ def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) ->
         with Progress(disable=not progress, transient=True) as bar:
             task = bar.add_task("power bench", total=total)
             for path in spec.prompts:
-                text = path.read_text(encoding="utf-8")
+                text = read_prompt(path)
                 report["prompts"][path.name] = _bench_prompt(spec, text, modes, peers, cells, bar, task, report)
     finally:
         for c in cells.values():

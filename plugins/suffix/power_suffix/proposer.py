@@ -1,7 +1,7 @@
 """``SuffixProposer``: model-free speculation from the sequence's own earlier occurrences.
 
 Per round it looks up the longest suffix of the committed history (prompt, everything emitted,
-and earlier requests of the same session) that occurred before (:class:`~power_suffix.index.SuffixIndex`),
+and, when the host enables it, earlier requests of the same session) that occurred before (:class:`~power_suffix.index.SuffixIndex`),
 and proposes the continuation the occurrences agree on. How far it drafts is decided per round:
 
 * at most ``ALPHA`` times the match length (a two-token match drafts little, a long one up to the
@@ -15,6 +15,7 @@ and proposes the continuation the occurrences agree on. How far it drafts is dec
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,11 @@ __all__ = ["SuffixProposer", "ALPHA", "SESSION_MEMORY"]
 
 #: a match of L tokens drafts at most ALPHA * L tokens
 ALPHA = 4
-#: earlier requests of the session kept searchable (tokens)
-SESSION_MEMORY = 16384
+#: pseudo-counts of the acceptance model's prior (the prior trusts a match of L tokens (L+1)/(L+2))
+PRIOR_WEIGHT = 2.0
+#: earlier requests of the session kept searchable (tokens); off unless the host asks for it with
+#: ``POWER_SUFFIX_SESSION_TOKENS`` (e.g. a chat host whose requests repeat each other)
+SESSION_MEMORY = int(os.environ.get("POWER_SUFFIX_SESSION_TOKENS", "0") or 0)
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 
@@ -50,9 +54,9 @@ class SuffixProposer:
         self.index = SuffixIndex()
         self._base = 0  # tokens of earlier requests at the start of the index
         # acceptance model: per bucket, continued / stopped counts, with a prior favouring long matches
-        prior = np.array([L / (L + 1.0) for L in LENGTHS])
-        self._succ = 4.0 * prior
-        self._fail = 4.0 * (1.0 - prior)
+        prior = np.array([(L + 1.0) / (L + 2.0) for L in LENGTHS])
+        self._succ = PRIOR_WEIGHT * prior
+        self._fail = PRIOR_WEIGHT * (1.0 - prior)
         self._round: tuple[int, int] | None = None  # (bucket, proposals verified) of the current round
         self._offered: tuple[int, int] | None = None
         self.confidence: np.ndarray | None = None
@@ -60,7 +64,7 @@ class SuffixProposer:
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
-        # earlier requests of the session (the most recent SESSION_MEMORY tokens) stay searchable
+        # earlier requests of the session (the most recent session_memory tokens) stay searchable
         keep = self.index.tokens[-self.session_memory:].copy() if self.session_memory else _EMPTY
         self.index = SuffixIndex()
         self.index.extend(keep)

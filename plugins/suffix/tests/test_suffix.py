@@ -113,8 +113,17 @@ def test_cost_aware_width_is_in_the_receipt():
     assert res.receipt.scheduler["cost_aware"] is True
 
 
-def test_session_memory_reuses_earlier_requests():
+def test_session_memory_is_off_by_default():
     p = SuffixProposer()
+    first = np.asarray([50, 51, 52, 53, 54, 55, 56, 57], dtype=np.int32)
+    p.begin(first)
+    second = np.asarray([9, 50, 51, 52], dtype=np.int32)
+    p.begin(second)
+    assert p.propose(ctx(second)).size == 0
+
+
+def test_session_memory_reuses_earlier_requests():
+    p = SuffixProposer(session_memory=1024)
     first = np.asarray([50, 51, 52, 53, 54, 55, 56, 57], dtype=np.int32)
     p.begin(first)
     p.propose(ctx(first))
