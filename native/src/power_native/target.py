@@ -301,10 +301,13 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     """The cost of a verify pass of 1..max_block tokens relative to one token, on this model,
     build and thread count: measured once (median of ``reps`` timed passes per width after a
     warm-up, at a context position of about 200 tokens, like a request in progress) and cached
-    under the model's digest."""
+    under the model's digest (``POWER_VERIFY_COST_REFRESH=1`` measures again, e.g. after a
+    measurement on a busy machine)."""
     b_max = target.capabilities.max_block
     path = _cost_cache(target.capabilities.digest or "", n_threads, b_max)
     try:
+        if os.environ.get("POWER_VERIFY_COST_REFRESH", "") in ("1", "true", "yes"):
+            raise OSError("refresh requested")
         cached = json.loads(path.read_text())
         if len(cached["relative"]) == b_max:
             return tuple(float(x) for x in cached["relative"])

@@ -19,14 +19,15 @@ import numpy as np
 __all__ = ["LENGTHS", "Match", "SuffixIndex"]
 
 #: indexed suffix lengths (a match longer than the largest is measured exactly by extension)
-LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
 _POW = [pow(_BASE, n, _MOD) for n in range(max(LENGTHS) + 1)]
 #: occurrences considered per query (the most recent ones)
 MAX_CANDIDATES = 32
-#: exact backward extension is measured up to this many tokens
-MAX_MATCH = 512
+#: exact backward extension is measured up to this many tokens (the acceptance model buckets
+#: every match of 32 or more tokens together)
+MAX_MATCH = 64
 
 
 @attrs.frozen
@@ -129,16 +130,30 @@ class SuffixIndex:
         # vote over the continuations of the best occurrences, position by position
         out: list[int] = []
         share: list[float] = []
+        total = float(ends.size)
+        # columns where every occurrence continues with the same token: one vectorized pass
+        cols = ends[:, None] + np.arange(1, max_tokens + 1)[None, :]
+        ok = cols < n
+        cont = np.where(ok, tok[np.minimum(cols, n - 1)], -1)
+        same = (ok & (cont == cont[:1])).all(axis=0)
+        j0 = int(np.argmin(same)) if not same.all() else max_tokens
+        out.extend(cont[0, :j0].tolist())
+        share.extend([1.0] * j0)
+        # then a position-by-position majority among the occurrences still agreeing, while it holds
         alive = ends
-        for j in range(1, max_tokens + 1):
+        j = j0 + 1
+        while j <= max_tokens:
             alive = alive[alive + j < n]
             if alive.size == 0:
                 break
             nxt = tok[alive + j]
             vals, counts = np.unique(nxt, return_counts=True)
             top = int(np.argmax(counts))
+            if counts[top] / total < 0.5:
+                break  # the occurrences disagree: no proposal past this point
             out.append(int(vals[top]))
-            share.append(float(counts[top]) / float(ends.size))
+            share.append(float(counts[top]) / total)
             alive = alive[nxt == vals[top]]
+            j += 1
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
