@@ -92,5 +92,7 @@ def test_parity_failure_is_flagged_and_excluded(tmp_path):
     report = run_bench(spec, progress=False, plugins=build_plugins(extra=(_Plugin(),)))
     cell = report["prompts"]["p.txt"]["modes"]["corrupting"]
     assert cell["parity"] is False and cell["ratio_to_off"] is None and cell["first_divergence"] is not None
+    # the reference target computes every row identically in any block: numerics cannot explain it
+    assert cell["numerics"]["explained_by_batch_numerics"] is False and cell["numerics"]["max_abs_diff"] == 0.0
     assert report["parity_failures"][0]["mode"] == "corrupting"
     assert "Parity failures" in (tmp_path / "ev" / "report.md").read_text()
