@@ -112,7 +112,9 @@ class _PowerCell:
         from power_core.session import Session
 
         spec = self.spec
-        cfg = PowerConfig(spec_mode=self.mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens)
+        # trace: each round's proposals, so a parity failure can be replayed pass by pass (_numerics_probe)
+        cfg = PowerConfig(spec_mode=self.mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens,
+                          trace=True)
         return Session.open(cfg, model=spec.model, draft=spec.draft if self.mode != "off" else None,
                             plugins=self.plugins)
 
@@ -124,7 +126,8 @@ class _PowerCell:
         s = r.summary()
         return {"tok_s": r.timings["decode_tok_s"], "tokens": list(res.tokens), "digest": r.output_sha256,
                 "acceptance": s["acceptance"], "tokens_per_pass": s["verified_tokens_per_pass"],
-                "replays": s["replays"], "config_sha256": r.config_sha256, "n": len(res.tokens)}
+                "replays": s["replays"], "config_sha256": r.config_sha256, "n": len(res.tokens),
+                "rounds": [(rd.get("proposal", []), rd["emitted"]) for rd in r.rounds]}
 
     def close(self) -> None:
         self.session.close()
@@ -235,7 +238,8 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
             first = next((j for j, (a, b) in enumerate(zip(runs[0]["tokens"], raw["off"][0]["tokens"], strict=False))
                           if a != b), None)
             cell["first_divergence"] = first
-            cell["numerics"] = _numerics_probe(cells["off"], text, raw["off"][0]["tokens"], first) if first else None
+            cell["numerics"] = (_numerics_probe(cells[m], text, raw["off"][0]["tokens"], first, runs[0]["rounds"])
+                                if first else None)
             report["parity_failures"].append({"mode": m, "first_divergence": first, "numerics": cell["numerics"]})
             cell["ratio_to_off"] = None  # never averaged in
         out["modes"][m] = cell
@@ -257,33 +261,53 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
     return out
 
 
-def _numerics_probe(off: _PowerCell, prompt: str, off_tokens: list[int], d: int, width: int = 8) -> dict[str, Any]:
-    """Does the target's own batch numerics explain a divergence at emitted token ``d``? The row that
-    predicts token ``d`` computed as ``--mode off`` does (one token per pass) against the same row at
-    the end of a ``width``-token pass over the same history (as a verify pass computes it)."""
+def _numerics_probe(cell: _PowerCell, prompt: str, off_tokens: list[int], d: int,
+                    rounds: list[tuple[list[int], int]]) -> dict[str, Any]:
+    """Do the target's own batch numerics explain a divergence at emitted token ``d``?
+
+    The failing run's passes are replayed on its own session's target (shaped for its widest pass)
+    exactly as they ran (``rounds``: each round's traced proposals and emitted count; the tokens before ``d`` are the
+    same in both runs), and the row that predicted token ``d`` inside its verify pass is compared with
+    the same row from one-token decodes. If the pass's row picks another token, the divergence is the
+    target's own verify-vs-decode numerics, not the transaction."""
     import numpy as np
 
-    session = off.session
+    session = cell.session
     target = session.opened.target
     prompt_ids = session.encode(prompt)
-    hist = [int(t) for t in off_tokens[:d]]
-    w = min(width, d)
+    toks = [int(t) for t in off_tokens]
 
-    def last_row(block_from: int) -> np.ndarray:
+    def one_token_row() -> np.ndarray:
         target.reset()
         row = np.array(target.prefill(prompt_ids))
-        for t in hist[:block_from]:
+        for t in toks[:d]:
             row = np.array(target.decode(np.array([t], dtype=np.int32)).logits[-1])
-        if block_from < len(hist):
-            row = np.array(target.decode(np.array(hist[block_from:], dtype=np.int32)).logits[-1])
         return row
 
-    one, block = last_row(len(hist)), last_row(len(hist) - w)
+    def structured_row() -> np.ndarray | None:
+        target.reset()
+        target.prefill(prompt_ids)
+        p = 1  # round 0 emitted token 0 from the prefill
+        for proposal, emitted in rounds[1:]:
+            shape = len(proposal) + 1
+            block = np.array([toks[p - 1], *proposal], dtype=np.int32)
+            cp = target.checkpoint()
+            res = target.decode(block)
+            if p <= d < p + emitted:
+                return np.array(res.logits[d - p])
+            if emitted < shape and not target.rollback(cp, emitted):
+                target.decode(block[:emitted])
+            p += emitted
+        return None
+
+    a, b = one_token_row(), structured_row()
     target.reset()
-    diff = float(np.max(np.abs(one - block)))
-    return {"position": d, "block_width": w, "max_abs_diff": diff, "argmax_one_token": int(np.argmax(one)),
-            "argmax_in_block": int(np.argmax(block)), "off_token": int(off_tokens[d]),
-            "explained_by_batch_numerics": diff > 0.0}
+    if b is None:
+        return {"position": d, "reproduced": False}
+    diff = float(np.max(np.abs(a - b)))
+    return {"position": d, "max_abs_diff": diff, "argmax_one_token": int(np.argmax(a)),
+            "argmax_in_run_pass": int(np.argmax(b)), "off_token": toks[d],
+            "explained_by_batch_numerics": bool(int(np.argmax(b)) != toks[d])}
 
 
 def _write(spec: BenchSpec, report: dict[str, Any]) -> None:
@@ -309,11 +333,12 @@ def _markdown(report: dict[str, Any]) -> str:
         lines += ["**Parity failures** (excluded from every ratio):", ""]
         for f in report["parity_failures"]:
             n = f.get("numerics")
-            why = ("" if not n else
-                   f"; the row predicting it differs between one-token decodes and a {n['block_width']}-token pass "
-                   f"by up to {n['max_abs_diff']:.3g} (argmax {n['argmax_one_token']} vs {n['argmax_in_block']}): "
+            why = ("" if not n or "max_abs_diff" not in n else
+                   f"; replaying the run's passes, the row predicting it differs from one-token decodes by up to "
+                   f"{n['max_abs_diff']:.3g} (argmax {n['argmax_one_token']} one token at a time vs "
+                   f"{n['argmax_in_run_pass']} in the run's verify pass): "
                    + ("the target's batch numerics explain it" if n["explained_by_batch_numerics"]
-                      else "rows are bit-identical, so numerics do not explain it"))
+                      else "numerics do not explain it"))
             lines.append(f"- {f['mode']}: first differing token {f['first_divergence']}{why}")
         lines.append("")
     for name, p in report["prompts"].items():
