@@ -62,7 +62,8 @@ BASE_FLAGS = (
     "-DCMAKE_CXX_FLAGS=-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
 )
-CUDA_FLAGS = ("-DGGML_CUDA=ON",)
+# "native" needs a GPU at configure time; POWER_NATIVE_CUDA_ARCHS (e.g. "90") builds on a machine without one
+CUDA_FLAGS = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('POWER_NATIVE_CUDA_ARCHS', 'native')}")
 PEER_TARGETS = ("llama-completion", "llama-speculative-simple")
 
 
