@@ -180,7 +180,8 @@ def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) ->
         backend = cells["off"].session.opened.backend_info
         report["model_path"] = cells["off"].session.opened.model_path
         report["build"] = {k: backend.get(k) for k in ("llama_cpp_commit", "sdist_sha256", "flags", "patches")}
-        total = len(spec.prompts) * spec.runs * (len(modes) + len(peers) * (1 + len(modes) - 1))
+        # per run: every Power mode and every peer once, and the speculative modes again at each n-gram peer's count
+        total = len(spec.prompts) * spec.runs * (len(modes) + len(peers) + max(len(peers) - 1, 0) * (len(modes) - 1))
         with Progress(disable=not progress, transient=True) as bar:
             task = bar.add_task("power bench", total=total)
             for path in spec.prompts:

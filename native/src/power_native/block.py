@@ -151,8 +151,7 @@ class BlockDraftProposer:
         self.draft.ctx.close()
 
 
-def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model, Any], Readout], *,
-                     anchor_first_allowed: bool) -> BlockDraftProposer:
+def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model, Any], Readout]) -> BlockDraftProposer:
     """Load ``req.draft`` on the target's llama.cpp context and wrap it with the contract's readout.
 
     ``req.verified`` is the contract validator's result (target layers, block size, causality,
@@ -174,8 +173,6 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     readout = make_readout(model, req)
     block = int(facts["block_size"])
     anchor_first = bool(readout.anchor_first)
-    if anchor_first and not anchor_first_allowed:
-        raise ArtifactMismatch("an anchor-first block is a DSpark layout", evidence="dflash.sample_from_anchor")
     limit = block if anchor_first else block - 1
     n_max = min(req.config.draft_max, limit)
     n_block = n_max if anchor_first else n_max + 1

@@ -18,8 +18,7 @@ def _proposer(req: ProposerRequest) -> Any:
 
     from power_dflash.readout import V1Readout
 
-    return open_block_draft(req, lambda model, r: V1Readout(p_min=r.config.spec_draft_p_min),
-                            anchor_first_allowed=False)
+    return open_block_draft(req, lambda model, r: V1Readout(p_min=r.config.spec_draft_p_min))
 
 
 def _target_features(verified: Any) -> frozenset[str]:

@@ -19,8 +19,7 @@ def _proposer(req: ProposerRequest) -> Any:
     from power_dflash2.readout import LatticeReadout
 
     return open_block_draft(req, lambda model, r: LatticeReadout(top_k=model.dflash_selector_top_k(),
-                                                                 p_min=r.config.spec_draft_p_min),
-                            anchor_first_allowed=False)
+                                                                 p_min=r.config.spec_draft_p_min))
 
 
 def _target_features(verified: Any) -> frozenset[str]:

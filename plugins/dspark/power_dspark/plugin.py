@@ -20,8 +20,7 @@ def _proposer(req: ProposerRequest) -> Any:
 
     return open_block_draft(
         req, lambda model, r: DSparkReadout(anchor_first=bool(r.verified.result.facts["sample_from_anchor"]),
-                                            p_min=r.config.spec_draft_p_min),
-        anchor_first_allowed=True)
+                                            p_min=r.config.spec_draft_p_min))
 
 
 def _target_features(verified: Any) -> frozenset[str]:
