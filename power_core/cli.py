@@ -1,7 +1,8 @@
 """The ``power`` command line.
 
 Exit codes: 0 success, 1 usage error (bad flags), 2 rejected input (a :class:`PowerError`: bad
-config, unusable file, fail-closed strategy), 130 cancelled by Ctrl-C. No traceback reaches the user
+config, unusable file, fail-closed strategy), 3 ``power selftest`` found verify rows that differ
+from one-token decodes, 130 cancelled by Ctrl-C. No traceback reaches the user
 for an expected failure.
 """
 
@@ -74,6 +75,9 @@ def _config_from_args(args: argparse.Namespace):
         "spec_mtp_fr_vocab_size": args.fr_vocab,
         "spec_draft_p_min": args.p_min,
         "trace": True if args.trace else None,
+        "numerics": args.numerics,
+        "selftest": True if args.selftest else None,
+        "require_identical": True if args.require_identical else None,
     }
     if args.config:
         return PowerConfig.from_toml(args.config, **overrides)
@@ -130,6 +134,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    from power_core.config import PowerConfig
+    from power_core.session import Session
+
+    config = PowerConfig.from_mapping({}, spec_mode="off", selftest=True, numerics=args.numerics,
+                                      n_threads=args.threads, n_ctx=args.n_ctx)
+    with Session.open(config, model=args.model, backend=args.backend) as session:
+        report = session.numerics
+        assert report is not None
+        out = {"model": session.opened.model_path, "backend": session.backend.name, "numerics": config.numerics,
+               **report.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['model']} ({out['backend']}, numerics={config.numerics}): {report.reason()}")
+        for p in report.probes:
+            print(f"  context {p['context']:>4} width {p['width']:>2}: {p['rows_differing']} rows differ, "
+                  f"max |diff| {p['max_abs_diff']:.4g}, argmax flips {p['argmax_flips']}")
+    return 0 if report.identical else 3
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from power_core.bench import BenchSpec, run_bench
 
@@ -143,6 +168,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"parity failure: {report['parity_failures']}", file=sys.stderr)
         return 1
     return 0
+
+
+def _numerics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--numerics", choices=("exact", "stock"),
+                   help="target kernels: exact (default; batch-invariant) or stock (as stock llama.cpp binaries)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,10 +205,25 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
     r.add_argument("--n-ctx", type=int)
     r.add_argument("--threads", type=int)
+    _numerics_flag(r)
+    r.add_argument("--selftest", action="store_true",
+                   help="probe the target's batch numerics at open and record it in the receipt")
+    r.add_argument("--require-identical", action="store_true",
+                   help="decode target-only (with the reason) unless verify rows equal one-token decodes")
     r.add_argument("--config", help="TOML file with configuration keys")
     r.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, receipt")
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
+
+    t = sub.add_parser("selftest", help="are the target's verify rows bit-identical to one-token decodes? "
+                       "(exit 0 yes, 3 no)")
+    t.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
+    t.add_argument("--backend", help="force a backend (llama, reference)")
+    t.add_argument("--threads", type=int)
+    t.add_argument("--n-ctx", type=int, default=512)
+    _numerics_flag(t)
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=_cmd_selftest)
 
     b = sub.add_parser("bench", help="paired, interleaved benchmark of modes (and llama.cpp peers) -> evidence")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")

@@ -19,7 +19,7 @@ import attrs
 
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE"]
+__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS"]
 
 #: modes whose names Power reserves; third-party strategies may add more names.
 FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
@@ -29,6 +29,8 @@ K_MAX = 64
 S_MAX = 64
 #: K when neither the configuration nor the strategy says (suits model-backed drafters)
 DEFAULT_DRAFT_MAX = 7
+#: values of the ``numerics`` key (what each means is the backend's; see power-native's target)
+NUMERICS = ("exact", "stock")
 
 
 def _int_range(lo: int, hi: int | None):
@@ -58,6 +60,14 @@ def _float_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool =
             ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
         if not ok:
             raise ConfigError(attr.name, value, allowed)
+
+    return check
+
+
+def _choice(allowed: tuple[str, ...]) -> Any:
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value not in allowed:
+            raise ConfigError(attr.name, value, f"one of {', '.join(repr(a) for a in allowed)}")
 
     return check
 
@@ -106,6 +116,16 @@ class PowerConfig:
     n_threads: int | None = attrs.field(default=None, validator=_opt(_int_range(1, 1024)))
     #: record each round's proposed token ids in the receipt (``rounds[i].proposal``)
     trace: bool = attrs.field(default=False, validator=_bool)
+    #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
+    #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
+    #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)
+    numerics: str = attrs.field(default="exact", validator=_choice(NUMERICS))
+    #: probe the target's batch numerics when the session opens (:mod:`power_core.numerics`); the
+    #: result goes into every receipt (``selftest``)
+    selftest: bool = attrs.field(default=False, validator=_bool)
+    #: run target-only, with the reason, when the probe finds verify rows that differ from one-token
+    #: decodes on the running build (implies ``selftest``)
+    require_identical: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         s = self.spec_mtp_recurrent_snapshots

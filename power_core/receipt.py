@@ -46,6 +46,9 @@ class Receipt:
     scheduler: dict[str, Any]
     timings: dict[str, float]
     error: str | None = None
+    #: the session's batch-numerics self-test (:class:`power_core.numerics.SelftestReport` without
+    #: its seconds, which are in ``timings``), when config ``selftest``/``require_identical`` ran it
+    selftest: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     @property

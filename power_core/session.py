@@ -18,6 +18,7 @@ import structlog
 
 from power_core.config import PowerConfig
 from power_core.errors import Cancelled, ConfigError, PowerError, StrategyNotFound
+from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
 from power_core.plugins import Backend, OpenedModel, OpenRequest, PowerPlugins, ProposerRequest, get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import Proposer
@@ -76,6 +77,8 @@ class Session:
     opened: OpenedModel
     proposer: Proposer | None
     stop_ids: frozenset[int]
+    #: the batch-numerics self-test run at open (config ``selftest`` / ``require_identical``)
+    numerics: SelftestReport | None = None
 
     @classmethod
     def open(cls, config: PowerConfig | None = None, *, model: str | None = None, draft: str | None = None,
@@ -98,14 +101,27 @@ class Session:
             raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
                                    "artifacts but has no execution path in this version; use spec_mode='off' or "
                                    "another strategy")
-        # target-only decoding verifies one token per pass and never rolls back: size the context for that
+        probe = config.selftest or config.require_identical
+        # target-only decoding verifies one token per pass and never rolls back: size the context for
+        # that (the self-test verifies blocks up to its widest probe)
+        max_block = config.draft_max + 1 if speculative else 1
         request = OpenRequest(model=model, config=config,
-                              max_block=config.draft_max + 1 if speculative else 1,
+                              max_block=max(max_block, max(DEFAULT_WIDTHS)) if probe else max_block,
                               snapshots=config.snapshots if speculative else 0,
                               features=strategy.features_for(selection.verified) if speculative else frozenset(),
                               verify_cost=speculative and strategy.cost_aware)
         opened = chosen.open(request)
         try:
+            report = selftest(opened.target) if probe else None
+            if report is not None:
+                log.info("session.selftest", identical=report.identical, max_abs_diff=report.max_abs_diff)
+            if report is not None and config.require_identical and speculative and not report.identical:
+                # the target's verify rows are not its one-token rows here: speculation could change
+                # the output, so this session decodes target-only and says why
+                strategy, speculative = plugins.strategy("off"), False
+                selection = Selection(strategy=strategy, reason=f"require_identical: {report.reason()} on this "
+                                      f"build, so target-only instead of {selection.strategy.name!r} "
+                                      f"({selection.reason})")
             proposer = None
             if speculative:
                 assert strategy.proposer is not None
@@ -117,7 +133,7 @@ class Session:
             raise
         stops = opened.target.capabilities.eog_ids if stop_ids is None else frozenset(stop_ids)
         return cls(config=config, plugins=plugins, backend=chosen, selection=selection, opened=opened,
-                   proposer=proposer, stop_ids=stops)
+                   proposer=proposer, stop_ids=stops, numerics=report)
 
     def close(self) -> None:
         close = getattr(self.proposer, "close", None)
@@ -243,6 +259,8 @@ class Generation:
                 # the first token comes from the prefill pass (llama.cpp's "eval" rate excludes it too)
                 "decode_tok_s": max(n_out - 1, 0) / self._decode_s if self._decode_s > 0 else 0.0,
                 "target_passes": txn.target_passes if txn else 0,
+                **({"selftest_s": s.numerics.seconds} if s.numerics else {}),
             },
             error=error,
+            selftest={k: v for k, v in s.numerics.to_dict().items() if k != "seconds"} if s.numerics else None,
         )
