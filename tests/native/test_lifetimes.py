@@ -97,3 +97,17 @@ def test_a_context_initialises_once(tiny_llama):
     m, ctx = _ctx(tiny_llama)
     with pytest.raises(RuntimeFault, match="already"):
         ctx.__init__(m, n_ctx=64, n_batch=8)
+
+
+def test_sessions_on_one_file_share_its_weights(tiny_llama, monkeypatch):
+    from power_core.config import PowerConfig
+    from power_core.session import Session
+
+    cfg = PowerConfig(spec_mode="off", n_ctx=128, max_tokens=8, n_threads=2)
+    with Session.open(cfg, model=str(tiny_llama)) as a, Session.open(cfg, model=str(tiny_llama)) as b:
+        assert a.opened.target.model is b.opened.target.model  # one set of weights
+        assert a.opened.target.ctx is not b.opened.target.ctx  # each session its own context
+        assert a.generate([1, 2, 3]).tokens == b.generate([1, 2, 3]).tokens
+    monkeypatch.setenv("POWER_NATIVE_SHARED_WEIGHTS", "0")
+    with Session.open(cfg, model=str(tiny_llama)) as a, Session.open(cfg, model=str(tiny_llama)) as b:
+        assert a.opened.target.model is not b.opened.target.model

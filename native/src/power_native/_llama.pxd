@@ -16,6 +16,7 @@ cdef class Model:
     cdef readonly bint load_mtp
     cdef readonly bint mrope
     cdef gguf_context * _meta
+    cdef object __weakref__
     cdef _bind(self, llama_model * ptr, str path, bint load_mtp)
     cdef llama_model * _p(self) except NULL
     cdef const llama_vocab * _v(self) except NULL

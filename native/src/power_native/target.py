@@ -101,10 +101,35 @@ class LlamaCheckpoint:
     state: bytes | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
 
 
+#: loaded models by (real path, size, mtime, load_mtp, repack): sessions on the same file share one
+#: set of weights (each has its own contexts); an entry goes when its last context and session do
+_MODELS: weakref.WeakValueDictionary[tuple, _llama.Model] = weakref.WeakValueDictionary()
+_MODELS_LOCK = threading.Lock()
+
+
 def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False,
                view: ArtifactView | None = None, repack: bool = True) -> _llama.Model:
     """Inspect the file with the core's bounded GGUF parser (missing, directory, not GGUF, truncated,
-    lying tensor table: typed errors before llama.cpp sees it), then load it."""
+    lying tensor table: typed errors before llama.cpp sees it), then load it — or return the model
+    already loaded from the same unchanged file with the same options (``POWER_NATIVE_SHARED_WEIGHTS=0``
+    loads a private copy each time, e.g. to measure what sharing saves)."""
+    share = os.environ.get("POWER_NATIVE_SHARED_WEIGHTS", "1") not in ("0", "false", "no")
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack)
+    except OSError:
+        key = None  # missing or unreadable: _load says so with its typed error
+    if share and key is not None:
+        with _MODELS_LOCK:
+            model = _MODELS.get(key)
+            if model is None:
+                model = _MODELS[key] = _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack)
+        return model
+    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack)
+
+
+def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: ArtifactView | None,
+          repack: bool) -> _llama.Model:
     try:
         view = view or ArtifactView.from_gguf(path)
     except ArtifactError as exc:
