@@ -65,15 +65,25 @@ def test_target_rows_and_taps_outlive_the_target(tiny_qwen35):
     assert np.array_equal(logits, want[0]) and np.array_equal(feats, want[1])
 
 
-def test_a_context_on_top_keeps_its_ctx_other(tiny_llama):
-    m, base = _ctx(tiny_llama)
-    top = _llama.Context(m, n_ctx=128, n_batch=8, ctx_other=base)
+def test_a_draft_context_keeps_the_target_context_it_borrows(tiny_dir, tiny_llama):
+    """A DFlash draft without its own embeddings reads the target's through ``ctx_other``: closing
+    (and dropping) the target context first must not free what the draft still reads."""
+    from native_helpers import make_tiny_draft
+
+    draft = make_tiny_draft(tiny_dir, tiny_llama, name="lifetime-borrow", borrow=True)
+    m = _llama.Model.load(str(tiny_llama))
+    base = _llama.Context(m, n_ctx=128, n_batch=8)
+    d = _llama.Model.load(str(draft))
+    top = _llama.Context(d, n_ctx=128, n_batch=8, ctx_other=base)
+    assert top.has_ctx_other
     base.close()
     del base
     gc.collect()
-    assert top.has_ctx_other  # llama.cpp still points at it: it must still be allocated
-    top.decode(np.arange(3, dtype=np.int32), 0)
+    junk = [np.full(1 << 16, 7.0, dtype=np.float32) for _ in range(64)]
+    assert top.has_ctx_other
+    top.decode(np.arange(3, dtype=np.int32), 0)  # reads the borrowed embeddings: still allocated
     assert np.isfinite(top.logits()).all()
+    del junk
 
 
 def test_direct_construction_is_a_typed_error():
