@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -31,7 +32,7 @@ _lock = threading.Lock()
 _quiet: set[str] = set()
 
 
-def render_event(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def render_event(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """Last processor: turn the event into ``logging`` keyword arguments (message + ``extra``)."""
     exc_info = event_dict.pop("exc_info", None)
     event = event_dict.get("event", "")
@@ -42,7 +43,7 @@ def render_event(logger: Any, method_name: str, event_dict: dict[str, Any]) -> d
     return out
 
 
-_PROCESSORS = [structlog.stdlib.filter_by_level, render_event]
+_PROCESSORS: list[Any] = [structlog.stdlib.filter_by_level, render_event]
 
 
 def _silence_by_default(name: str) -> None:

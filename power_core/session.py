@@ -21,7 +21,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -44,6 +44,9 @@ from power_core.transaction import CancelToken, RoundRecord, Transaction
 __all__ = ["RequestInfo", "Result", "Generation", "Session"]
 
 log = get_logger(__name__)
+
+#: text, or token ids (a sequence or a 1-D integer array)
+Prompt = str | Sequence[int] | np.ndarray
 
 
 @attrs.frozen
@@ -183,14 +186,14 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+    def encode(self, prompt: Prompt) -> np.ndarray:
         if isinstance(prompt, str):
             if self.opened.tokenizer is None:
                 raise ConfigError("prompt", prompt[:40], "token ids", "this model has no tokenizer; pass token ids")
             return np.asarray(self.opened.tokenizer.encode(prompt), dtype=np.int32)
         return np.asarray(list(prompt), dtype=np.int32)
 
-    def start(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+    def start(self, prompt: Prompt, *, cancel: CancelToken | None = None,
               max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
@@ -210,12 +213,12 @@ class Session:
                               "stop strings match decoded text; use stop token ids (stop_ids) instead")
         return Generation(self, self.encode(prompt), cancel or CancelToken(), config.max_tokens, config=config)
 
-    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+    def generate(self, prompt: Prompt, *, cancel: CancelToken | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Result:
         """Run one request to completion and return its tokens, text and receipt."""
         return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).run()
 
-    def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+    def stream(self, prompt: Prompt, *, cancel: CancelToken | None = None,
                max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Stream:
         """Run one request as a :class:`~power_core.streaming.Stream` of committed text deltas."""
         return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).stream()
@@ -336,7 +339,7 @@ class Generation:
         self._stream = Stream(self, self._deltas(self._text))
         return self._stream
 
-    def _deltas(self, text: TextAssembler) -> Iterator[str]:
+    def _deltas(self, text: TextAssembler) -> Generator[str, None, None]:
         rounds = self.rounds()
         try:
             for _ in rounds:
@@ -351,7 +354,7 @@ class Generation:
         if delta:
             yield delta
 
-    def rounds(self) -> Iterator[RoundRecord]:
+    def rounds(self) -> Generator[RoundRecord, None, None]:
         """Run (or resume) the request, yielding each committed round; the receipt is final when it ends.
 
         The session is busy from the first ``next()`` until the iterator ends or is closed (closing

@@ -21,7 +21,7 @@ request raises :class:`~power_core.errors.SessionBusy`); leaving the loop early 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 from power_core.errors import SessionBusy
@@ -36,7 +36,7 @@ __all__ = ["Stream"]
 class Stream:
     """Iterator of committed text deltas of one request; ``receipt`` and ``result`` when it ended."""
 
-    def __init__(self, generation: Generation, deltas: Iterator[str]) -> None:
+    def __init__(self, generation: Generation, deltas: Generator[str, None, None]) -> None:
         self.generation = generation
         self._deltas = deltas
         self._reading = threading.Lock()
@@ -61,7 +61,7 @@ class Stream:
 
     def close(self) -> None:
         """End the request now (status ``cancelled`` if it had not finished); committed tokens stay."""
-        self._deltas.close()  # type: ignore[attr-defined]
+        self._deltas.close()
 
     def __enter__(self) -> Stream:
         return self

@@ -40,9 +40,13 @@ def test_run_speculative_equals_off(capsys):
     assert outs[0] == outs[1]
 
 
-def test_run_plain_prints_text_and_receipt(capsys):
-    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8")
-    assert rc == 0 and "receipt" in err and '"output_sha256"' in out
+def test_run_plain_streams_text_then_one_summary_line(capsys):
+    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8", "--prompt", "hello")
+    rc2, js, _ = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8", "--prompt", "hello", "--json")
+    assert rc == rc2 == 0
+    assert out == json.loads(js)["text"] + "\n"  # the text only: no receipt JSON on stdout
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[completed] finish=max_tokens strategy=ref-draft"), err
 
 
 def test_run_with_config_file(tmp_path, capsys):
