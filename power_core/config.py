@@ -85,6 +85,26 @@ def _mode(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         )
 
 
+#: at most this many stop strings per request
+STOP_MAX = 64
+
+
+def _stop_tuple(value: Any) -> Any:
+    """``"x"`` -> ``("x",)``; lists -> tuples (anything else is left for the validator to reject)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return value
+
+
+def _stops(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    ok = isinstance(value, tuple) and len(value) <= STOP_MAX
+    if not ok or not all(isinstance(s, str) and s for s in value):
+        raise ConfigError(attr.name, value, f"a list of at most {STOP_MAX} non-empty strings",
+                          "e.g. stop = [\"\\n\\n\", \"###\"]")
+
+
 @attrs.frozen
 class PowerConfig:
     """One request's speculative-decoding and sampling configuration.
@@ -116,6 +136,9 @@ class PowerConfig:
     n_threads: int | None = attrs.field(default=None, validator=_opt(_int_range(1, 1024)))
     #: record each round's proposed token ids in the receipt (``rounds[i].proposal``)
     trace: bool = attrs.field(default=False, validator=_bool)
+    #: stop strings: the output ends right before the first occurrence of any of them, matched on
+    #: the decoded text across token boundaries (needs a model with a tokenizer)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_tuple, validator=_stops)
     #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
     #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
     #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)
@@ -162,7 +185,9 @@ class PowerConfig:
         return self.temperature == 0.0 or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        out = attrs.asdict(self)
+        out["stop"] = list(self.stop)  # as JSON reads it back
+        return out
 
     def digest(self) -> str:
         """sha256 over the canonical JSON of every key: the receipt's config hash."""

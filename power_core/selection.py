@@ -22,7 +22,6 @@ import os
 from typing import Any
 
 import attrs
-import structlog
 
 from power_core.artifacts.binding import read_model_manifest
 from power_core.artifacts.contracts import classify_draft, mtp_evidence
@@ -30,11 +29,12 @@ from power_core.artifacts.identity import file_digest
 from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
+from power_core.logs import get_logger
 from power_core.plugins import FIRST_PARTY_PACKAGES, Strategy
 
 __all__ = ["Selection", "select", "is_gguf_model"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

@@ -19,23 +19,24 @@ The transaction knows no adapter and no backend: only the protocols in :mod:`pow
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
 from power_core.errors import AdapterFault, Cancelled, CapacityError, PowerError, RuntimeFault
+from power_core.logs import get_logger
 from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 
 __all__ = ["PHASES", "CancelToken", "RoundRecord", "Transaction"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PHASES = ("checkpoint", "propose", "verify", "accept", "commit", "emit", "restore")
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -113,6 +114,10 @@ class Transaction:
     cancel: CancelToken = attrs.field(factory=CancelToken)
     phase_hook: Callable[..., Any] | None = None
     trace: bool = False
+    #: text stop strings (see :class:`power_core.text.TextAssembler`): called in the accept phase with
+    #: the committed tokens and the round's tokens; returns how many of the round's tokens to keep when
+    #: a stop string completes in them (the rest are never committed), else ``None``
+    stop_text: Callable[[Sequence[int], list[int]], int | None] | None = None
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -244,6 +249,14 @@ class Transaction:
                 break
         return out, accepted, None
 
+    def _cut_at_stop_text(self, out: list[int], accepted: int, stop: str | None) -> tuple[list[int], int, str | None]:
+        """End the round after the token that completes a stop string; later tokens are not emitted."""
+        if self.stop_text is not None:
+            keep = self.stop_text(self.emitted, out)
+            if keep is not None:
+                return out[:keep], min(accepted, keep), "stop"
+        return out, accepted, stop
+
     def _commit(self, cp: Any, block: TokenArray, out: list[int], accepted: int) -> bool:
         """Keep the anchor and the accepted proposals; discard the rest. True when it replayed."""
         keep = len(out)  # the anchor plus every emitted token but the last (the next anchor)
@@ -283,7 +296,7 @@ class Transaction:
             # round 0's verify pass is the prefill, which the proposer has already observed
             res = self._phase("verify", lambda: self._verify(block) if first is None else first)
             self._check_cancel()
-            out, accepted, stop = self._phase("accept", lambda: self._accept(props, res))
+            out, accepted, stop = self._phase("accept", lambda: self._cut_at_stop_text(*self._accept(props, res)))
             self._check_cancel()
             replayed = self._phase("commit", lambda: self._commit(cp_target, block, out, accepted))
             self._phase("emit", lambda: self._emit(out, stop))
@@ -301,7 +314,8 @@ class Transaction:
                              stop=self.finished, seconds=time.perf_counter() - t0,
                              proposal=tuple(int(t) for t in props) if self.trace else None, width=width)
         self.rounds.append(record)
-        log.debug("txn.commit", round=record)  # rendered only when debug logging is on
+        if log.isEnabledFor(logging.DEBUG):  # per-round detail costs nothing when debug is off
+            log.debug("txn.commit", round=record)
         return record
 
     def _checkpoint(self) -> tuple[Any, Any]:

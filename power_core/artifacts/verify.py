@@ -11,17 +11,17 @@ import os
 from typing import Any
 
 import attrs
-import structlog
 
 from power_core.artifacts.binding import Binding, check_binding
 from power_core.artifacts.identity import file_digest, vocab_digest
 from power_core.artifacts.view import ArtifactView
 from power_core.artifacts.vocab import VocabMatch, compare_vocab
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
+from power_core.logs import get_logger
 
 __all__ = ["VerifiedArtifacts", "verify_artifacts"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

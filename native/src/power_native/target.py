@@ -21,12 +21,12 @@ from pathlib import Path
 
 import attrs
 import numpy as np
-import structlog
 
 from power_core.artifacts.identity import file_digest
 from power_core.artifacts.view import ArtifactView
 from power_core.config import NUMERICS
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
+from power_core.logs import get_logger
 from power_core.plugins import OpenedModel, OpenRequest
 from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
 from power_native import _llama, build_info
@@ -35,7 +35,7 @@ from power_native.models import resolve_model
 __all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "layer_feature",
            "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
 
 #: tokens per llama_decode call during prefill (llama-completion's n_ubatch default)
 PREFILL_BATCH = 512
