@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import attrs
-
 import numpy as np
 import pytest
-
 from helpers import core_plugins, open_session
+
 from power_core import cli
 from power_core.config import PowerConfig
 from power_core.errors import CapacityError, ConfigError

@@ -12,9 +12,10 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from power_core.errors import RuntimeFault  # noqa: E402
 from power_native import _llama  # noqa: E402
 from power_native.target import open_target  # noqa: E402
+
+from power_core.errors import RuntimeFault  # noqa: E402
 
 pytestmark = pytest.mark.native
 
