@@ -139,6 +139,10 @@ class PowerConfig:
     #: stop strings: the output ends right before the first occurrence of any of them, matched on
     #: the decoded text across token boundaries (needs a model with a tokenizer)
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_tuple, validator=_stops)
+    #: reuse the target's state for the prefix a request's prompt shares with what the previous
+    #: request of the session left in memory (llama-server's ``cache_prompt``); the receipt's
+    #: ``prompt_reused`` counts the tokens not prefilled again
+    cache_prompt: bool = attrs.field(default=False, validator=_bool)
     #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
     #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
     #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)

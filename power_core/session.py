@@ -184,6 +184,8 @@ class Session:
                 raise SessionBusy("the session is serving another request (another thread's, or an unfinished "
                                   "stream); a session runs one request at a time: open one session per thread, "
                                   "or finish/close the stream first")
+            if not gen._prefilled and gen.txn is None and self._resident is not gen:
+                gen._predecessor = self._resident  # its committed tokens are what the target holds
             if gen._prefilled and self._resident is not gen:
                 raise StateLost("this generation can no longer resume: its session has served another request "
                                 "since it was interrupted; start a new request")
@@ -295,6 +297,7 @@ class Generation:
     _decode_s: float = 0.0
     _text: TextAssembler | None = attrs.field(default=None, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
+    _predecessor: Generation | None = attrs.field(default=None, init=False, repr=False)
     _stream: Stream | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -389,7 +392,8 @@ class Generation:
             txn = self.txn
             if not self._prefilled:  # (again, when a cancel or failure interrupted the prefill)
                 t0 = time.perf_counter()
-                txn.prefill(self.prompt)
+                resident, self._predecessor = self._resident_memory(), None  # first attempt only
+                txn.prefill(self.prompt, resident)
                 self._prefill_s = time.perf_counter() - t0
                 self._prefilled = True
             while txn.finished is None:
@@ -424,6 +428,17 @@ class Generation:
             finally:
                 s._release(self)
 
+    def _resident_memory(self) -> np.ndarray | None:
+        """With ``cache_prompt``: the tokens the target holds from the previous request (its committed
+        history but the anchor), when they can seed this prompt; else ``None`` (prefill from empty)."""
+        s, prev = self.session, self._predecessor
+        if not s.config.cache_prompt or prev is None or prev.txn is None or not prev._prefilled:
+            return None
+        if s.proposer is not None and s.proposer.features:
+            return None  # a proposer fed from the target's taps must observe the whole prompt's prefill
+        memory = prev.txn.history[:-1]
+        return memory if s.opened.target.n_past == memory.shape[0] else None
+
     def _receipt(self, status: str, error: str | None) -> Receipt:
         s = self.session
         txn = self.txn
@@ -440,6 +455,7 @@ class Generation:
             backend=copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info}),
             artifacts={**s.opened.artifacts, **s.selection.artifacts},
             prompt_tokens=int(self.prompt.shape[0]),
+            prompt_reused=txn.reused if txn else 0,
             output_tokens=n_out,
             output_sha256=token_digest(self.tokens),
             rounds=[r.to_dict() for r in txn.rounds] if txn else [],

@@ -127,6 +127,8 @@ class Transaction:
     finished: str | None = None
     rounds: list[RoundRecord] = attrs.field(factory=list)
     target_passes: int = 0
+    #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
+    reused: int = 0
 
     @property
     def history(self) -> TokenArray:
@@ -136,12 +138,18 @@ class Transaction:
         return view
 
     # -- request start -------------------------------------------------------------------------
-    def prefill(self, prompt: Iterable[int]) -> None:
+    def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
         """Process the whole prompt in one prefill; its last row is the first round's verify row.
 
         The last prompt token is the first anchor. Because the prefill already placed it in memory
         and produced its row, round 0 is a zero-proposal round whose verify pass is the prefill —
         exactly how llama.cpp's own tools start generating.
+
+        ``resident``: the tokens the target's memory holds now (the previous request's committed
+        history, for prompt reuse). Their longest common prefix with the prompt, short of its last
+        token, is kept when the runtime can trim to it (optional ``keep_prefix(n) -> bool``), and only
+        the rest is prefilled; :attr:`reused` says how many. The proposer still begins on the whole
+        prompt and observes the chunks actually decoded.
         """
         tokens = np.ascontiguousarray(np.asarray(list(prompt), dtype=np.int32))
         caps = self.target.capabilities
@@ -153,14 +161,24 @@ class Transaction:
         if tokens.shape[0] >= caps.n_ctx:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
-        self.target.reset()
+        keep = 0
+        if resident is not None and resident.shape[0]:
+            n = min(resident.shape[0], tokens.shape[0] - 1)  # the last prompt token is decoded for its row
+            differ = np.flatnonzero(resident[:n] != tokens[:n])
+            keep = int(differ[0]) if differ.size else n
+            keep_prefix = getattr(self.target, "keep_prefix", None)
+            if keep and (keep_prefix is None or not keep_prefix(keep)):
+                keep = 0
+        if keep == 0:
+            self.target.reset()
+        self.reused = keep
         observe = None
         if self.proposer is not None:
             # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
             # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
             self.proposer.begin(tokens)
             observe = self.proposer.observe
-        row = self.target.prefill(tokens, observe)
+        row = self.target.prefill(tokens[keep:], observe)
         self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens

@@ -312,6 +312,20 @@ class LlamaTarget:
         """Publish the measured verify-cost curve in the capabilities (cost-aware scheduling)."""
         self._caps = attrs.evolve(self._caps, verify_cost=tuple(relative))
 
+    def keep_prefix(self, n: int) -> bool:
+        """Keep the first ``n`` tokens of memory (prompt reuse): attention KV trims to any depth;
+        recurrent or hybrid memory cannot go back, so there only ``n == n_past`` succeeds."""
+        if not 0 < n <= self._n_past:
+            return False
+        if n < self._n_past:
+            if self._recurrent or not self.ctx.seq_rm(0, n, -1):
+                return False
+        self._n_past = n
+        self._epoch += 1  # checkpoints taken before no longer describe this memory
+        self._last_len = 0
+        self._rs_used = True
+        return True
+
     def cancel(self) -> None:
         """Abort a running decode (it raises Cancelled; the core restores its checkpoint)."""
         self.ctx.abort()
