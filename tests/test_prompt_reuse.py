@@ -23,6 +23,7 @@ def test_three_turns_reuse_the_conversation_and_equal_fresh_sessions(model, mode
     """Each turn's prompt is the previous prompt + its answer + a new message (a chat)."""
     rng = np.random.default_rng(0)
     prompt = rng.integers(1, 96, 40).tolist()
+    previous = 0
     with open_session(model, mode, n_ctx=512, max_tokens=24, cache_prompt=True) as s:
         for turn in range(3):
             res = s.generate(prompt)
@@ -32,7 +33,7 @@ def test_three_turns_reuse_the_conversation_and_equal_fresh_sessions(model, mode
             else:
                 # everything the target held: the previous prompt and answer, but its last token (the anchor)
                 assert res.receipt.prompt_reused == previous - 1
-                assert res.receipt.prompt_reused / len(prompt) >= 0.9 or len(prompt) < 60
+                assert res.receipt.prompt_reused / len(prompt) >= 0.9
             previous = len(prompt) + len(res.tokens)
             prompt = prompt + list(res.tokens) + rng.integers(1, 96, 4).tolist()
 
