@@ -9,7 +9,7 @@ probe length, one ``decode`` of a block of each width, ``restore``, then the sam
 
 The default probes cover short contexts and contexts past 256 tokens (llama.cpp pads the KV
 length to 256; Gemma's n == 1 split-KV attention starts at 512 padded cells), including a block
-that crosses the 256 boundary, at widths that take every kernel-choice threshold (2, 4, 8, 16).
+that crosses the 256 boundary, at widths that take every kernel-choice threshold (2, 4, 8, 16, 64).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ __all__ = ["SelftestReport", "selftest", "DEFAULT_CONTEXTS", "DEFAULT_WIDTHS"]
 
 #: prefix lengths probed: short, a block crossing the 256-cell padding, and past it
 DEFAULT_CONTEXTS = (20, 250, 300)
-#: verify widths probed (kernel choices switch at 2, 4 and 8 rows on the CPU build)
-DEFAULT_WIDTHS = (2, 4, 8, 16)
+#: verify widths probed (kernel choices switch at 2, 4, 8 and 64 rows on the CPU build; 64 also
+#: stands for prefill chunks, whose rows must not depend on the chunking for prompt reuse)
+DEFAULT_WIDTHS = (2, 4, 8, 16, 64)
 
 
 @attrs.frozen

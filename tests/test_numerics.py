@@ -89,7 +89,7 @@ def test_reference_target_is_batch_invariant():
     opened = _target(None)
     report = selftest(opened.target)
     assert report.identical and report.max_abs_diff == 0.0 and report.first_argmax_diff is None
-    assert {(p["context"], p["width"]) for p in report.probes} == {(c, w) for c in (20, 250, 300) for w in (2, 4, 8, 16)}
+    assert {(p["context"], p["width"]) for p in report.probes} == {(c, w) for c in (20, 250, 300) for w in (2, 4, 8, 16, 64)}
     assert opened.target.n_past == 0  # the probe leaves the target empty
 
 
@@ -165,7 +165,7 @@ def test_cli_selftest_json_and_exit_code(capsys):
     assert cli.main(["selftest", "--model", MODEL, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["identical"] is True and out["numerics"] == "exact" and out["max_abs_diff"] == 0.0
-    assert out["first_argmax_diff"] is None and len(out["probes"]) == 12
+    assert out["first_argmax_diff"] is None and len(out["probes"]) == 15
     assert cli.main(["selftest", "--model", MODEL]) == 0
     assert "bit-identical" in capsys.readouterr().out
     assert cli.main(["selftest", "--model", MODEL, "--numerics", "fast"]) == 1

@@ -168,3 +168,25 @@ def test_embedded_request_on_smollm2_prints_nothing(smollm2, tmp_path):
                           cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""
+
+
+@pytest.mark.parametrize("mode", ["off", "suffix"])
+def test_three_turn_chat_reuses_the_conversation(smollm2, mode):
+    """cache_prompt: each later turn's prompt (previous turns + answers + a new message) prefills
+    only what the target does not already hold (>= 90%% reused), and every answer equals a fresh
+    session's."""
+    questions = ["Name a planet.", "Why is it called that?", "Say it again in one word."]
+    cfg = dict(spec_mode=mode, max_tokens=48, n_threads=2, n_ctx=2048)
+    messages: list[dict] = []
+    with Session.open(PowerConfig(cache_prompt=True, **cfg), model=smollm2) as s:
+        for turn, q in enumerate(questions):
+            messages.append({"role": "user", "content": q})
+            prompt = s.chat_prompt(messages)
+            res = s.generate(prompt)
+            with Session.open(PowerConfig(**cfg), model=smollm2) as fresh:
+                want = fresh.generate(prompt)
+            assert res.tokens == want.tokens, f"turn {turn}"
+            if turn:
+                assert res.receipt.prompt_reused >= 0.9 * res.receipt.prompt_tokens, (turn, res.receipt.prompt_reused,
+                                                                                      res.receipt.prompt_tokens)
+            messages.append({"role": "assistant", "content": res.text})

@@ -88,14 +88,14 @@ def test_greedy_off_matches_llama_completion(llama_completion, alias):
 
 @pytest.mark.parametrize("alias", MODELS)
 def test_selftest_exact_numerics_are_batch_invariant(alias, capsys):
-    """Default numerics: every probed verify row (widths 2-16, contexts 20/250/300) has the bits of
+    """Default numerics: every probed verify row (widths 2-64, contexts 20/250/300) has the bits of
     the one-token decode, on both models."""
     from power_core import cli
 
     assert cli.main(["selftest", "--model", _model_path(alias), "--threads", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["identical"] is True and out["numerics"] == "exact" and out["max_abs_diff"] == 0.0
-    assert len(out["probes"]) == 12 and out["first_argmax_diff"] is None
+    assert len(out["probes"]) == 15 and out["first_argmax_diff"] is None
 
 
 def test_selftest_stock_numerics_find_gemma_batch_variant(capsys):
