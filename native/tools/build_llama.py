@@ -7,17 +7,19 @@ so a second build with the same flags is a no-op taking seconds.
 
 Usage::
 
-    python native/tools/build_llama.py [--cuda] [--peers] [--print-dir]
+    python native/tools/build_llama.py [--cuda] [--rpc] [--peers] [--print-dir]
 
-``--cuda`` turns on ``GGML_CUDA`` (the one documented switch). ``--peers`` also builds
-``llama-completion`` and ``llama-speculative-simple`` for paired benchmarks.
+``--cuda`` turns on ``GGML_CUDA``; ``--rpc`` turns on ``GGML_RPC`` (llama.cpp's RPC backend: a
+target's layers on remote ``rpc-server`` processes) and also builds ``rpc-server``. ``--peers``
+also builds ``llama-completion`` and ``llama-speculative-simple`` for paired benchmarks.
 
 Power's reviewed changes to the pinned source live in ``native/patches/*.patch`` (unified diffs,
 applied in name order with ``patch -p1`` to a fresh extraction); their sha256 is part of the
 source and build cache keys and is recorded in ``power-build.json`` (and so in every receipt).
 Each patch is inert until a Power call switches it on, so the peers built from the same tree
 behave as stock llama.cpp.
-Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``.
+Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``,
+``POWER_NATIVE_RPC=1`` (the same as the flags; ``pip install ./native`` passes them through).
 """
 
 from __future__ import annotations
@@ -64,7 +66,13 @@ BASE_FLAGS = (
 )
 # "native" needs a GPU at configure time; POWER_NATIVE_CUDA_ARCHS (e.g. "90") builds on a machine without one
 CUDA_FLAGS = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('POWER_NATIVE_CUDA_ARCHS', 'native')}")
+RPC_FLAGS = ("-DGGML_RPC=ON",)
 PEER_TARGETS = ("llama-completion", "llama-speculative-simple")
+RPC_SERVER = "ggml-rpc-server"  # tools/rpc: llama.cpp's rpc-server
+
+
+def _env_rpc() -> bool:
+    return os.environ.get("POWER_NATIVE_RPC") == "1"
 
 
 def cache_root() -> Path:
@@ -134,14 +142,16 @@ def source_dir(root: Path | None = None) -> Path:
     return src
 
 
-def build_flags(cuda: bool) -> tuple[str, ...]:
-    return BASE_FLAGS + (CUDA_FLAGS if cuda else ())
+def build_flags(cuda: bool, rpc: bool | None = None) -> tuple[str, ...]:
+    rpc = _env_rpc() if rpc is None else rpc
+    return BASE_FLAGS + (CUDA_FLAGS if cuda else ()) + (RPC_FLAGS if rpc else ())
 
 
-def build_dir(cuda: bool, root: Path | None = None) -> Path:
+def build_dir(cuda: bool, root: Path | None = None, rpc: bool | None = None) -> Path:
     root = root or cache_root()
-    key = hashlib.sha256("\n".join((SDIST_SHA256, _patch_key()) + build_flags(cuda)).encode()).hexdigest()[:12]
-    return root / f"build-{'cuda' if cuda else 'cpu'}-{key}"
+    flags = build_flags(cuda, rpc)
+    key = hashlib.sha256("\n".join((SDIST_SHA256, _patch_key()) + flags).encode()).hexdigest()[:12]
+    return root / f"build-{'cuda' if cuda else 'cpu'}{'-rpc' if RPC_FLAGS[0] in flags else ''}-{key}"
 
 
 @contextlib.contextmanager
@@ -156,23 +166,23 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build(cuda: bool = False, peers: bool = False) -> Path:
-    """Configure (once) and build libllama (+ peers); return the build directory."""
+def build(cuda: bool = False, peers: bool = False, rpc: bool | None = None) -> Path:
+    """Configure (once) and build libllama (+ peers, + rpc-server); return the build directory."""
     with _locked(cache_root() / ".lock"):
-        return _build(cuda, peers)
+        return _build(cuda, peers, _env_rpc() if rpc is None else rpc)
 
 
-def _build(cuda: bool, peers: bool) -> Path:
+def _build(cuda: bool, peers: bool, rpc: bool) -> Path:
     src = source_dir()
-    bdir = build_dir(cuda)
+    bdir = build_dir(cuda, rpc=rpc)
     if not (bdir / "CMakeCache.txt").exists():
-        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build_flags(cuda)],
+        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build_flags(cuda, rpc)],
                        check=True)
-    targets = ["llama"] + (list(PEER_TARGETS) if peers else [])
+    targets = ["llama"] + (list(PEER_TARGETS) if peers else []) + ([RPC_SERVER] if rpc else [])
     subprocess.run(["cmake", "--build", str(bdir), "--target", *targets], check=True)
     info = {"sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256, "llama_cpp_commit": LLAMA_CPP_COMMIT,
-            "flags": list(build_flags(cuda)), "patches": [f"{n} sha256:{h}" for n, h in patches()],
-            "source": str(src), "build": str(bdir)}
+            "flags": list(build_flags(cuda, rpc)), "patches": [f"{n} sha256:{h}" for n, h in patches()],
+            "rpc": rpc, "source": str(src), "build": str(bdir)}
     (bdir / "power-build.json").write_text(json.dumps(info, indent=2))
     return bdir
 
@@ -180,13 +190,15 @@ def _build(cuda: bool, peers: bool) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cuda", action="store_true", default=os.environ.get("POWER_NATIVE_CUDA") == "1")
+    ap.add_argument("--rpc", action="store_true", default=_env_rpc(),
+                    help="GGML_RPC=ON (llama.cpp's RPC backend) and the rpc-server tool")
     ap.add_argument("--peers", action="store_true")
     ap.add_argument("--print-dir", action="store_true", help="print the build dir and exit")
     args = ap.parse_args(argv)
     if args.print_dir:
-        print(build_dir(args.cuda))
+        print(build_dir(args.cuda, rpc=args.rpc))
         return 0
-    print(build(cuda=args.cuda, peers=args.peers))
+    print(build(cuda=args.cuda, peers=args.peers, rpc=args.rpc))
     return 0
 
 
