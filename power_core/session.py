@@ -17,8 +17,16 @@ import numpy as np
 import structlog
 
 from power_core.config import PowerConfig
-from power_core.errors import Cancelled, ConfigError, PowerError, StrategyNotFound
-from power_core.plugins import Backend, OpenedModel, OpenRequest, PowerPlugins, ProposerRequest, get_plugins
+from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError, StrategyNotFound
+from power_core.plugins import (
+    Backend,
+    OpenedModel,
+    OpenRequest,
+    PowerPlugins,
+    ProposerRequest,
+    check_observers_only,
+    get_plugins,
+)
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import Proposer
 from power_core.sampling import TargetSampler
@@ -120,10 +128,20 @@ class Session:
                    proposer=proposer, stop_ids=stops)
 
     def close(self) -> None:
+        """Release the proposer (its optional ``close()``), then the target, even if the former fails."""
         close = getattr(self.proposer, "close", None)
-        if close is not None:
-            close()
-        self.opened.close()
+        try:
+            if close is not None:
+                try:
+                    close()
+                except PowerError:
+                    raise
+                except Exception as exc:
+                    name = type(self.proposer).__name__
+                    raise AdapterFault(f"proposer {name}.close raised {type(exc).__name__}: {exc}; the target "
+                                       "was closed anyway", proposer=name, method="close") from exc
+        finally:
+            self.opened.close()
 
     def __enter__(self) -> Session:
         return self
@@ -166,6 +184,7 @@ class Generation:
 
     def _transaction(self) -> Transaction:
         s = self.session
+        check_observers_only(s.plugins.pm)  # also when a host registered a plugin after loading
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
         interrupt, withdraw = (getattr(s.opened.target, name, None) for name in ("cancel", "clear_abort"))
