@@ -18,4 +18,6 @@ def power_register_strategies(register: Callable[[Strategy], None]) -> None:
 
 @hookimpl(trylast=True)
 def power_txn_phase(step: Callable[[], Any]) -> Any:
+    """The innermost call of every phase: run the transaction's step. No other plugin may answer
+    this hook (:func:`power_core.plugins.check_observers_only`); observers wrap it."""
     return step()

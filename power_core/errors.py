@@ -93,9 +93,17 @@ class RuntimeFault(PowerError, RuntimeError):
 
 
 class AdapterFault(PowerError, RuntimeError):
-    """A proposer broke its contract (too many tokens, ids outside the vocabulary, exception)."""
+    """A proposer broke its contract (too many tokens, ids outside the vocabulary, exception).
+
+    ``proposer`` names the proposer's class and ``method`` the protocol method that failed (``None``
+    when the transaction rejected what a method returned rather than an exception it raised).
+    """
 
     code = "adapter_fault"
+
+    def __init__(self, message: str, *, proposer: str | None = None, method: str | None = None) -> None:
+        super().__init__(message)
+        self.proposer, self.method = proposer, method
 
 
 class Cancelled(PowerError):

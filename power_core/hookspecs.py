@@ -67,15 +67,23 @@ def power_request_start(request: RequestInfo) -> None:
 
 @hookspec(firstresult=True)
 def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> Any:
-    """Run one phase of the exactness transaction. Observers wrap it; only the core implements it.
+    """Observe one phase of the exactness transaction. Wrapper-only: observers wrap it; only the core
+    implements it.
 
     Called by :class:`power_core.transaction.Transaction` for each phase of each round, in the
     order ``checkpoint``, ``propose``, ``verify``, ``accept``, ``commit``, ``emit`` and, on
-    cancellation or failure, ``restore``. Power's own implementation calls ``step()``. Observers
-    implement this with ``@hookimpl(wrapper=True)`` to time or log a phase: ``result = yield``
-    returns the phase's result (or raises its exception), and the wrapper must return it.
+    cancellation or failure, ``restore``. Power's own implementation (the innermost, and the only
+    one that is not a wrapper) calls ``step()``. Observers implement this with
+    ``@hookimpl(wrapper=True)`` to time or log a phase: ``result = yield`` returns the phase's
+    result (or raises its exception), and the wrapper must return it. A plain implementation or an
+    old-style ``hookwrapper=True`` one is refused when plugins load
+    (:class:`~power_core.errors.PluginError` naming the plugin).
 
-    Stops at first non-None result.
+    The transaction takes each phase's result or exception from the step itself: a wrapper that
+    raises fails the round (which then restores), but one that swallows the step's exception or
+    returns another value changes nothing. ``restore`` runs even when a wrapper raises before it.
+
+    Stops at first non-None result (there is exactly one non-wrapper implementation: the core's).
 
     :param phase: phase name, one of :data:`power_core.transaction.PHASES`.
     :param round_index: 0-based round number within the request.

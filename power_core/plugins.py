@@ -23,6 +23,7 @@ from power_core.logs import get_logger
 from power_core.runtime import Proposer, TargetRuntime, TokenArray
 
 __all__ = [
+    "CORE_PLUGIN",
     "ENTRY_POINT_GROUP",
     "FIRST_PARTY_PACKAGES",
     "Strategy",
@@ -33,6 +34,7 @@ __all__ = [
     "Tokenizer",
     "Registry",
     "PowerPlugins",
+    "check_observers_only",
     "get_plugins",
     "hookimpl",
     "package_version",
@@ -256,6 +258,27 @@ def _entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
+#: the plugin whose ``power_txn_phase`` runs each phase's step (the innermost implementation)
+CORE_PLUGIN = "power.core"
+
+
+def check_observers_only(pm: pluggy.PluginManager) -> None:
+    """Refuse any ``power_txn_phase`` implementation outside the core that is not a new-style wrapper.
+
+    The transaction's phases are not replaceable: a plain implementation (which would answer instead
+    of the core's step) or an old-style ``hookwrapper`` (which can force a result) is a
+    :class:`PluginError` naming the plugin.
+    """
+    for impl in pm.hook.power_txn_phase.get_hookimpls():
+        if impl.plugin_name == CORE_PLUGIN or impl.wrapper:
+            continue
+        style = "an old-style hookwrapper" if impl.hookwrapper else "a plain implementation"
+        raise PluginError(f"plugin {impl.plugin_name!r} implements power_txn_phase as {style}; only observers "
+                          "may implement it, with @hookimpl(wrapper=True) (result = yield; return result), "
+                          "and the transaction's phases cannot be replaced. Fix the plugin, or exclude it with "
+                          "POWER_LOAD_PLUGINS")
+
+
 def build_plugins(extra: tuple[object, ...] = ()) -> PowerPlugins:
     """Build a fresh plugin manager: built-ins, allowed entry points, then ``extra`` objects."""
     from power_core import builtins as _builtins
@@ -264,7 +287,7 @@ def build_plugins(extra: tuple[object, ...] = ()) -> PowerPlugins:
     pm.add_hookspecs(hookspecs)
     from power_core.reference import plugin as _reference
 
-    pm.register(_builtins, name="power.core")
+    pm.register(_builtins, name=CORE_PLUGIN)
     pm.register(_reference, name="power.reference")
     allowed = _allowlist()
     eps: dict[str, metadata.EntryPoint] = {}
@@ -288,6 +311,7 @@ def build_plugins(extra: tuple[object, ...] = ()) -> PowerPlugins:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"{exc}; a hook implementation names no Power hook (misspelled?)") from exc
+    check_observers_only(pm)
     strategies: Registry[Strategy] = Registry(Strategy)
     backends: Registry[Backend] = Registry(Backend)
     for name, plugin in pm.list_name_plugin():

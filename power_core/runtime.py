@@ -135,12 +135,16 @@ class ProposalContext:
 class Proposer(Protocol):
     """A proposal mechanism. Advisory only: the target verifies every token it proposes.
 
-    Per request: ``begin(prompt)``, then ``observe`` once per prefill chunk (zero logits rows,
-    the taps in ``features``). Round 0 emits from the prefill's last row: ``checkpoint`` →
-    ``propose`` (``k == 0``) → ``commit(0, [first token])`` with no ``observe`` (the prefill was
-    its verify pass). Every later round: ``checkpoint`` → ``propose`` → ``observe`` (the verify
-    pass of ``[anchor, proposals...]``) → ``commit``; on failure or cancel ``restore`` with the
-    round's checkpoint instead of (or after) ``commit``.
+    One proposer per session (the strategy's factory runs in ``Session.open``). Per request:
+    ``begin(prompt)``, then ``observe`` once per prefill chunk (zero logits rows, the taps in
+    ``features``); a failed or cancelled prefill resets the target and a re-run calls ``begin``
+    again. Round 0 emits from the prefill's last row: ``checkpoint`` → ``commit(0, [first token])``
+    with no ``propose`` (its width is 0) and no ``observe`` (the prefill was its verify pass).
+    Every later round: ``checkpoint`` → ``propose`` (skipped when ``k`` would be 0) → ``observe``
+    (the verify pass of ``[anchor, proposals...]``) → ``commit``; on failure or cancel ``restore``
+    with the round's checkpoint instead of (or after) ``commit``. A foreign exception from any
+    method becomes :class:`~power_core.errors.AdapterFault`. Token arrays are 1-D ``int32``;
+    ``ctx.history`` is a read-only view, valid during the call.
 
     Optional attribute ``confidence``, read right after ``propose``: per proposal, the probability
     that it is accepted given that the previous one was (``None``: no estimate). Cost-aware

@@ -29,10 +29,26 @@ import numpy as np
 
 from power_core.chat import ChatTemplate, template_for
 from power_core.config import PowerConfig
-from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy, StateLost, StrategyNotFound
+from power_core.errors import (
+    AdapterFault,
+    Cancelled,
+    ConfigError,
+    PowerError,
+    SessionBusy,
+    StateLost,
+    StrategyNotFound,
+)
 from power_core.logs import get_logger
 from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
-from power_core.plugins import Backend, OpenedModel, OpenRequest, PowerPlugins, ProposerRequest, get_plugins
+from power_core.plugins import (
+    Backend,
+    OpenedModel,
+    OpenRequest,
+    PowerPlugins,
+    ProposerRequest,
+    check_observers_only,
+    get_plugins,
+)
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import Proposer
 from power_core.sampling import TargetSampler
@@ -159,7 +175,8 @@ class Session:
                    proposer=proposer, stop_ids=stops, numerics=report)
 
     def close(self) -> None:
-        """Free the model. Raises :class:`SessionBusy` while a request runs in another thread."""
+        """Free the model: the proposer (its optional ``close()``), then the target, even if the former
+        fails. Raises :class:`SessionBusy` while a request runs in another thread."""
         with self._mutex:
             if self._closed:
                 return
@@ -171,9 +188,18 @@ class Session:
         if owner is not None and owner._stream is not None:
             owner._stream.close()  # an unfinished stream of this thread ends as cancelled
         close = getattr(self.proposer, "close", None)
-        if close is not None:
-            close()
-        self.opened.close()
+        try:
+            if close is not None:
+                try:
+                    close()
+                except PowerError:
+                    raise
+                except Exception as exc:
+                    name = type(self.proposer).__name__
+                    raise AdapterFault(f"proposer {name}.close raised {type(exc).__name__}: {exc}; the target "
+                                       "was closed anyway", proposer=name, method="close") from exc
+        finally:
+            self.opened.close()
 
     # -- one request at a time -----------------------------------------------------------------
     def _claim(self, gen: Generation) -> None:
@@ -310,6 +336,7 @@ class Generation:
     def _transaction(self) -> Transaction:
         s = self.session
         assert self.config is not None
+        check_observers_only(s.plugins.pm)  # also when a host registered a plugin after loading
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
         interrupt, withdraw = (getattr(s.opened.target, name, None) for name in ("cancel", "clear_abort"))

@@ -10,6 +10,12 @@
 7. ``restore``    — on cancellation or any exception, return target, proposer, sampler and decoder
    to the last committed transaction (the start of the round) and re-raise.
 
+Every call into the proposer goes through :meth:`Transaction._call`, the one place where an
+exception that is not a :class:`~power_core.errors.PowerError` becomes an
+:class:`~power_core.errors.AdapterFault` naming the proposer, the method and the exception.
+Observers (``power_txn_phase`` wrappers) see each phase but cannot replace it: the transaction runs
+the phase's step itself and takes its result, or its exception, from the step, not from the hook.
+
 The target's memory holds every committed token except the *anchor*, the last emitted token; the
 anchor opens the next verify block. The sampler draws emitted position ``p`` from a stream indexed
 by ``p`` (:mod:`power_core.sampling`), so a rejected suffix never advances it.
@@ -28,7 +34,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from power_core.errors import AdapterFault, Cancelled, CapacityError, PowerError, RuntimeFault
+from power_core.errors import AdapterFault, Cancelled, CapacityError, PluginError, PowerError, RuntimeFault
 from power_core.logs import get_logger
 from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
 from power_core.sampling import TargetSampler
@@ -172,24 +178,86 @@ class Transaction:
         if keep == 0:
             self.target.reset()
         self.reused = keep
-        observe = None
-        if self.proposer is not None:
-            # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
-            # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
-            self.proposer.begin(tokens)
-            observe = self.proposer.observe
-        row = self.target.prefill(tokens[keep:], observe)
+        try:
+            observe = None
+            if self.proposer is not None:
+                # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
+                # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
+                self._call("begin", tokens)
+                observe = self._observe_prefill
+            row = self.target.prefill(tokens[keep:], observe)
+        except BaseException:
+            # nothing stays half-loaded: the request starts over (begin included) when it is run again
+            self.target.reset()
+            raise
         self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
         self._n_hist = tokens.shape[0]
         self.anchor = int(tokens[-1])
 
+    def _observe_prefill(self, res: DecodeResult) -> None:
+        self._call("observe", res)
+
+    # -- the one door into the proposer ---------------------------------------------------------------
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call ``proposer.<method>(*args)``; a foreign exception becomes :class:`AdapterFault`.
+
+        A :class:`PowerError` (e.g. a native runtime's typed error) passes through unchanged, and so
+        does a ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``). The caller's
+        round then restores, as for any failure.
+        """
+        name = type(self.proposer).__name__
+        try:
+            return getattr(self.proposer, method)(*args)
+        except PowerError:
+            raise
+        except Exception as exc:
+            raise AdapterFault(f"proposer {name}.{method} raised {type(exc).__name__}: {exc} (round "
+                               f"{len(self.rounds)}); Power restores the last committed state. Fix the adapter: "
+                               "a proposer raises only power_core errors on purpose", proposer=name,
+                               method=method) from exc
+
     # -- phases ------------------------------------------------------------------------------------
-    def _phase(self, name: str, step: Callable[[], Any]) -> Any:
+    def _phase(self, name: str, step: Callable[[], Any], required: bool = False) -> Any:
+        """Run one phase, through the observers' ``power_txn_phase`` wrappers when there are any.
+
+        The result (or exception) is the step's own: a wrapper may time, log or raise (a failure of
+        the round, which then restores), but cannot swallow the step's exception or replace its
+        result. A ``required`` phase (restore) runs even when an observer fails before it, and an
+        observer's exception there never replaces the round's own.
+        """
         if self.phase_hook is None:
             return step()
-        return self.phase_hook(phase=name, round_index=len(self.rounds), step=step)
+        outcome: list[tuple[bool, Any]] = []
+
+        def run() -> Any:
+            try:
+                value = step()
+            except BaseException as exc:
+                outcome.append((False, exc))
+                raise
+            outcome.append((True, value))
+            return value
+
+        try:
+            self.phase_hook(phase=name, round_index=len(self.rounds), step=run)
+        except BaseException as exc:
+            if outcome and not outcome[0][0]:
+                raise outcome[0][1] from None  # the step's own failure, whatever the observer made of it
+            if not required:
+                raise
+            log.warning("txn.observer_failed", phase=name, error=f"{type(exc).__name__}: {exc}")
+            if not outcome:
+                run()
+        if not outcome:
+            raise PluginError(f"the {name!r} phase of round {len(self.rounds)} never ran: a plugin answered "
+                              "power_txn_phase instead of Power's core. Only observers may implement it, with "
+                              "@hookimpl(wrapper=True)")
+        ok, value = outcome[0]
+        if not ok:
+            raise value  # an observer swallowed the step's exception; the transaction still fails
+        return value
 
     def _check_cancel(self) -> None:
         if self.cancel.cancelled:
@@ -208,21 +276,19 @@ class Transaction:
             return _EMPTY
         ctx = ProposalContext(history=self.history, anchor=self.anchor,
                               k=k, round_index=len(self.rounds))
-        try:
-            raw = self.proposer.propose(ctx)
-        except PowerError:
-            raise
-        except Exception as exc:
-            raise AdapterFault(f"proposer {type(self.proposer).__name__}.propose raised "
-                               f"{type(exc).__name__}: {exc}") from exc
-        props = np.asarray(raw)
+        props = np.asarray(self._call("propose", ctx))
+        name = type(self.proposer).__name__
+        where = f"proposer {name}.propose in round {len(self.rounds)}"
         if props.ndim != 1 or (props.size and not np.issubdtype(props.dtype, np.integer)):
-            raise AdapterFault(f"proposer returned {props.dtype}{list(props.shape)}; expected 1-D integer ids")
+            raise AdapterFault(f"{where} returned {props.dtype}{list(props.shape)}; expected 1-D integer ids",
+                               proposer=name)
         if props.shape[0] > k:
-            raise AdapterFault(f"proposer returned {props.shape[0]} tokens but the round allows at most {k}")
+            raise AdapterFault(f"{where} returned {props.shape[0]} tokens but the round allows at most "
+                               f"ctx.k={k}", proposer=name)
         n_vocab = self.target.capabilities.n_vocab
         if props.size and (props.min() < 0 or props.max() >= n_vocab):
-            raise AdapterFault(f"proposer returned token id outside [0, {n_vocab}): {props.tolist()}")
+            raise AdapterFault(f"{where} returned token id outside [0, {n_vocab}) (the target's n_vocab): "
+                               f"{props.tolist()}", proposer=name)
         return props.astype(np.int32, copy=False)
 
     def _choose_width(self, props: TokenArray) -> tuple[TokenArray, dict[str, Any] | None]:
@@ -245,7 +311,7 @@ class Transaction:
 
     def _observe(self, res: DecodeResult) -> DecodeResult:
         if self.proposer is not None:
-            self.proposer.observe(res)
+            self._call("observe", res)
         return res
 
     def _accept(self, props: TokenArray, res: DecodeResult) -> tuple[list[int], int, str | None]:
@@ -284,7 +350,7 @@ class Transaction:
             self.target_passes += 1
             replayed = True
         if self.proposer is not None:
-            self.proposer.commit(accepted, np.asarray(out, dtype=np.int32))
+            self._call("commit", accepted, np.asarray(out, dtype=np.int32))
         return replayed
 
     # -- one round -------------------------------------------------------------------------------
@@ -320,7 +386,7 @@ class Transaction:
             self._phase("emit", lambda: self._emit(out, stop))
         except BaseException as exc:
             error = exc
-            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, error))
+            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, error), required=True)
             raise
         # the round is committed: record it (pure bookkeeping, cannot fail)
         if first is None:
@@ -339,21 +405,33 @@ class Transaction:
     def _checkpoint(self) -> tuple[Any, Any]:
         cp_target = self.target.checkpoint()
         try:
-            cp_proposer = self.proposer.checkpoint() if self.proposer is not None else None
-        except Exception as exc:
-            self.target.restore(cp_target)
-            raise AdapterFault(f"proposer checkpoint failed: {type(exc).__name__}: {exc}") from exc
+            cp_proposer = self._call("checkpoint") if self.proposer is not None else None
+        except BaseException:
+            self.target.restore(cp_target)  # the proposer has no checkpoint to restore to
+            raise
         return cp_target, cp_proposer
 
     def _restore(self, cp_target: Any, cp_proposer: Any, decoder: tuple[int, int, str | None],
                  exc: BaseException) -> None:
-        self.target.restore(cp_target)
-        if self.proposer is not None:
-            self.proposer.restore(cp_proposer)
+        # the decoder first (pure bookkeeping, cannot fail), then the target, then the proposer
         n_emitted, self.anchor, self.finished = decoder
         self._n_hist -= len(self.emitted) - n_emitted
         del self.emitted[n_emitted:]
+        self.target.restore(cp_target)
         log.info("txn.restore", round=len(self.rounds), error=type(exc).__name__, n_past=self.target.n_past)
+        if self.proposer is None:
+            return
+        try:
+            self._call("restore", cp_proposer)
+        except Exception as fault:
+            # the proposer's state is unknown: finish this request without it (exact, target-only);
+            # the next request begins it afresh
+            name = type(self.proposer).__name__
+            self.proposer = None
+            log.warning("txn.proposer_lost", round=len(self.rounds), error=str(fault))
+            raise AdapterFault(f"{fault} (while restoring after {type(exc).__name__}: {exc}). The target was "
+                               "restored; the rest of this request runs target-only (still exact) and the next "
+                               "request calls begin() again", proposer=name, method="restore") from fault
 
     def _emit(self, out: list[int], stop: str | None) -> None:
         self.emitted.extend(out)

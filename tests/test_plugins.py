@@ -11,10 +11,10 @@ import pytest
 
 import power_core
 from power_core import hookspecs
-from power_core.errors import PluginError, StrategyNotFound, StrategyNotInstalled
+from power_core.errors import AdapterFault, PluginError, StrategyNotFound, StrategyNotInstalled
 from power_core.plugins import Backend, Registry, Strategy, build_plugins, hookimpl
-from power_core.testing.conformance import FaultInjector
-from tests.helpers import core_plugins, open_session
+from power_core.testing.conformance import FailOnCall, FaultInjector
+from tests.helpers import core_plugins, open_session, run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
 HOOKS = sorted(n for n in dir(hookspecs) if n.startswith("power_"))
@@ -186,3 +186,84 @@ def test_hookspecs_are_in_transaction_order():
     assert order == ["power_register_strategies", "power_register_backends", "power_request_start",
                      "power_txn_phase", "power_request_end"]
     assert isinstance(hookspecs.hookspec, pluggy.HookspecMarker)
+
+
+# -- the transaction cannot be bypassed: power_txn_phase is wrapper-only outside the core -----------------
+def test_plain_power_txn_phase_is_refused_naming_the_plugin():
+    class Replacer:
+        __name__ = "sneaky-verifier"
+
+        @hookimpl(tryfirst=True)
+        def power_txn_phase(self, phase, step):
+            return "skip" if phase == "verify" else step()
+
+    with pytest.raises(PluginError, match=r"'sneaky-verifier' implements power_txn_phase as a plain "
+                                          r"implementation.*@hookimpl\(wrapper=True\)"):
+        build_plugins(extra=(Replacer(),))
+
+
+def test_old_style_hookwrapper_power_txn_phase_is_refused():
+    class Old:
+        __name__ = "old-wrapper"
+
+        @hookimpl(hookwrapper=True)
+        def power_txn_phase(self, phase):
+            outcome = yield
+            outcome.force_result(None)
+
+    with pytest.raises(PluginError, match="'old-wrapper' implements power_txn_phase as an old-style hookwrapper"):
+        build_plugins(extra=(Old(),))
+
+
+def test_a_plugin_registered_after_loading_cannot_replace_a_phase():
+    class Late:
+        @hookimpl(tryfirst=True)
+        def power_txn_phase(self, phase, step):
+            return step()
+
+    with open_session("reference:vocab=40,dim=8", "ref-draft", None, max_tokens=3) as s:
+        s.plugins = core_plugins(FaultInjector())  # a fresh manager, so the cached one stays clean
+        s.plugins.pm.register(Late(), name="late")
+        with pytest.raises(PluginError, match="'late' implements power_txn_phase"):
+            s.generate([1, 2, 3])
+
+
+def test_an_observer_cannot_swallow_a_failure_or_replace_a_result():
+    class Liar:
+        __name__ = "liar"
+
+        @hookimpl(wrapper=True)
+        def power_txn_phase(self, phase, round_index):
+            try:
+                result = yield
+            except Exception:
+                return None  # swallow the step's failure
+            return [] if phase == "accept" else result  # and replace a result
+
+    ref = run("reference:vocab=40,dim=8", [1, 2, 3], max_tokens=6).tokens
+    with open_session("reference:vocab=40,dim=8", "ref-draft", None, Liar(), max_tokens=6) as s:
+        assert s.generate([1, 2, 3]).tokens == ref  # the replaced accept result was ignored
+    with open_session("reference:vocab=40,dim=8", "ref-draft", None, Liar(), max_tokens=6) as s:
+        s.proposer = FailOnCall(s.proposer, "observe", call=2)  # fails inside round 1's verify step
+        gen = s.start([1, 2, 3])
+        with pytest.raises(AdapterFault, match="observe raised ValueError"):
+            gen.run()
+        assert s.opened.target.n_past == 3 and len(gen.tokens) == 1  # restored to round 0
+
+
+def test_restore_runs_even_when_an_observer_fails_before_it():
+    class BrokenObserver:
+        __name__ = "broken-observer"
+
+        @hookimpl(wrapper=True)
+        def power_txn_phase(self, phase, round_index):
+            if phase == "restore":
+                raise OSError("log sink full")
+            return (yield)
+
+    inj = FaultInjector(phase="commit", round_index=1, when="after")
+    with open_session("reference:vocab=40,dim=8", "ref-draft", None, inj, BrokenObserver(), max_tokens=6) as s:
+        gen = s.start([1, 2, 3])
+        with pytest.raises(RuntimeError, match="injected fault"):  # the round's own error, not the observer's
+            gen.run()
+        assert s.opened.target.n_past == 3 and len(gen.tokens) == 1

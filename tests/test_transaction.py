@@ -77,3 +77,93 @@ def test_proposer_contract_violations_are_adapter_faults(out, msg):
         with pytest.raises(AdapterFault, match=msg):
             gen.run()
         assert s.opened.target.n_past == 3 and len(gen.tokens) == 1  # round 0 kept, round 1 restored
+
+
+# -- every adapter call goes through one door: foreign exceptions become AdapterFault ---------------------
+def _failing(method, call):
+    from power_core.testing.conformance import FailOnCall
+
+    return lambda inner: FailOnCall(inner, method, call=call)
+
+
+@pytest.mark.parametrize("method,call", [("checkpoint", 2), ("propose", 1), ("observe", 2), ("commit", 2),
+                                         ("commit", 1)])
+def test_adapter_exception_in_a_round_is_an_adapter_fault_and_restores(method, call):
+    prompt = [1, 2, 3, 4, 5]
+    ref = run(MODEL, prompt, max_tokens=12).tokens
+    with open_session(MODEL, "ref-draft", max_tokens=12) as s:
+        s.proposer = _failing(method, call)(s.proposer)
+        gen = s.start(prompt)
+        with pytest.raises(AdapterFault, match=rf"FailOnCall\.{method} raised ValueError: adapter bug") as err:
+            gen.run()
+        assert (err.value.proposer, err.value.method) == ("FailOnCall", method)
+        assert isinstance(err.value.__cause__, ValueError)
+        assert gen.receipt.status == "failed" and gen.receipt.error.startswith("adapter_fault")
+        assert s.opened.target.n_past == len(prompt) - 1 + max(len(gen.tokens), 1)  # last commit, exactly
+        assert gen.tokens == ref[: len(gen.tokens)]
+        assert gen.run().tokens == ref
+
+
+@pytest.mark.parametrize("method", ["begin", "observe"])
+def test_adapter_exception_in_prefill_leaves_nothing_loaded_and_the_request_reruns(method):
+    prompt = [1, 2, 3, 4, 5]
+    ref = run(MODEL, prompt, max_tokens=12).tokens
+    with open_session(MODEL, "ref-draft", max_tokens=12) as s:
+        s.proposer = _failing(method, 1)(s.proposer)  # the first observe is the prefill chunk's
+        gen = s.start(prompt)
+        with pytest.raises(AdapterFault, match=rf"\.{method} raised ValueError") as err:
+            gen.run()
+        assert err.value.method == method
+        assert gen.tokens == () and s.opened.target.n_past == 0  # nothing half-loaded
+        begins = s.proposer.calls if method == "begin" else None
+        assert gen.run().tokens == ref  # the request starts over: begin, then the prefill again
+        if begins is not None:
+            assert s.proposer.calls == begins + 1
+
+
+def test_failing_proposer_restore_still_restores_the_target_and_finishes_target_only():
+    from power_core.testing.conformance import FaultInjector
+
+    prompt = [1, 2, 3, 4, 5]
+    ref = run(MODEL, prompt, max_tokens=12).tokens
+    inj = FaultInjector(phase="commit", round_index=1, when="after")
+    with open_session(MODEL, "ref-draft", None, inj, max_tokens=12) as s:
+        s.proposer = _failing("restore", 1)(s.proposer)
+        gen = s.start(prompt)
+        with pytest.raises(AdapterFault, match="restore raised ValueError.*while restoring after InjectedFault"
+                                               ".*target-only") as err:
+            gen.run()
+        assert err.value.method == "restore"
+        assert len(gen.tokens) == 1 and s.opened.target.n_past == len(prompt)  # round 1 undone
+        res = gen.run()
+        assert res.tokens == ref
+        assert all(r["proposed"] == 0 for r in res.receipt.rounds[1:])  # the proposer sat the request out
+        assert s.generate(prompt).receipt.summary()["proposed"] > 0  # the next request begins it again
+
+
+def test_power_errors_from_the_adapter_pass_through_typed():
+    from power_core.errors import StateLost
+
+    class Lost(_Bad):
+        def propose(self, ctx):
+            raise StateLost("draft memory lost")
+
+    with open_session(MODEL, "ref-draft", max_tokens=5) as s:
+        s.proposer = Lost(None)
+        with pytest.raises(StateLost, match="draft memory lost"):
+            s.generate([1, 2, 3])
+
+
+def test_session_close_closes_the_target_even_when_the_proposer_close_fails():
+    closed = []
+    s = open_session(MODEL, "ref-draft", max_tokens=5)
+    s.opened.close = lambda: closed.append(True)
+
+    class Boom(_Bad):
+        def close(self):
+            raise OSError("handle already freed")
+
+    s.proposer = Boom(None)
+    with pytest.raises(AdapterFault, match=r"Boom\.close raised OSError"):
+        s.close()
+    assert closed == [True]

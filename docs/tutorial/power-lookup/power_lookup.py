@@ -1,12 +1,20 @@
 """A model-free proposer: find the latest earlier occurrence of the history's last n tokens and
 propose what followed it (prompt lookup). It needs no draft model, works on every backend, and pays
-off on copy-heavy prompts (code edits, quoting)."""
+off on copy-heavy prompts (code edits, quoting).
+
+It keeps its own copy of the committed tokens, as a model-backed proposer keeps a draft model's
+memory, to show how a proposer's state follows the transaction: ``begin`` starts it, ``commit``
+extends it, ``checkpoint``/``restore`` undo a round. (A lookup could read ``ctx.history`` instead,
+which holds the same tokens, and keep no state at all.)
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from power_core import ProposalContext, Strategy, hookimpl
+from power_core import DecodeResult, ProposalContext, ProposerRequest, Strategy, hookimpl
 
 __version__ = "0.1.0"
 
@@ -14,18 +22,20 @@ __version__ = "0.1.0"
 class LookupProposer:
     features: frozenset[str] = frozenset()  # needs no hidden states from the target
 
-    def __init__(self, max_ngram: int = 3) -> None:
+    def __init__(self, n_vocab: int, max_ngram: int = 3) -> None:
+        self.n_vocab = n_vocab  # every id it proposes is copied from the history, so below n_vocab
         self.max_ngram = max_ngram
+        self.tokens = np.zeros(0, dtype=np.int32)  # committed tokens; the last one is the anchor
 
-    # stateless: nothing to begin, checkpoint, commit or restore
-    def begin(self, prompt):
-        pass
+    def begin(self, prompt: np.ndarray) -> None:
+        # a new request (one proposer serves every request of a session): forget the previous one
+        self.tokens = np.array(prompt, dtype=np.int32)
 
-    def checkpoint(self):
-        return None
+    def checkpoint(self) -> Any:
+        return len(self.tokens)
 
-    def propose(self, ctx: ProposalContext):
-        hist = ctx.history  # committed tokens; its last element is the anchor
+    def propose(self, ctx: ProposalContext) -> np.ndarray:
+        hist = self.tokens  # the same ids as ctx.history
         for n in range(min(self.max_ngram, len(hist) - 1), 0, -1):
             tail = hist[-n:]
             # windows of length n ending before the tail itself
@@ -36,14 +46,20 @@ class LookupProposer:
                 return hist[start:start + ctx.k].astype(np.int32)
         return np.zeros(0, dtype=np.int32)
 
-    def observe(self, result):
-        pass
+    def observe(self, result: DecodeResult) -> None:
+        pass  # a lookup needs no target rows
 
-    def commit(self, n_accepted, emitted):
-        pass
+    def commit(self, n_accepted: int, emitted: np.ndarray) -> None:
+        # emitted: the n_accepted proposals, then the correction or bonus token (the next anchor)
+        self.tokens = np.concatenate((self.tokens, emitted)).astype(np.int32)
 
-    def restore(self, checkpoint):
-        pass
+    def restore(self, checkpoint: Any) -> None:
+        self.tokens = self.tokens[:checkpoint]
+
+
+def make_proposer(request: ProposerRequest) -> LookupProposer:
+    """Called once per session (``Session.open``), not per request."""
+    return LookupProposer(n_vocab=request.opened.target.capabilities.n_vocab)
 
 
 @hookimpl
@@ -51,5 +67,5 @@ def power_register_strategies(register):
     register(Strategy(
         name="lookup", version=__version__, package="power-lookup", kind="model-free",
         summary="Prompt-lookup n-gram proposals (tutorial adapter).",
-        proposer=lambda request: LookupProposer(),
+        proposer=make_proposer,
     ))
