@@ -144,6 +144,14 @@ class _Kit(AdapterConformance):
         self.draft = str(drafts[("qwen35", self.strategy_name)])
 
 
+    @pytest.mark.power_conformance
+    @pytest.mark.xfail(strict=False, reason="tiny drafts with random weights: an accepted proposal is chance; "
+                       "that these adapters propose exactly what llama.cpp's drafter proposes is checked by "
+                       "test_same_proposals_as_llama_cpp")
+    def test_proposes(self) -> None:
+        super().test_proposes()
+
+
 class TestDFlashConformance(_Kit):
     strategy_name = "dflash"
 

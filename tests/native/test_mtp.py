@@ -106,8 +106,25 @@ class TestMtpConformanceQwen35(AdapterConformance):
         self.model = str(request.getfixturevalue(self.fixture_name))
 
 
+    @pytest.mark.power_conformance
+    @pytest.mark.xfail(strict=False, reason="the tiny fixture's MTP head has random weights: an accepted draft "
+                       "is chance (1 in ~128 ids); TestMtpConformancePredictable runs this check on a head "
+                       "that predicts its target")
+    def test_proposes(self) -> None:
+        super().test_proposes()
+
+
 class TestMtpConformanceQwen3Next(TestMtpConformanceQwen35):
     fixture_name = "tiny_qwen3next_mtp"
+
+
+class TestMtpConformancePredictable(TestMtpConformanceQwen35):
+    """The whole kit on a qwen35 whose MTP head reproduces the target's next-token map: proposals are
+    accepted (test_proposes), and the checks that compare proposals across faults see real drafts."""
+
+    fixture_name = "predictable_mtp"
+
+    test_proposes = AdapterConformance.test_proposes  # the standard check, not the random-head opt-out
 
 
 # -- high acceptance, scheduling on real llama.cpp -----------------------------------------------------------
