@@ -99,6 +99,7 @@ def _config_from_args(args: argparse.Namespace):
         "spec_draft_p_min": args.p_min,
         "trace": True if args.trace else None,
         "numerics": args.numerics,
+        "rpc_servers": args.rpc,
         "selftest": True if args.selftest else None,
         "require_identical": True if args.require_identical else None,
     }
@@ -224,7 +225,7 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
     from power_core.session import Session
 
     config = PowerConfig.from_mapping({}, spec_mode="off", selftest=True, numerics=args.numerics,
-                                      n_threads=args.threads, n_ctx=args.n_ctx)
+                                      n_threads=args.threads, n_ctx=args.n_ctx, rpc_servers=args.rpc)
     with Session.open(config, model=args.model, backend=args.backend) as session:
         report = session.numerics
         assert report is not None
@@ -258,6 +259,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _numerics_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numerics", choices=("exact", "stock"),
                    help="target kernels: exact (default; batch-invariant) or stock (as stock llama.cpp binaries)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,...]",
+                   help="llama.cpp rpc-server endpoints that hold the target's layers (unauthenticated: loopback "
+                        "or a private network only)")
 
 
 def build_parser() -> argparse.ArgumentParser:

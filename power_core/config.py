@@ -72,6 +72,28 @@ def _choice(allowed: tuple[str, ...]) -> Any:
     return check
 
 
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 as ``[addr]:port``) -> (host, port), or :class:`ConfigError`."""
+    host, sep, port = str(endpoint).rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("rpc_servers", endpoint, "HOST:PORT entries, e.g. 127.0.0.1:50052")
+    return host, int(port)
+
+
+def _endpoints(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError("rpc_servers", value, "a list of HOST:PORT strings (or one comma-separated string)")
+    out = tuple(v.strip() for v in value)
+    for endpoint in out:
+        parse_endpoint(endpoint)
+    if len(set(out)) != len(out):
+        raise ConfigError("rpc_servers", list(out), "distinct HOST:PORT entries")
+    return out
+
+
 def _bool(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(attr.name, value, "true or false")
@@ -143,6 +165,9 @@ class PowerConfig:
     #: request of the session left in memory (llama-server's ``cache_prompt``); the receipt's
     #: ``prompt_reused`` counts the tokens not prefilled again
     cache_prompt: bool = attrs.field(default=False, validator=_bool)
+    #: llama.cpp ``rpc-server`` endpoints (``HOST:PORT``) that hold the target's layers (power-native
+    #: built with ``POWER_NATIVE_RPC=1``); empty: everything runs in this process
+    rpc_servers: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
     #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
     #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
     #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)

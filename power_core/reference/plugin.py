@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from power_core.errors import ConfigError
 from power_core.plugins import (
     Backend,
     OpenedModel,
@@ -64,6 +65,9 @@ def _accepts(model: str | None) -> bool:
 
 def open_reference(request: OpenRequest) -> OpenedModel:
     spec = request.model or DEFAULT_SPEC
+    if getattr(request.config, "rpc_servers", ()):
+        raise ConfigError("rpc_servers", list(request.config.rpc_servers), "empty for the reference backend",
+                          "it runs in-process; RPC servers serve GGUF targets of the llama backend")
     model = ReferenceModel.from_spec(spec)
     max_block = max(64, request.max_block)
     costs = tuple(1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None

@@ -14,6 +14,38 @@ cdef str _meta_str(const llama_model * m, str key):
     return buf[:n].decode("utf-8", "replace")
 
 
+ctypedef ggml_backend_reg_t (*_rpc_add_server_t)(const char * endpoint) noexcept nogil
+
+
+cdef ggml_backend_dev_t * _rpc_devices(tuple endpoints) except NULL:
+    """A NULL-terminated list of the devices of llama.cpp's RPC servers at ``endpoints`` (malloc'd)."""
+    cdef ggml_backend_reg_t rpc = ggml_backend_reg_by_name(b"RPC")
+    if rpc == NULL:
+        raise ConfigError("rpc_servers", list(endpoints), "a power-native built with llama.cpp's RPC backend",
+                          "reinstall it with POWER_NATIVE_RPC=1 (pip install ./native)")
+    cdef _rpc_add_server_t add = <_rpc_add_server_t>ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server")
+    if add == NULL:
+        raise RuntimeFault("llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
+    devs = []
+    cdef ggml_backend_reg_t reg
+    cdef bytes ep
+    cdef size_t i
+    for endpoint in endpoints:
+        ep = endpoint.encode()
+        with nogil:
+            reg = add(ep)
+        if reg == NULL:
+            raise RuntimeFault(f"rpc server {endpoint} reports no devices")
+        for i in range(ggml_backend_reg_dev_count(reg)):
+            devs.append(<size_t>ggml_backend_reg_dev_get(reg, i))
+    cdef ggml_backend_dev_t * out = <ggml_backend_dev_t *>calloc(len(devs) + 1, sizeof(ggml_backend_dev_t))
+    if out == NULL:
+        raise MemoryError()
+    for i in range(len(devs)):
+        out[i] = <ggml_backend_dev_t><size_t>devs[i]
+    return out
+
+
 # -- Model --------------------------------------------------------------------------------------------
 cdef class Model:
     """A loaded ``llama_model`` (freed with the object)."""
@@ -54,21 +86,34 @@ cdef class Model:
         self.mrope = rope == 8 or rope == 40  # LLAMA_ROPE_TYPE_MROPE / IMROPE: 4 positions per embedding entry
 
     @staticmethod
-    def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True):
+    def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True,
+             rpc_servers=()):
         """Load a GGUF file. The caller validates the header first (``power_native.gguf_check``);
-        a NULL model from llama.cpp is still an :class:`ArtifactError`."""
+        a NULL model from llama.cpp is still an :class:`ArtifactError`.
+
+        ``rpc_servers`` (``"host:port"``, already probed by :mod:`power_native.rpc`): the model's
+        layers go to those llama.cpp ``rpc-server`` processes (their devices only; nothing is
+        registered process-wide, so other loads stay local)."""
         cdef llama_model_params p = llama_model_default_params()
         p.load_mtp = load_mtp
         p.vocab_only = vocab_only
         p.use_extra_bufts = repack
         if n_gpu_layers is not None:
             p.n_gpu_layers = n_gpu_layers
+        cdef ggml_backend_dev_t * devices = NULL
+        if rpc_servers:
+            devices = _rpc_devices(tuple(rpc_servers))
+            p.devices = devices
+            p.n_gpu_layers = 999 if n_gpu_layers is None else n_gpu_layers  # every layer on the servers
         cdef bytes bpath = os.fsencode(path)
         cdef const char * cpath = bpath
         cdef llama_model * ptr
         _errors.clear()
-        with nogil:
-            ptr = llama_model_load_from_file(cpath, p)
+        try:
+            with nogil:
+                ptr = llama_model_load_from_file(cpath, p)
+        finally:
+            free(devices)  # llama.cpp copied the list
         if ptr == NULL:
             _check("model_load", -1)
         cdef Model m = Model.__new__(Model)

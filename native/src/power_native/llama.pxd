@@ -39,6 +39,17 @@ cdef extern from "gguf.h" nogil:
     void gguf_free(gguf_context * ctx)
 
 
+cdef extern from "ggml-backend.h" nogil:
+    cdef struct ggml_backend_reg
+    ctypedef ggml_backend_reg * ggml_backend_reg_t
+    cdef struct ggml_backend_device
+    ctypedef ggml_backend_device * ggml_backend_dev_t
+    ggml_backend_reg_t ggml_backend_reg_by_name(const char * name)
+    void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
+    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
+
+
 cdef extern from "ggml-cpu.h" nogil:
     # Power's patch 0002-batch-invariant-cpu: process-wide batch-invariant CPU kernels (off = stock)
     void ggml_cpu_set_batch_invariant(bint on)
@@ -72,6 +83,7 @@ cdef extern from "llama.h" nogil:
     ctypedef bint (*llama_progress_callback)(float progress, void * user_data) noexcept
 
     cdef struct llama_model_params:
+        ggml_backend_dev_t * devices
         int32_t n_gpu_layers
         int32_t main_gpu
         llama_progress_callback progress_callback

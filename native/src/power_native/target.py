@@ -108,7 +108,8 @@ _MODELS_LOCK = threading.Lock()
 
 
 def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False,
-               view: ArtifactView | None = None, repack: bool = True) -> _llama.Model:
+               view: ArtifactView | None = None, repack: bool = True,
+               rpc_servers: tuple[str, ...] = ()) -> _llama.Model:
     """Inspect the file with the core's bounded GGUF parser (missing, directory, not GGUF, truncated,
     lying tensor table: typed errors before llama.cpp sees it), then load it — or return the model
     already loaded from the same unchanged file with the same options (``POWER_NATIVE_SHARED_WEIGHTS=0``
@@ -116,20 +117,21 @@ def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: b
     share = os.environ.get("POWER_NATIVE_SHARED_WEIGHTS", "1") not in ("0", "false", "no")
     try:
         st = os.stat(path)
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack, tuple(rpc_servers))
     except OSError:
         key = None  # missing or unreadable: _load says so with its typed error
     if share and key is not None:
         with _MODELS_LOCK:
             model = _MODELS.get(key)
             if model is None:
-                model = _MODELS[key] = _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack)
+                model = _MODELS[key] = _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack,
+                                             rpc_servers=rpc_servers)
         return model
-    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack)
+    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack, rpc_servers=rpc_servers)
 
 
 def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: ArtifactView | None,
-          repack: bool) -> _llama.Model:
+          repack: bool, rpc_servers: tuple[str, ...] = ()) -> _llama.Model:
     try:
         view = view or ArtifactView.from_gguf(path)
     except ArtifactError as exc:
@@ -138,7 +140,12 @@ def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: Arti
         raise ArtifactError(f"{role} file {os.fspath(path)!r} has no general.architecture key",
                             reason="gguf_bad_metadata", evidence="general.architecture")
     try:
-        return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack)
+        if rpc_servers:
+            from power_native.rpc import probe
+
+            for endpoint in rpc_servers:
+                probe(endpoint)  # ggml-rpc aborts the process on an unreachable server: fail typed first
+        return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers))
     except ArtifactError as exc:
         said = " | ".join(_llama.last_errors()) or str(exc)
         if "unknown model architecture" in said:
@@ -363,12 +370,13 @@ def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) 
 
 def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, snapshots: int,
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
-                digest: str | None = None, numerics: str = "exact") -> LlamaTarget:
+                digest: str | None = None, numerics: str = "exact",
+                rpc_servers: tuple[str, ...] = ()) -> LlamaTarget:
     """Load ``path`` and create its target context (the pieces of :func:`open_llama`) with the
     given :data:`NUMERICS`."""
     _numerics.acquire(numerics)
     try:
-        model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock")
+        model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock", rpc_servers=rpc_servers)
         shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
         ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), **shape)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics)
@@ -434,7 +442,8 @@ def open_llama(req: OpenRequest) -> OpenedModel:
     digest = file_digest(path).sha256
     cfg = req.config
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
-                         n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics)
+                         n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics,
+                         rpc_servers=cfg.rpc_servers)
     if req.verify_cost:
         try:
             target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
@@ -442,7 +451,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
             target.close()
             raise
     info = dict(build_info())
-    info.update(backend="llama", numerics=cfg.numerics, arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
+    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
                 n_threads=cfg.n_threads or os.cpu_count(), rollback=target.stats,
