@@ -16,14 +16,14 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
+from power_native import build_info  # noqa: E402
+from power_native.rpc import RpcUnreachable, probe  # noqa: E402
 from test_models import _model_path  # noqa: E402
 
 from power_core import cli  # noqa: E402
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ConfigError  # noqa: E402
 from power_core.session import Session  # noqa: E402
-from power_native import build_info  # noqa: E402
-from power_native.rpc import RpcUnreachable, probe  # noqa: E402
 
 pytestmark = [pytest.mark.native, pytest.mark.model, pytest.mark.slow]
 
