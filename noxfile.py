@@ -18,6 +18,9 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "typecheck", "tests"]
 
 ROOT = Path(__file__).parent
+# every session builds power-native with llama.cpp's RPC backend (a superset of the default build), so
+# the RPC tests run in CI and every session shares one cached llama.cpp build
+os.environ.setdefault("POWER_NATIVE_RPC", "1")
 PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark", "plugins/suffix"]
 #: plugins with a Cython extension built against the installed power-native (its .pxd files and libllama)
 NATIVE_PLUGINS = ["plugins/mtp"]
