@@ -29,11 +29,13 @@ cdef ggml_backend_dev_t * _rpc_devices(tuple endpoints) except NULL:
     devs = []
     cdef ggml_backend_reg_t reg
     cdef bytes ep
+    cdef const char * cep
     cdef size_t i
     for endpoint in endpoints:
         ep = endpoint.encode()
+        cep = ep
         with nogil:
-            reg = add(ep)
+            reg = add(cep)
         if reg == NULL:
             raise RuntimeFault(f"rpc server {endpoint} reports no devices")
         for i in range(ggml_backend_reg_dev_count(reg)):
