@@ -1,8 +1,9 @@
 """The ``power`` command line.
 
 Exit codes: 0 success, 1 usage error (bad flags), 2 rejected input (a :class:`PowerError`: bad
-config, unusable file, fail-closed strategy), 130 cancelled by Ctrl-C. No traceback reaches the user
-for an expected failure.
+config, unusable file, fail-closed strategy; with ``--json`` also one ``{"ok": false, "code", "message",
+"evidence"}`` object on stdout), 130 cancelled by Ctrl-C. No traceback reaches the user for an
+expected failure.
 """
 
 from __future__ import annotations
@@ -219,7 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cancelled", file=sys.stderr)
         return 130
     except PowerError as exc:
-        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+        evidence = getattr(exc, "evidence", None)
+        if getattr(args, "json", False):  # --json callers get the rejection as one object, as validate does
+            print(json.dumps({"ok": False, "code": exc.code, "message": str(exc), "evidence": evidence},
+                             sort_keys=True, default=str))
+        tail = f" [evidence: {evidence}]" if evidence else ""
+        print(f"error[{exc.code}]: {exc}{tail}", file=sys.stderr)
         return 2
 
 
