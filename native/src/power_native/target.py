@@ -22,6 +22,7 @@ import numpy as np
 import structlog
 
 from power_core.artifacts.identity import file_digest
+from power_core.artifacts.target import check_architecture
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
 from power_core.plugins import OpenedModel, OpenRequest
@@ -71,9 +72,7 @@ def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: b
         view = view or ArtifactView.from_gguf(path)
     except ArtifactError as exc:
         raise ArtifactError(f"{role} file: {exc}", reason=exc.reason, evidence=exc.evidence) from None
-    if not view.architecture:
-        raise ArtifactError(f"{role} file {os.fspath(path)!r} has no general.architecture key",
-                            reason="gguf_bad_metadata", evidence="general.architecture")
+    check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
     try:
         return _llama.Model.load(os.fspath(path), load_mtp=load_mtp)
     except ArtifactError as exc:
