@@ -106,6 +106,22 @@ def bench_native(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_numerics(session: nox.Session) -> None:
+    """--mode off tok/s with the batch-invariant default vs stock kernels, paired, SmolLM2 and Gemma-3."""
+    install_all(session)
+    session.run("python", "tests/bench/bench_numerics.py", "--out", str(ROOT / "evidence" / "bench_numerics.json"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_rss(session: nox.Session) -> None:
+    """RSS of 4 sessions sharing one loaded model vs 4 separate loads (SmolLM2, Gemma-3; both numerics)."""
+    install_all(session)
+    session.run("python", "tests/bench/bench_rss.py", "--out", str(ROOT / "evidence" / "bench_rss.json"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_mtp(session: nox.Session) -> None:
     """power-mtp vs llama-speculative-simple --spec-type draft-mtp (paired, interleaved), vs --mode off on a
     high-acceptance fixture, and the FR compact vocabulary's draft-pass time."""

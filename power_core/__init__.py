@@ -4,6 +4,7 @@ The public facade. Everything a host runtime, an adapter author or a backend nee
 from here; modules not named here are private and may change.
 """
 
+from power_core.chat import ChatTemplate
 from power_core.config import PowerConfig
 from power_core.errors import (
     AdapterFault,
@@ -15,6 +16,7 @@ from power_core.errors import (
     PluginError,
     PowerError,
     RuntimeFault,
+    SessionBusy,
     StateLost,
     StrategyNotFound,
     StrategyNotInstalled,
@@ -40,6 +42,7 @@ from power_core.runtime import (
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 from power_core.session import Generation, Result, Session
+from power_core.streaming import Stream
 from power_core.transaction import PHASES, CancelToken, Transaction
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "CancelToken",
     "Cancelled",
     "CapacityError",
+    "ChatTemplate",
     "ConfigError",
     "DecodeResult",
     "Generation",
@@ -69,10 +73,12 @@ __all__ = [
     "RuntimeFault",
     "Scheduler",
     "Session",
+    "SessionBusy",
     "StateLost",
     "Strategy",
     "StrategyNotFound",
     "StrategyNotInstalled",
+    "Stream",
     "TargetCapabilities",
     "TargetRuntime",
     "TargetSampler",

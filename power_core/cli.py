@@ -2,17 +2,24 @@
 
 Exit codes: 0 success, 1 usage error (bad flags), 2 rejected input (a :class:`PowerError`: bad
 config, unusable file, fail-closed strategy; with ``--json`` also one ``{"ok": false, "code", "message",
-"evidence"}`` object on stdout), 130 cancelled by Ctrl-C. No traceback reaches the user for an
-expected failure.
+"evidence"}`` object on stdout), 3 ``power selftest`` found verify rows that differ from one-token
+decodes, 130 cancelled by Ctrl-C. No traceback reaches the user for an expected failure.
+
+``power run`` prints the text to stdout as rounds commit, then one summary line to stderr; the full
+receipt goes to ``--receipt FILE`` or, with ``--json``, into the one JSON object printed at the end.
+Ctrl-C cancels the request at the next step (a decode in flight is aborted): the committed text stays
+printed, the receipt says ``cancelled``, and the exit code is 130. A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,11 +41,27 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+_HANDLER: logging.Handler | None = None
+
+
 def _configure_logging(verbose: int) -> None:
+    """The CLI is the application: it (not the library) decides that events go to stderr."""
+    global _HANDLER
+    from power_core.logs import render_event
+
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    root = logging.getLogger()
+    if _HANDLER is not None:
+        root.removeHandler(_HANDLER)
+    _HANDLER = logging.StreamHandler(sys.stderr)
+    _HANDLER.setFormatter(logging.Formatter("%(levelname)-7s %(name)s: %(message)s"))
+    root.addHandler(_HANDLER)
+    root.setLevel(level)
+    # code that calls structlog.get_logger directly (e.g. a plugin) follows the same route
     structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        processors=[structlog.stdlib.filter_by_level, render_event],
+        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=False,
     )
 
@@ -75,6 +98,9 @@ def _config_from_args(args: argparse.Namespace):
         "spec_mtp_fr_vocab_size": args.fr_vocab,
         "spec_draft_p_min": args.p_min,
         "trace": True if args.trace else None,
+        "numerics": args.numerics,
+        "selftest": True if args.selftest else None,
+        "require_identical": True if args.require_identical else None,
     }
     if args.config:
         return PowerConfig.from_toml(args.config, **overrides)
@@ -90,45 +116,128 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return args.prompt if args.prompt is not None else DEFAULT_PROMPT
 
 
+@contextlib.contextmanager
+def _ctrl_c_cancels(cancel: Any) -> Iterator[None]:
+    """First Ctrl-C: cancel the request (it ends at the next step, keeping what was committed);
+    a second one raises KeyboardInterrupt as usual."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if cancel.cancelled:
+            raise KeyboardInterrupt
+        cancel.cancel()
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: KeyboardInterrupt still counts as a cancel
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _summary_line(receipt: Any, receipt_path: str | None) -> str:
+    s = receipt.summary()
+    acc = "n/a" if s["acceptance"] is None else f"{s['acceptance']:.1%}"
+    tpp = "n/a" if s["verified_tokens_per_pass"] is None else f"{s['verified_tokens_per_pass']:.2f}"
+    line = (f"[{receipt.status}] finish={receipt.finish_reason} strategy={receipt.strategy['name']} "
+            f"backend={receipt.backend['name']} tokens={receipt.output_tokens} rounds={s['rounds']} "
+            f"acceptance={acc} tokens/pass={tpp} replays={s['replays']} "
+            f"decode={receipt.timings['decode_tok_s']:.1f} tok/s")
+    return line + (f" receipt={receipt_path}" if receipt_path else "")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from power_core.observers import PhaseTimer
     from power_core.plugins import build_plugins
     from power_core.session import Session
+    from power_core.transaction import CancelToken
 
     config = _config_from_args(args)
     prompt = _read_prompt(args)
+    if args.system is not None and not args.chat:
+        raise UsageError("power run: --system needs --chat")
     timer = PhaseTimer() if args.profile else None
     plugins = build_plugins(extra=(timer,) if timer else ())
-    with Session.open(config, model=args.model, draft=args.draft, backend=args.backend,
-                      plugins=plugins) as session:
-        if session.opened.tokenizer is None:
+    cancel = CancelToken()
+    cancelled = False
+    out = sys.stdout
+    with _ctrl_c_cancels(cancel), Session.open(config, model=args.model, draft=args.draft, backend=args.backend,
+                                               plugins=plugins) as session:
+        tokenizer = session.opened.tokenizer
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
+            messages.append({"role": "user", "content": prompt})
+            ids: Any = session.chat_prompt(messages)
+        elif tokenizer is None:
             # no tokenizer (synthetic models): the prompt is whitespace-separated token ids or bytes
             words = prompt.split()
-            ids = [int(w) for w in words] if words and all(w.isdigit() for w in words) else list(prompt.encode())
+            raw = [int(w) for w in words] if words and all(w.isdigit() for w in words) else list(prompt.encode())
             n_vocab = session.opened.target.capabilities.n_vocab
-            result = session.generate([i % n_vocab for i in ids])
+            ids = [i % n_vocab for i in raw]
         else:
-            result = session.generate(prompt)
-    receipt = result.receipt.to_dict()
-    if args.json:
-        out: dict[str, Any] = {"tokens": list(result.tokens), "text": result.text, "receipt": receipt}
-        if timer:
-            out["phases"] = timer.summary()
-        print(json.dumps(out))
-        return 0
+            ids = prompt
+        gen = session.start(ids, cancel=cancel, stop=args.stop)
+        shown = 0  # tokens printed (models without a tokenizer print ids as they commit)
+        try:
+            if args.json:
+                gen.run()
+            elif tokenizer is not None:
+                with gen.stream() as stream:
+                    for delta in stream:
+                        out.write(delta)
+                        out.flush()
+            else:
+                for _ in gen.rounds():
+                    fresh = gen.tokens[shown:]
+                    out.write("".join(f"{t} " for t in fresh))
+                    out.flush()
+                    shown += len(fresh)
+        except (Cancelled, KeyboardInterrupt):
+            cancelled = True
+        receipt = gen.receipt
+        assert receipt is not None
+        body = receipt.to_dict()
+        if args.receipt:
+            try:
+                Path(args.receipt).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError("receipt", args.receipt, "a writable file path", str(exc)) from None
+        if args.json:
+            obj: dict[str, Any] = {"tokens": list(gen.tokens), "text": gen.text(), "receipt": body}
+            if timer:
+                obj["phases"] = timer.summary()
+            print(json.dumps(obj))
+            return 130 if cancelled else 0
+    out.write("\n")
+    out.flush()
     if timer:
         for phase, row in timer.summary().items():
             print(f"phase {phase:<10} {row['seconds'] * 1e3:9.2f} ms over {row['calls']:.0f} calls", file=sys.stderr)
-    print(result.text if result.text is not None else " ".join(map(str, result.tokens)))
-    s = receipt["summary"]
-    acc = "n/a" if s["acceptance"] is None else f"{s['acceptance']:.1%}"
-    print(f"\n--- receipt ({receipt['schema']}) ---", file=sys.stderr)
-    print(f"strategy={receipt['strategy']['name']} backend={receipt['backend']['name']} "
-          f"tokens={receipt['output_tokens']} rounds={s['rounds']} acceptance={acc} "
-          f"tokens/pass={s['verified_tokens_per_pass']:.2f} replays={s['replays']} "
-          f"decode={receipt['timings']['decode_tok_s']:.1f} tok/s", file=sys.stderr)
-    print(json.dumps(receipt, indent=2))
-    return 0
+    print(_summary_line(receipt, args.receipt), file=sys.stderr)
+    return 130 if cancelled else 0
+
+
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    from power_core.config import PowerConfig
+    from power_core.session import Session
+
+    config = PowerConfig.from_mapping({}, spec_mode="off", selftest=True, numerics=args.numerics,
+                                      n_threads=args.threads, n_ctx=args.n_ctx)
+    with Session.open(config, model=args.model, backend=args.backend) as session:
+        report = session.numerics
+        assert report is not None
+        out = {"model": session.opened.model_path, "backend": session.backend.name, "numerics": config.numerics,
+               **report.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['model']} ({out['backend']}, numerics={config.numerics}): {report.reason()}")
+        for p in report.probes:
+            print(f"  context {p['context']:>4} width {p['width']:>2}: {p['rows_differing']} rows differ, "
+                  f"max |diff| {p['max_abs_diff']:.4g}, argmax flips {p['argmax_flips']}")
+    return 0 if report.identical else 3
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -146,6 +255,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _numerics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--numerics", choices=("exact", "stock"),
+                   help="target kernels: exact (default; batch-invariant) or stock (as stock llama.cpp binaries)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="power", description="Exact speculative decoding on llama.cpp.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logs on stderr")
@@ -155,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_plugins)
 
-    r = sub.add_parser("run", help="generate with speculative decoding and print the receipt")
+    r = sub.add_parser("run", help="generate with speculative decoding: stream the text, then a summary line")
     r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
     r.add_argument("--draft", help="draft artifact for strategies that need one")
     r.add_argument("--mode", help="spec_mode: off | auto | mtp | dflash | dflash2 | dspark | draft-model | ...")
@@ -163,6 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = r.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
+    r.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user message through the model's chat template")
+    r.add_argument("--system", help="system message (with --chat)")
+    r.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop string (repeatable): the output ends right before it")
     r.add_argument("--max-tokens", type=int)
     r.add_argument("--seed", type=int)
     r.add_argument("--temperature", type=float)
@@ -176,10 +295,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
     r.add_argument("--n-ctx", type=int)
     r.add_argument("--threads", type=int)
+    _numerics_flag(r)
+    r.add_argument("--selftest", action="store_true",
+                   help="probe the target's batch numerics at open and record it in the receipt")
+    r.add_argument("--require-identical", action="store_true",
+                   help="decode target-only (with the reason) unless verify rows equal one-token decodes")
     r.add_argument("--config", help="TOML file with configuration keys")
-    r.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, receipt")
+    r.add_argument("--json", action="store_true", help="print one JSON object at the end: tokens, text, receipt")
+    r.add_argument("--receipt", metavar="FILE", help="write the full receipt (JSON) to FILE")
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
+
+    t = sub.add_parser("selftest", help="are the target's verify rows bit-identical to one-token decodes? "
+                       "(exit 0 yes, 3 no)")
+    t.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
+    t.add_argument("--backend", help="force a backend (llama, reference)")
+    t.add_argument("--threads", type=int)
+    t.add_argument("--n-ctx", type=int, default=512)
+    _numerics_flag(t)
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=_cmd_selftest)
 
     b = sub.add_parser("bench", help="paired, interleaved benchmark of modes (and llama.cpp peers) -> evidence")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
@@ -213,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         return int(args.func(args))
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
+        return 1
     except Cancelled as exc:
         print(f"cancelled: {exc}", file=sys.stderr)
         return 130

@@ -19,7 +19,7 @@ import attrs
 
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE"]
+__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS"]
 
 #: modes whose names Power reserves; third-party strategies may add more names.
 FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
@@ -29,6 +29,8 @@ K_MAX = 64
 S_MAX = 64
 #: K when neither the configuration nor the strategy says (suits model-backed drafters)
 DEFAULT_DRAFT_MAX = 7
+#: values of the ``numerics`` key (what each means is the backend's; see power-native's target)
+NUMERICS = ("exact", "stock")
 
 
 def _int_range(lo: int, hi: int | None):
@@ -62,6 +64,14 @@ def _float_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool =
     return check
 
 
+def _choice(allowed: tuple[str, ...]) -> Any:
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value not in allowed:
+            raise ConfigError(attr.name, value, f"one of {', '.join(repr(a) for a in allowed)}")
+
+    return check
+
+
 def _bool(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(attr.name, value, "true or false")
@@ -73,6 +83,26 @@ def _mode(inst: Any, attr: attrs.Attribute, value: Any) -> None:
             attr.name, value, f"one of {', '.join(FIRST_PARTY_MODES)} or an installed strategy name",
             "names are lowercase letters, digits, '-', '_' or '.'",
         )
+
+
+#: at most this many stop strings per request
+STOP_MAX = 64
+
+
+def _stop_tuple(value: Any) -> Any:
+    """``"x"`` -> ``("x",)``; lists -> tuples (anything else is left for the validator to reject)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return value
+
+
+def _stops(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    ok = isinstance(value, tuple) and len(value) <= STOP_MAX
+    if not ok or not all(isinstance(s, str) and s for s in value):
+        raise ConfigError(attr.name, value, f"a list of at most {STOP_MAX} non-empty strings",
+                          "e.g. stop = [\"\\n\\n\", \"###\"]")
 
 
 @attrs.frozen
@@ -106,6 +136,23 @@ class PowerConfig:
     n_threads: int | None = attrs.field(default=None, validator=_opt(_int_range(1, 1024)))
     #: record each round's proposed token ids in the receipt (``rounds[i].proposal``)
     trace: bool = attrs.field(default=False, validator=_bool)
+    #: stop strings: the output ends right before the first occurrence of any of them, matched on
+    #: the decoded text across token boundaries (needs a model with a tokenizer)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_tuple, validator=_stops)
+    #: reuse the target's state for the prefix a request's prompt shares with what the previous
+    #: request of the session left in memory (llama-server's ``cache_prompt``); the receipt's
+    #: ``prompt_reused`` counts the tokens not prefilled again
+    cache_prompt: bool = attrs.field(default=False, validator=_bool)
+    #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
+    #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
+    #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)
+    numerics: str = attrs.field(default="exact", validator=_choice(NUMERICS))
+    #: probe the target's batch numerics when the session opens (:mod:`power_core.numerics`); the
+    #: result goes into every receipt (``selftest``)
+    selftest: bool = attrs.field(default=False, validator=_bool)
+    #: run target-only, with the reason, when the probe finds verify rows that differ from one-token
+    #: decodes on the running build (implies ``selftest``)
+    require_identical: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         s = self.spec_mtp_recurrent_snapshots
@@ -142,7 +189,9 @@ class PowerConfig:
         return self.temperature == 0.0 or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        out = attrs.asdict(self)
+        out["stop"] = list(self.stop)  # as JSON reads it back
+        return out
 
     def digest(self) -> str:
         """sha256 over the canonical JSON of every key: the receipt's config hash."""

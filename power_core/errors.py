@@ -19,6 +19,7 @@ __all__ = [
     "Cancelled",
     "StateLost",
     "CapacityError",
+    "SessionBusy",
 ]
 
 
@@ -104,7 +105,8 @@ class Cancelled(PowerError):
 
 
 class StateLost(RuntimeFault):
-    """A runtime could not restore a checkpoint; the session must be discarded."""
+    """A runtime could not restore a checkpoint (the session must be discarded), or an interrupted
+    generation cannot resume because its session has served another request since (start a new one)."""
 
     code = "state_lost"
 
@@ -113,3 +115,14 @@ class CapacityError(PowerError, ValueError):
     """A request does not fit (prompt longer than the context, K/S beyond what the runtime allows)."""
 
     code = "capacity_exceeded"
+
+
+class SessionBusy(PowerError, RuntimeError):
+    """A :class:`~power_core.session.Session` was asked to run while it serves another request.
+
+    A session owns one target context: one request at a time. A second thread (or an interleaved
+    call while a stream is unfinished) gets this error instead of waiting; open one session per
+    thread, or serialize calls in the host.
+    """
+
+    code = "session_busy"

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Generator
 from typing import Any
 
-import structlog
-
+from power_core.logs import get_logger
 from power_core.plugins import hookimpl
 
 __all__ = ["PhaseTimer"]
 
-log = structlog.get_logger("power_core.txn")
+log = get_logger("power_core.txn")
 
 
 class PhaseTimer:
@@ -37,7 +37,8 @@ class PhaseTimer:
             dt = time.perf_counter() - t0
             self.seconds[phase] += dt
             self.calls[phase] += 1
-            log.debug("txn.phase", phase=phase, round=round_index, seconds=dt)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("txn.phase", phase=phase, round=round_index, seconds=dt)
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {p: {"seconds": self.seconds[p], "calls": self.calls[p]} for p in self.seconds}

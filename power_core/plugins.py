@@ -15,11 +15,11 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import attrs
 import pluggy
-import structlog
 
 from power_core import hookspecs
 from power_core.config import MODE_NAME_RE
 from power_core.errors import PluginError, StrategyNotFound, StrategyNotInstalled
+from power_core.logs import get_logger
 from power_core.runtime import Proposer, TargetRuntime, TokenArray
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "package_version",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 hookimpl = pluggy.HookimplMarker("power")
 ENTRY_POINT_GROUP = "power.adapters"
 #: where each reserved first-party mode comes from, for fail-closed "install X" messages

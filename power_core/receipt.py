@@ -46,6 +46,11 @@ class Receipt:
     scheduler: dict[str, Any]
     timings: dict[str, float]
     error: str | None = None
+    #: the session's batch-numerics self-test (:class:`power_core.numerics.SelftestReport` without
+    #: its seconds, which are in ``timings``), when config ``selftest``/``require_identical`` ran it
+    selftest: dict[str, Any] | None = None
+    #: prompt tokens whose target state came from the previous request (config ``cache_prompt``)
+    prompt_reused: int = 0
     schema: str = SCHEMA
 
     @property

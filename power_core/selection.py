@@ -25,7 +25,6 @@ import os
 from typing import Any
 
 import attrs
-import structlog
 
 from power_core.artifacts.binding import read_model_manifest
 from power_core.artifacts.contracts import classify_draft, mtp_evidence
@@ -34,11 +33,12 @@ from power_core.artifacts.target import check_target
 from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
+from power_core.logs import get_logger
 from power_core.plugins import FIRST_PARTY_PACKAGES, Strategy
 
 __all__ = ["Selection", "select", "is_gguf_model"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

@@ -3,32 +3,51 @@
 A :class:`Session` owns one opened target (via a backend plugin) and at most one proposer: Power
 never loads two draft mechanisms at once. Each request is a :class:`Generation`; when it is
 cancelled or fails, its committed tokens stay and :meth:`Generation.run` continues from them.
+
+Requests: :meth:`Session.generate` (a :class:`Result`), :meth:`Session.stream` (a
+:class:`~power_core.streaming.Stream` of committed text deltas), and :meth:`Session.chat` /
+:meth:`Session.chat_stream`, which render the model's chat template first. Each takes ``stop``
+strings and ``max_tokens`` for the request (recorded in the receipt's config).
+
+Threads: a session serves one request at a time. A call that finds it busy (another thread's
+request, or an unfinished stream) raises :class:`~power_core.errors.SessionBusy` at once, never
+waits and never interleaves; hosts open one session per worker thread (separate sessions share
+nothing) or serialize calls themselves.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
+from power_core.chat import ChatTemplate, template_for
 from power_core.config import PowerConfig
-from power_core.errors import Cancelled, ConfigError, PowerError, StrategyNotFound
+from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy, StateLost, StrategyNotFound
+from power_core.logs import get_logger
+from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
 from power_core.plugins import Backend, OpenedModel, OpenRequest, PowerPlugins, ProposerRequest, get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import Proposer
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.selection import Selection, select
-from power_core.transaction import CancelToken, Transaction
+from power_core.streaming import Stream
+from power_core.text import TextAssembler
+from power_core.transaction import CancelToken, RoundRecord, Transaction
 
 __all__ = ["RequestInfo", "Result", "Generation", "Session"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
+
+#: text, or token ids (a sequence or a 1-D integer array)
+Prompt = str | Sequence[int] | np.ndarray
 
 
 @attrs.frozen
@@ -76,6 +95,13 @@ class Session:
     opened: OpenedModel
     proposer: Proposer | None
     stop_ids: frozenset[int]
+    #: the batch-numerics self-test run at open (config ``selftest`` / ``require_identical``)
+    numerics: SelftestReport | None = None
+    _mutex: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    _owner: Generation | None = attrs.field(default=None, init=False, repr=False)  # request now running
+    _resident: Generation | None = attrs.field(default=None, init=False, repr=False)  # whose state the target holds
+    _closed: bool = attrs.field(default=False, init=False, repr=False)
+    _chat_template: ChatTemplate | None = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
     def open(cls, config: PowerConfig | None = None, *, model: str | None = None, draft: str | None = None,
@@ -98,14 +124,27 @@ class Session:
             raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
                                    "artifacts but has no execution path in this version; use spec_mode='off' or "
                                    "another strategy")
-        # target-only decoding verifies one token per pass and never rolls back: size the context for that
+        probe = config.selftest or config.require_identical
+        # target-only decoding verifies one token per pass and never rolls back: size the context for
+        # that (the self-test verifies blocks up to its widest probe)
+        max_block = config.draft_max + 1 if speculative else 1
         request = OpenRequest(model=model, config=config,
-                              max_block=config.draft_max + 1 if speculative else 1,
+                              max_block=max(max_block, max(DEFAULT_WIDTHS)) if probe else max_block,
                               snapshots=config.snapshots if speculative else 0,
                               features=strategy.features_for(selection.verified) if speculative else frozenset(),
                               verify_cost=speculative and strategy.cost_aware)
         opened = chosen.open(request)
         try:
+            report = selftest(opened.target) if probe else None
+            if report is not None:
+                log.info("session.selftest", identical=report.identical, max_abs_diff=report.max_abs_diff)
+            if report is not None and config.require_identical and speculative and not report.identical:
+                # the target's verify rows are not its one-token rows here: speculation could change
+                # the output, so this session decodes target-only and says why
+                strategy, speculative = plugins.strategy("off"), False
+                selection = Selection(strategy=strategy, reason=f"require_identical: {report.reason()} on this "
+                                      f"build, so target-only instead of {selection.strategy.name!r} "
+                                      f"({selection.reason})")
             proposer = None
             if speculative:
                 assert strategy.proposer is not None
@@ -117,13 +156,47 @@ class Session:
             raise
         stops = opened.target.capabilities.eog_ids if stop_ids is None else frozenset(stop_ids)
         return cls(config=config, plugins=plugins, backend=chosen, selection=selection, opened=opened,
-                   proposer=proposer, stop_ids=stops)
+                   proposer=proposer, stop_ids=stops, numerics=report)
 
     def close(self) -> None:
+        """Free the model. Raises :class:`SessionBusy` while a request runs in another thread."""
+        with self._mutex:
+            if self._closed:
+                return
+            owner = self._owner
+            if owner is not None and owner._thread is not threading.current_thread():
+                raise SessionBusy("the session cannot close while another thread's request runs; cancel it "
+                                  "and wait for it to end, then close")
+            self._closed = True
+        if owner is not None and owner._stream is not None:
+            owner._stream.close()  # an unfinished stream of this thread ends as cancelled
         close = getattr(self.proposer, "close", None)
         if close is not None:
             close()
         self.opened.close()
+
+    # -- one request at a time -----------------------------------------------------------------
+    def _claim(self, gen: Generation) -> None:
+        with self._mutex:
+            if self._closed:
+                raise SessionBusy("the session is closed; open a new one")
+            if self._owner is not None:
+                raise SessionBusy("the session is serving another request (another thread's, or an unfinished "
+                                  "stream); a session runs one request at a time: open one session per thread, "
+                                  "or finish/close the stream first")
+            if not gen._prefilled and gen.txn is None and self._resident is not gen:
+                gen._predecessor = self._resident  # its committed tokens are what the target holds
+            if gen._prefilled and self._resident is not gen:
+                raise StateLost("this generation can no longer resume: its session has served another request "
+                                "since it was interrupted; start a new request")
+            self._owner = gen
+            self._resident = gen
+            gen._thread = threading.current_thread()
+
+    def _release(self, gen: Generation) -> None:
+        with self._mutex:
+            if self._owner is gen:
+                self._owner = None
 
     def __enter__(self) -> Session:
         return self
@@ -131,28 +204,85 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+    def encode(self, prompt: Prompt) -> np.ndarray:
         if isinstance(prompt, str):
             if self.opened.tokenizer is None:
                 raise ConfigError("prompt", prompt[:40], "token ids", "this model has no tokenizer; pass token ids")
             return np.asarray(self.opened.tokenizer.encode(prompt), dtype=np.int32)
         return np.asarray(list(prompt), dtype=np.int32)
 
-    def start(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-              max_tokens: int | None = None) -> Generation:
-        """Prepare a request (nothing runs until :meth:`Generation.run`)."""
-        return Generation(self, self.encode(prompt), cancel or CancelToken(),
-                          max_tokens or self.config.max_tokens)
+    def start(self, prompt: Prompt, *, cancel: CancelToken | None = None,
+              max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Generation:
+        """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
-    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-                 max_tokens: int | None = None) -> Result:
+        ``max_tokens`` and ``stop`` (stop strings) override the session's configuration for this
+        request; the receipt records the configuration the request ran with.
+        """
+        config = self.config
+        changes: dict[str, Any] = {}
+        if max_tokens is not None and max_tokens != config.max_tokens:
+            changes["max_tokens"] = max_tokens
+        if stop is not None and tuple(stop) != config.stop:
+            changes["stop"] = stop
+        if changes:
+            config = PowerConfig.from_mapping(config.to_dict(), **changes)  # validated like any config
+        if config.stop and self.opened.tokenizer is None:
+            raise ConfigError("stop", list(config.stop), "no stop strings for a model without a tokenizer",
+                              "stop strings match decoded text; use stop token ids (stop_ids) instead")
+        return Generation(self, self.encode(prompt), cancel or CancelToken(), config.max_tokens, config=config)
+
+    def generate(self, prompt: Prompt, *, cancel: CancelToken | None = None,
+                 max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Result:
         """Run one request to completion and return its tokens, text and receipt."""
-        return self.start(prompt, cancel=cancel, max_tokens=max_tokens).run()
+        return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).run()
+
+    def stream(self, prompt: Prompt, *, cancel: CancelToken | None = None,
+               max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Stream:
+        """Run one request as a :class:`~power_core.streaming.Stream` of committed text deltas."""
+        return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).stream()
+
+    # -- chat ----------------------------------------------------------------------------------
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
+                    chat_template: str | ChatTemplate | None = None, **template_vars: Any) -> np.ndarray:
+        """Token ids of ``messages`` rendered with the model's chat template (with the generation prompt).
+
+        ``chat_template`` overrides the GGUF's ``tokenizer.chat_template`` (Jinja source). Raises
+        :class:`ConfigError` when the model has none, naming the model.
+        """
+        if self.opened.tokenizer is None:
+            raise ConfigError("chat", self.opened.model_path, "a model with a tokenizer", "pass token ids instead")
+        if chat_template is None:
+            if self._chat_template is None:
+                self._chat_template = template_for(self.opened.model_path, None)
+            template = self._chat_template
+        else:
+            template = template_for(self.opened.model_path, chat_template)
+        text = template.prompt_text(template.render(messages, **template_vars))
+        tokens = template.dedupe_bos(list(self.opened.tokenizer.encode(text)))
+        return np.asarray(tokens, dtype=np.int32)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
+             max_tokens: int | None = None, stop: Sequence[str] | None = None,
+             chat_template: str | ChatTemplate | None = None) -> Result:
+        """Answer a conversation (``[{"role": "user", "content": ...}, ...]``) through the chat template."""
+        prompt = self.chat_prompt(messages, chat_template=chat_template)
+        return self.generate(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop)
+
+    def chat_stream(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
+                    max_tokens: int | None = None, stop: Sequence[str] | None = None,
+                    chat_template: str | ChatTemplate | None = None) -> Stream:
+        """:meth:`chat` as a :class:`~power_core.streaming.Stream`."""
+        prompt = self.chat_prompt(messages, chat_template=chat_template)
+        return self.stream(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop)
 
 
 @attrs.define(eq=False)
 class Generation:
-    """One request. ``run()`` drives rounds; after a cancel or failure it resumes from the last commit."""
+    """One request. ``run()`` drives rounds; after a cancel or failure it resumes from the last commit.
+
+    :meth:`rounds` yields each committed round, :meth:`stream` each committed text delta; both run
+    the same request as :meth:`run`, and all three resume an interrupted generation.
+    """
 
     session: Session
     prompt: np.ndarray
@@ -160,12 +290,26 @@ class Generation:
     max_tokens: int
     txn: Transaction | None = None
     receipt: Receipt | None = None
+    #: the request's configuration (the session's, with this request's max_tokens and stop)
+    config: PowerConfig | None = None
     _prefill_s: float = 0.0
     _prefilled: bool = False
     _decode_s: float = 0.0
+    _text: TextAssembler | None = attrs.field(default=None, init=False)
+    _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
+    _predecessor: Generation | None = attrs.field(default=None, init=False, repr=False)
+    _stream: Stream | None = attrs.field(default=None, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.config is None:
+            self.config = attrs.evolve(self.session.config, max_tokens=self.max_tokens)
+        tok = self.session.opened.tokenizer
+        if tok is not None:
+            self._text = TextAssembler(tok.decode, self.config.stop)
 
     def _transaction(self) -> Transaction:
         s = self.session
+        assert self.config is not None
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
         interrupt, withdraw = (getattr(s.opened.target, name, None) for name in ("cancel", "clear_abort"))
@@ -174,35 +318,99 @@ class Generation:
         caps = s.opened.target.capabilities
         scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=s.proposer is not None,
                                           costs=caps.verify_cost if s.selection.strategy.cost_aware else None)
+        stop_text = self._text.find_stop if self._text is not None and self.config.stop else None
         return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(s.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
-                           cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace)
+                           cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text)
 
     @property
     def tokens(self) -> tuple[int, ...]:
         return tuple(self.txn.emitted) if self.txn else ()
 
+    @property
+    def finished(self) -> bool:
+        """True once the request ended (stop, max_tokens or context); ``run()`` is then a no-op."""
+        return self.txn is not None and self.txn.finished is not None
+
     def run(self) -> Result:
+        """Run (or resume) the request to its end and return its tokens, text and receipt."""
+        for _ in self.rounds():
+            pass
+        return self.result()
+
+    def result(self) -> Result:
+        """Tokens, text (cut before a stop string) and receipt of the request as it stands."""
+        assert self.receipt is not None, "the request has not run"
+        return Result(tokens=self.tokens, text=self.text(), receipt=self.receipt)
+
+    def text(self) -> str | None:
+        """The committed text, ending right before a stop string (``None`` without a tokenizer)."""
+        if self._text is None:
+            return None
+        self._text.sync(self.tokens)
+        return self._text.text()
+
+    def stream(self) -> Stream:
+        """Run (or resume) the request as a :class:`~power_core.streaming.Stream` of text deltas."""
+        if self._text is None:
+            raise ConfigError("stream", self.session.opened.model_path, "a model with a tokenizer",
+                              "without one, iterate Generation.rounds() and read Generation.tokens")
+        self._stream = Stream(self, self._deltas(self._text))
+        return self._stream
+
+    def _deltas(self, text: TextAssembler) -> Generator[str, None, None]:
+        rounds = self.rounds()
+        try:
+            for _ in rounds:
+                text.sync(self.tokens)
+                delta = text.take(final=self.finished)
+                if delta:
+                    yield delta
+        finally:
+            rounds.close()
+        text.sync(self.tokens)
+        delta = text.take(final=True)
+        if delta:
+            yield delta
+
+    def rounds(self) -> Generator[RoundRecord, None, None]:
+        """Run (or resume) the request, yielding each committed round; the receipt is final when it ends.
+
+        The session is busy from the first ``next()`` until the iterator ends or is closed (closing
+        it early ends the request as ``cancelled``).
+        """
         s = self.session
+        s._claim(self)
         status, error = "completed", None
+        self.receipt = None
         try:
             if self.txn is None:
                 self.txn = self._transaction()
                 s.plugins.pm.hook.power_request_start(request=RequestInfo(
                     config=s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
                     prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
+            txn = self.txn
             if not self._prefilled:  # (again, when a cancel or failure interrupted the prefill)
                 t0 = time.perf_counter()
-                self.txn.prefill(self.prompt)
+                resident, self._predecessor = self._resident_memory(), None  # first attempt only
+                txn.prefill(self.prompt, resident)
                 self._prefill_s = time.perf_counter() - t0
                 self._prefilled = True
-            t0 = time.perf_counter()
-            try:
-                self.txn.run()
-            finally:
-                self._decode_s += time.perf_counter() - t0
-        except Cancelled as exc:
-            status, error = "cancelled", str(exc)
+            while txn.finished is None:
+                if s._closed:  # a suspended iterator resumed after Session.close()
+                    raise SessionBusy("the session was closed while this request was unfinished")
+                t0 = time.perf_counter()
+                try:
+                    record = txn.step()
+                finally:
+                    self._decode_s += time.perf_counter() - t0
+                if record is not None:
+                    yield record
+        except GeneratorExit:
+            status, error = "cancelled", "the caller stopped reading before the request finished"
+            raise
+        except (Cancelled, KeyboardInterrupt) as exc:  # committed tokens stay; the request can resume
+            status, error = "cancelled", str(exc) or type(exc).__name__
             raise
         except PowerError as exc:
             status, error = "failed", f"{exc.code}: {exc}"
@@ -211,28 +419,43 @@ class Generation:
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self.receipt = self._receipt(status, error)
-            s.plugins.pm.hook.power_request_end(receipt=self.receipt)
-            log.info("request.end", status=status, strategy=s.selection.strategy.name,
-                     tokens=len(self.tokens), **self.receipt.summary())
-        text = s.opened.tokenizer.decode(np.asarray(self.tokens, dtype=np.int32)) if s.opened.tokenizer else None
-        return Result(tokens=self.tokens, text=text, receipt=self.receipt)
+            try:
+                self.receipt = self._receipt(status, error)
+                s.plugins.pm.hook.power_request_end(receipt=self.receipt)
+                if log.isEnabledFor(logging.INFO):
+                    log.info("request.end", status=status, strategy=s.selection.strategy.name,
+                             tokens=len(self.tokens), **self.receipt.summary())
+            finally:
+                s._release(self)
+
+    def _resident_memory(self) -> np.ndarray | None:
+        """With ``cache_prompt``: the tokens the target holds from the previous request (its committed
+        history but the anchor), when they can seed this prompt; else ``None`` (prefill from empty)."""
+        s, prev = self.session, self._predecessor
+        if not s.config.cache_prompt or prev is None or prev.txn is None or not prev._prefilled:
+            return None
+        if s.proposer is not None and s.proposer.features:
+            return None  # a proposer fed from the target's taps must observe the whole prompt's prefill
+        memory = prev.txn.history[:-1]
+        return memory if s.opened.target.n_past == memory.shape[0] else None
 
     def _receipt(self, status: str, error: str | None) -> Receipt:
         s = self.session
         txn = self.txn
         st = s.selection.strategy
         n_out = len(self.tokens)
+        config = self.config or s.config
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,
-            config=s.config.to_dict(),
-            config_sha256=s.config.digest(),
+            config=config.to_dict(),
+            config_sha256=config.digest(),
             strategy={"name": st.name, "version": st.version, "package": st.package, "kind": st.kind},
             selection=s.selection.reason,
             backend=copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info}),
             artifacts={**s.opened.artifacts, **s.selection.artifacts},
             prompt_tokens=int(self.prompt.shape[0]),
+            prompt_reused=txn.reused if txn else 0,
             output_tokens=n_out,
             output_sha256=token_digest(self.tokens),
             rounds=[r.to_dict() for r in txn.rounds] if txn else [],
@@ -243,6 +466,8 @@ class Generation:
                 # the first token comes from the prefill pass (llama.cpp's "eval" rate excludes it too)
                 "decode_tok_s": max(n_out - 1, 0) / self._decode_s if self._decode_s > 0 else 0.0,
                 "target_passes": txn.target_passes if txn else 0,
+                **({"selftest_s": s.numerics.seconds} if s.numerics else {}),
             },
             error=error,
+            selftest={k: v for k, v in s.numerics.to_dict().items() if k != "seconds"} if s.numerics else None,
         )

@@ -19,23 +19,24 @@ The transaction knows no adapter and no backend: only the protocols in :mod:`pow
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
 from power_core.errors import AdapterFault, Cancelled, CapacityError, PowerError, RuntimeFault
+from power_core.logs import get_logger
 from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 
 __all__ = ["PHASES", "CancelToken", "RoundRecord", "Transaction"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PHASES = ("checkpoint", "propose", "verify", "accept", "commit", "emit", "restore")
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -113,6 +114,10 @@ class Transaction:
     cancel: CancelToken = attrs.field(factory=CancelToken)
     phase_hook: Callable[..., Any] | None = None
     trace: bool = False
+    #: text stop strings (see :class:`power_core.text.TextAssembler`): called in the accept phase with
+    #: the committed tokens and the round's tokens; returns how many of the round's tokens to keep when
+    #: a stop string completes in them (the rest are never committed), else ``None``
+    stop_text: Callable[[Sequence[int], list[int]], int | None] | None = None
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -122,6 +127,8 @@ class Transaction:
     finished: str | None = None
     rounds: list[RoundRecord] = attrs.field(factory=list)
     target_passes: int = 0
+    #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
+    reused: int = 0
 
     @property
     def history(self) -> TokenArray:
@@ -131,12 +138,18 @@ class Transaction:
         return view
 
     # -- request start -------------------------------------------------------------------------
-    def prefill(self, prompt: Iterable[int]) -> None:
+    def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
         """Process the whole prompt in one prefill; its last row is the first round's verify row.
 
         The last prompt token is the first anchor. Because the prefill already placed it in memory
         and produced its row, round 0 is a zero-proposal round whose verify pass is the prefill —
         exactly how llama.cpp's own tools start generating.
+
+        ``resident``: the tokens the target's memory holds now (the previous request's committed
+        history, for prompt reuse). Their longest common prefix with the prompt, short of its last
+        token, is kept when the runtime can trim to it (optional ``keep_prefix(n) -> bool``), and only
+        the rest is prefilled; :attr:`reused` says how many. The proposer still begins on the whole
+        prompt and observes the chunks actually decoded.
         """
         tokens = np.ascontiguousarray(np.asarray(list(prompt), dtype=np.int32))
         caps = self.target.capabilities
@@ -148,14 +161,24 @@ class Transaction:
         if tokens.shape[0] >= caps.n_ctx:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
-        self.target.reset()
+        keep = 0
+        if resident is not None and resident.shape[0]:
+            n = min(resident.shape[0], tokens.shape[0] - 1)  # the last prompt token is decoded for its row
+            differ = np.flatnonzero(resident[:n] != tokens[:n])
+            keep = int(differ[0]) if differ.size else n
+            keep_prefix = getattr(self.target, "keep_prefix", None)
+            if keep and (keep_prefix is None or not keep_prefix(keep)):
+                keep = 0
+        if keep == 0:
+            self.target.reset()
+        self.reused = keep
         observe = None
         if self.proposer is not None:
             # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
             # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
             self.proposer.begin(tokens)
             observe = self.proposer.observe
-        row = self.target.prefill(tokens, observe)
+        row = self.target.prefill(tokens[keep:], observe)
         self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
@@ -244,6 +267,14 @@ class Transaction:
                 break
         return out, accepted, None
 
+    def _cut_at_stop_text(self, out: list[int], accepted: int, stop: str | None) -> tuple[list[int], int, str | None]:
+        """End the round after the token that completes a stop string; later tokens are not emitted."""
+        if self.stop_text is not None:
+            keep = self.stop_text(self.emitted, out)
+            if keep is not None:
+                return out[:keep], min(accepted, keep), "stop"
+        return out, accepted, stop
+
     def _commit(self, cp: Any, block: TokenArray, out: list[int], accepted: int) -> bool:
         """Keep the anchor and the accepted proposals; discard the rest. True when it replayed."""
         keep = len(out)  # the anchor plus every emitted token but the last (the next anchor)
@@ -283,7 +314,7 @@ class Transaction:
             # round 0's verify pass is the prefill, which the proposer has already observed
             res = self._phase("verify", lambda: self._verify(block) if first is None else first)
             self._check_cancel()
-            out, accepted, stop = self._phase("accept", lambda: self._accept(props, res))
+            out, accepted, stop = self._phase("accept", lambda: self._cut_at_stop_text(*self._accept(props, res)))
             self._check_cancel()
             replayed = self._phase("commit", lambda: self._commit(cp_target, block, out, accepted))
             self._phase("emit", lambda: self._emit(out, stop))
@@ -301,7 +332,8 @@ class Transaction:
                              stop=self.finished, seconds=time.perf_counter() - t0,
                              proposal=tuple(int(t) for t in props) if self.trace else None, width=width)
         self.rounds.append(record)
-        log.debug("txn.commit", round=record)  # rendered only when debug logging is on
+        if log.isEnabledFor(logging.DEBUG):  # per-round detail costs nothing when debug is off
+            log.debug("txn.commit", round=record)
         return record
 
     def _checkpoint(self) -> tuple[Any, Any]:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from power_core.cli import main
+from power_core.plugins import hookimpl
+from power_core.receipt import token_digest
 
 REF = ["--backend", "reference", "--model", "reference:seed=2,vocab=288,dim=16,eos=256"]
 
@@ -40,9 +44,13 @@ def test_run_speculative_equals_off(capsys):
     assert outs[0] == outs[1]
 
 
-def test_run_plain_prints_text_and_receipt(capsys):
-    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8")
-    assert rc == 0 and "receipt" in err and '"output_sha256"' in out
+def test_run_plain_streams_text_then_one_summary_line(capsys):
+    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8", "--prompt", "hello")
+    rc2, js, _ = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "8", "--prompt", "hello", "--json")
+    assert rc == rc2 == 0
+    assert out == json.loads(js)["text"] + "\n"  # the text only: no receipt JSON on stdout
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[completed] finish=max_tokens strategy=ref-draft"), err
 
 
 def test_run_with_config_file(tmp_path, capsys):
@@ -105,3 +113,80 @@ def test_profile_reports_every_phase(capsys):
     phases = json.loads(out)["phases"]
     assert set(phases) == {"checkpoint", "propose", "verify", "accept", "commit", "emit"}
     assert all(p["calls"] == phases["emit"]["calls"] for p in phases.values())
+
+
+# -- streaming output, receipts, stop strings, Ctrl-C ------------------------------------------------
+class _CtrlCAt:
+    """Presses Ctrl-C (a real SIGINT to this process) or raises KeyboardInterrupt in a given round."""
+
+    __name__ = "test.ctrl-c"
+
+    def __init__(self, round_index: int, how: str) -> None:
+        self.round_index, self.how = round_index, how
+
+    @hookimpl(wrapper=True)
+    def power_txn_phase(self, phase, round_index):
+        if phase == "verify" and round_index == self.round_index:
+            if self.how == "signal":
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next bytecode
+            else:
+                raise KeyboardInterrupt
+        return (yield)
+
+
+def _with_plugin(monkeypatch, plugin):
+    import power_core.plugins as plugins_mod
+
+    real = plugins_mod.build_plugins
+    monkeypatch.setattr(plugins_mod, "build_plugins", lambda extra=(): real(extra=(*extra, plugin)))
+
+
+def test_receipt_file_and_stop_strings(tmp_path, capsys):
+    rc, js, _ = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "40", "--prompt", "hello", "--json")
+    full = json.loads(js)["text"]
+    stop = full[12:14]
+    path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "40", "--prompt", "hello",
+                           "--stop", stop, "--stop", "\x01zz", "--receipt", str(path))
+    assert rc == 0 and out == full[:full.index(stop)] + "\n"
+    receipt = json.loads(path.read_text())
+    assert receipt["status"] == "completed" and receipt["finish_reason"] == "stop"
+    assert receipt["config"]["stop"] == [stop, "\x01zz"]
+    assert err.strip().endswith(f"receipt={path}") and "finish=stop" in err
+
+
+@pytest.mark.parametrize("how", ["signal", "raise"])
+def test_ctrl_c_keeps_the_committed_text_and_a_cancelled_receipt(tmp_path, capsys, monkeypatch, how):
+    args = ["run", *REF, "--mode", "off", "--max-tokens", "40", "--prompt", "hello"]
+    rc, js, _ = run_cli(capsys, *args, "--json")
+    full = json.loads(js)
+    _with_plugin(monkeypatch, _CtrlCAt(6, how))
+    path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, *args, "--receipt", str(path))
+    assert rc == 130
+    receipt = json.loads(path.read_text())
+    assert receipt["status"] == "cancelled" and receipt["output_tokens"] == 6  # rounds 0-5 committed
+    # a real Ctrl-C goes through the CLI's handler: a cancel, checked at the next step
+    assert receipt["error"].startswith("generation cancelled" if how == "signal" else "KeyboardInterrupt")
+    assert receipt["output_sha256"] == token_digest(full["tokens"][:6])
+    printed = out.removesuffix("\n")
+    assert full["text"].startswith(printed) and len(printed) > 0
+    assert "[cancelled]" in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the CLI put the handler back
+    rc, js, _ = run_cli(capsys, *args, "--json")
+    obj = json.loads(js)
+    assert rc == 130 and obj["receipt"]["status"] == "cancelled" and obj["tokens"] == full["tokens"][:6]
+
+
+def test_chat_needs_a_template_and_system_needs_chat(capsys):
+    rc, _, err = run_cli(capsys, "run", *REF, "--chat", "--prompt", "hi")
+    assert rc == 2 and "no chat template: pass a plain prompt" in err
+    rc, _, err = run_cli(capsys, "run", *REF, "--system", "be brief", "--prompt", "hi")
+    assert rc == 1 and "--system needs --chat" in err
+
+
+def test_models_without_tokenizer_stream_ids(capsys):
+    model = ["--backend", "reference", "--model", "reference:seed=2,vocab=200,dim=16"]
+    rc, out, err = run_cli(capsys, "run", *model, "--max-tokens", "7", "--prompt", "1 2 3")
+    rc2, js, _ = run_cli(capsys, "run", *model, "--max-tokens", "7", "--prompt", "1 2 3", "--json")
+    assert rc == rc2 == 0 and out.split() == [str(t) for t in json.loads(js)["tokens"]]

@@ -23,10 +23,10 @@ HOOKS = sorted(n for n in dir(hookspecs) if n.startswith("power_"))
 def test_public_facade_is_pinned():
     assert sorted(power_core.__all__) == sorted([
         "PHASES", "AdapterFault", "ArtifactError", "ArtifactMismatch", "Backend", "CancelToken", "Cancelled",
-        "CapacityError", "ConfigError", "DecodeResult", "Generation", "OpenRequest", "OpenedModel",
+        "CapacityError", "ChatTemplate", "ConfigError", "DecodeResult", "Generation", "OpenRequest", "OpenedModel",
         "PluginError", "PowerConfig", "PowerError", "ProposalContext", "Proposer", "ProposerRequest",
-        "Receipt", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "StateLost",
-        "Strategy", "StrategyNotFound", "StrategyNotInstalled", "TargetCapabilities", "TargetRuntime",
+        "Receipt", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
+        "Strategy", "StrategyNotFound", "StrategyNotInstalled", "Stream", "TargetCapabilities", "TargetRuntime",
         "TargetSampler", "Tokenizer", "Transaction", "get_plugins", "hookimpl", "token_digest",
     ])
     for name in power_core.__all__:

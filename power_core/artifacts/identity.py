@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
 from power_core.errors import ArtifactError
+from power_core.logs import get_logger
 
 __all__ = ["Digest", "file_digest", "sha256_file", "vocab_digest", "cache_dir", "STATS", "PROGRESS_MIN_BYTES"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 PROGRESS_MIN_BYTES = 256 << 20
 _CHUNK = 8 << 20
 #: process-wide counters (tests read them; they never affect behaviour)

@@ -11,7 +11,6 @@ import os
 from typing import Any
 
 import attrs
-import structlog
 
 from power_core.artifacts.binding import Binding, check_binding
 from power_core.artifacts.identity import file_digest, vocab_digest
@@ -19,10 +18,11 @@ from power_core.artifacts.target import check_target
 from power_core.artifacts.view import ArtifactView
 from power_core.artifacts.vocab import VocabMatch, compare_vocab
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
+from power_core.logs import get_logger
 
 __all__ = ["VerifiedArtifacts", "verify_artifacts"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

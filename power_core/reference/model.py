@@ -211,6 +211,17 @@ class ReferenceTarget:
                 observe(DecodeResult(tokens=res.tokens, logits=res.logits[:0], features=res.features))
         return res.logits[-1]
 
+    def keep_prefix(self, n: int) -> bool:
+        """Keep the first ``n`` tokens of memory (prompt reuse). KV trims to any depth; a recurrent
+        state cannot go back, so only ``n == n_past`` is possible there."""
+        if not 0 < n <= self._n_past or (self.model.recurrent and n != self._n_past):
+            return False
+        self._n_past = n
+        self._ring = []
+        self._last_n = 0
+        self._rolled = True
+        return True
+
     def checkpoint(self) -> ReferenceCheckpoint:
         self._serial += 1
         return ReferenceCheckpoint(self._n_past, self._state.copy() if self.model.recurrent else None, self._serial)

@@ -1,9 +1,12 @@
 """Real models from PyPI (SmolLM2-135M-Instruct, Gemma-3-270M) against llama.cpp's own
-``llama-completion`` built from the same pinned source: greedy text parity on 5 prompts x 128
-tokens, and draft-model with the target as its own draft (identical tokens, 100% acceptance)."""
+``llama-completion`` built from the same pinned source (``numerics = "stock"``: the same kernels):
+greedy text parity on 5 prompts x 128 tokens; with the default ``exact`` numerics, the batch
+self-test finds verify rows bit-identical to one-token decodes and every speculative mode emits
+exactly the target-only tokens, Gemma-3 included."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -68,23 +71,11 @@ def _same_text(ours: str, peer: str) -> bool:
     return ours.rstrip() == peer.rstrip()
 
 
-GEMMA_BATCH_VARIANT = pytest.mark.xfail(
-    strict=False,
-    reason="llama.cpp's CPU kernels are not batch-invariant for Gemma-3-270M Q4_K_M: rows of a multi-token "
-           "verify pass differ from one-token decodes by up to ~1 logit (tests/native probe: rows 3+ of an 8-token "
-           "block), so a K+1 verify can pick a different greedy token than autoregressive decoding. llama.cpp's own "
-           "llama-speculative-simple drafting Gemma with itself diverges from llama-completion at the first token "
-           "and accepts 88.3%. Power's output stays target-authoritative and deterministic, not AR-identical")
-
-
-def _params(mark=None):
-    return [pytest.param(a, marks=mark) if mark and a.startswith("gemma") else a for a in MODELS]
-
-
-@pytest.mark.parametrize("alias", _params())
+@pytest.mark.parametrize("alias", MODELS)
 def test_greedy_off_matches_llama_completion(llama_completion, alias):
+    """Stock numerics run llama.cpp's own kernels: Power's target-only text is llama-completion's."""
     model = _model_path(alias)
-    cfg = PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2)
+    cfg = PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2, numerics="stock")
     mismatches = []
     with Session.open(cfg, model=model) as s:
         for prompt in PROMPTS:
@@ -95,7 +86,32 @@ def test_greedy_off_matches_llama_completion(llama_completion, alias):
     assert not mismatches, "\n\n".join(f"PROMPT {p!r}\nPOWER {o!r}\nPEER  {q!r}" for p, o, q in mismatches)
 
 
-@pytest.mark.parametrize("alias", _params(GEMMA_BATCH_VARIANT))
+@pytest.mark.parametrize("alias", MODELS)
+def test_selftest_exact_numerics_are_batch_invariant(alias, capsys):
+    """Default numerics: every probed verify row (widths 2-64, contexts 20/250/300) has the bits of
+    the one-token decode, on both models."""
+    from power_core import cli
+
+    assert cli.main(["selftest", "--model", _model_path(alias), "--threads", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["identical"] is True and out["numerics"] == "exact" and out["max_abs_diff"] == 0.0
+    assert len(out["probes"]) == 15 and out["first_argmax_diff"] is None
+
+
+def test_selftest_stock_numerics_find_gemma_batch_variant(capsys):
+    """Stock kernels (repacked Q4_K, tiled GEMM, n == 1 paths): Gemma-3's verify rows drift from its
+    one-token rows (shared/NUMERICS.md), and the self-test says by how much and where."""
+    from power_core import cli
+
+    rc = cli.main(["selftest", "--model", _model_path("gemma3-270m"), "--threads", "2", "--numerics", "stock",
+                   "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 3 and out["identical"] is False and out["numerics"] == "stock"
+    assert out["max_abs_diff"] > 1e-3, out
+    assert any(p["rows_differing"] for p in out["probes"])
+
+
+@pytest.mark.parametrize("alias", MODELS)
 def test_draft_model_self_draft_is_exact_with_full_acceptance(alias):
     model = _model_path(alias)
     off = PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2)
@@ -152,9 +168,45 @@ def test_seeded_stochastic_draft_model_equals_target_only_on_smollm2():
 
 
 SHARED_BENCH = ROOT.parent / "shared" / "bench"
+BENCH_WORKLOADS = ("code-edit.txt", "quote-from-context.txt", "story.txt")
 
 
-@pytest.mark.parametrize("workload", ["code-edit.txt", "quote-from-context.txt", "story.txt"])
+def _bench_prompts() -> list[str]:
+    missing = [w for w in BENCH_WORKLOADS if not (SHARED_BENCH / w).exists()]
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{missing} missing from {SHARED_BENCH}")
+    return [(SHARED_BENCH / w).read_text(encoding="utf-8") for w in BENCH_WORKLOADS]
+
+
+def _first_difference(a, b) -> int:
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+@pytest.fixture(scope="module")
+def gemma_reference():
+    """Gemma-3 target-only tokens on the bench workloads and the five prompts (exact numerics)."""
+    model = _model_path("gemma3-270m")
+    prompts = _bench_prompts() + PROMPTS
+    with Session.open(PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2), model=model) as s:
+        return model, prompts, [s.generate(p).tokens for p in prompts]
+
+
+@pytest.mark.parametrize("mode", ["draft-model", "suffix"])
+def test_every_speculative_mode_equals_off_on_gemma(gemma_reference, mode):
+    """The batch-invariant default makes Gemma-3 exact: each mode's tokens equal target-only's on 8
+    prompts x 128 tokens (before the patch, draft-model self-draft diverged at token 1)."""
+    model, prompts, want = gemma_reference
+    cfg = PowerConfig(spec_mode=mode, max_tokens=N_TOKENS, n_ctx=N_CTX, n_threads=2,
+                      **({"spec_draft_max": 4} if mode == "draft-model" else {}))
+    with Session.open(cfg, model=model, draft=model if mode == "draft-model" else None) as s:
+        got = [s.generate(p) for p in prompts]
+    diverged = [(i, _first_difference(g.tokens, w)) for i, (g, w) in enumerate(zip(got, want, strict=True))
+                if g.tokens != w]
+    assert not diverged, f"{mode}: (prompt, first differing token) {diverged}"
+    assert sum(g.receipt.summary()["accepted"] for g in got) > 0
+
+
+@pytest.mark.parametrize("workload", BENCH_WORKLOADS)
 def test_suffix_is_exact_on_smollm2(workload):
     """power-suffix on the bench workloads: tokens identical to --mode off (SmolLM2 is batch-invariant)."""
     path = SHARED_BENCH / workload

@@ -26,6 +26,7 @@ cdef class BatchExt:
         if ctx is None:
             raise RuntimeFault("BatchExt: no context")
         ctx._alive()
+        self._owner = ctx._owner  # llama_batch_ext refers to the context: keep it allocated
         self.ptr = llama_batch_ext_init(ctx.ptr)
         if self.ptr == NULL:
             raise MemoryError("llama_batch_ext_init returned NULL")

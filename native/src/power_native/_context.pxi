@@ -1,21 +1,16 @@
 # Context: one owned llama_context with its reusable batch (decode, logits, memory, state, taps).
 # Included by _llama.pyx (one extension module); split by area to keep files small.
 
-cdef class Context:
-    """A ``llama_context`` with one reusable batch of ``n_batch`` tokens (sequence ids 0..n_seq_max-1)."""
+cdef class _CtxOwner:
+    """Owner of one ``llama_context``; see ``_llama.pxd``. Never exposed."""
 
     def __cinit__(self):
         self.ptr = NULL
-        self.has_batch = False
         self.abort_flag = <int *>calloc(1, sizeof(int))
         if self.abort_flag == NULL:
             raise MemoryError()
-        self._layer_taps = set()
 
     def __dealloc__(self):
-        if self.has_batch:
-            llama_batch_free(self.batch)
-            self.has_batch = False
         if self.ptr != NULL:
             llama_free(self.ptr)
             self.ptr = NULL
@@ -23,11 +18,37 @@ cdef class Context:
             free(self.abort_flag)
             self.abort_flag = NULL
 
+
+cdef class Context:
+    """A ``llama_context`` with one reusable batch of ``n_batch`` tokens (sequence ids 0..n_seq_max-1).
+
+    Lifetimes: :meth:`close` (or collection) ends this object's use of the context — every later
+    call raises :class:`RuntimeFault` — but the llama.cpp memory is freed only when nothing uses it
+    any more: zero-copy views from :meth:`logits` and the taps, a :class:`BatchExt` bound to it and a
+    context created with it as ``ctx_other`` keep it alive, so no view ever reads freed memory."""
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.has_batch = False
+        self._owner = _CtxOwner()
+        self.abort_flag = self._owner.abort_flag
+        self._layer_taps = set()
+
+    def __dealloc__(self):
+        if self.has_batch:
+            llama_batch_free(self.batch)
+            self.has_batch = False
+        self.ptr = NULL  # the owner frees the context when its last holder goes
+
     def __init__(self, Model model, *, int n_ctx, int n_batch, int n_ubatch=0, int n_rs_seq=0,
                  n_threads=None, int n_outputs_max=0, int ctx_type=0, Context ctx_other=None,
                  bint embeddings=False, bint swa_full=True, int n_seq_max=1, flash_attn=None):
+        if self.ptr != NULL or self._owner is None:
+            raise RuntimeFault("Context: already initialised")
         if model is None or model.ptr == NULL:
-            raise RuntimeFault("Context: the model is closed")
+            raise RuntimeFault("Context: no loaded model (use Model.load)")
+        if ctx_other is not None:
+            ctx_other._alive()
         if n_ubatch <= 0:
             n_ubatch = n_batch
         if n_ctx < 1 or n_batch < 1 or n_ubatch > n_batch or n_rs_seq < 0 or n_seq_max < 1:
@@ -70,6 +91,9 @@ cdef class Context:
         if ctx == NULL:
             _check("context", -1)
         self.ptr = ctx
+        self._owner.ptr = ctx
+        self._owner.model = model
+        self._owner.other = ctx_other._owner if ctx_other is not None else None
         self.model = model
         self.ctx_other = ctx_other
         self.mem = llama_get_memory(ctx)
@@ -89,13 +113,15 @@ cdef class Context:
         self.has_batch = True
 
     def close(self) -> None:
-        """Free the context now (idempotent)."""
+        """End this context (idempotent): later calls raise; its memory is freed now unless a view,
+        a batch or a context on top of it still holds it (then when the last of them goes)."""
         if self.has_batch:
             llama_batch_free(self.batch)
             self.has_batch = False
-        if self.ptr != NULL:
-            llama_free(self.ptr)
-            self.ptr = NULL
+        self.ptr = NULL
+        self.mem = NULL
+        self.abort_flag = NULL  # the owner's; it may go with the owner
+        self._owner = None
 
     cdef int _alive(self) except -1:
         if self.ptr == NULL:
@@ -213,7 +239,7 @@ cdef class Context:
         dims[0] = rows
         dims[1] = cols
         cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(2, dims, cnp.NPY_FLOAT32, <void *>ptr)
-        cnp.set_array_base(arr, self)
+        cnp.set_array_base(arr, self._owner)  # the view keeps the memory, not the Context, alive
         cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
         return arr
 

@@ -16,8 +16,20 @@ cdef class Model:
     cdef readonly bint load_mtp
     cdef readonly bint mrope
     cdef gguf_context * _meta
+    cdef object __weakref__
     cdef _bind(self, llama_model * ptr, str path, bint load_mtp)
+    cdef llama_model * _p(self) except NULL
+    cdef const llama_vocab * _v(self) except NULL
     cdef int _check_token(self, int token) except -1
+
+
+cdef class _CtxOwner:
+    # owns one llama_context (and its abort flag): freed when the last holder goes — the Context,
+    # a zero-copy view of its buffers, a batch bound to it, or a context created with it as ctx_other
+    cdef llama_context * ptr
+    cdef int * abort_flag
+    cdef object model
+    cdef object other
 
 
 cdef class Context:
@@ -36,6 +48,7 @@ cdef class Context:
     cdef bint _nextn_masked
     cdef int _last_n_tokens
     cdef object __weakref__
+    cdef _CtxOwner _owner
     cdef int _alive(self) except -1
     cdef object _view(self, float * ptr, int rows, int cols)
     cdef int process_c(self, BatchExt batch, bint encode) except -1
@@ -44,6 +57,7 @@ cdef class Context:
 cdef class BatchExt:
     cdef llama_batch_ext * ptr
     cdef readonly Context ctx
+    cdef _CtxOwner _owner
     cdef readonly int capacity, n_tokens, n_outputs, n_pos_per_embd
     cdef void clear_c(self) noexcept nogil
     cdef int32_t add_token_c(self, int32_t token, int32_t pos, const float * row, size_t width,

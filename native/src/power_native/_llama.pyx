@@ -25,7 +25,7 @@ import os
 from collections import deque
 
 import numpy as np
-import structlog
+from power_core.logs import get_logger
 
 from power_core.errors import (ArtifactError, Cancelled, CapacityError, ConfigError, RuntimeFault,
                                StateLost)
@@ -85,7 +85,7 @@ LAYER_INP_ARCHS = frozenset({
 LAYER_INP_FINAL_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
 
 # -- logging ---------------------------------------------------------------------------------------
-_log = structlog.get_logger("power_native.llama")
+_log = get_logger("power_native.llama")  # stdlib logging: the host decides
 include "_log.pxi"
 
 cdef int _check(str op, long rc) except -1:

@@ -58,6 +58,16 @@ def system_info() -> str:
     return (<bytes>llama_print_system_info()).decode("utf-8", "replace")
 
 
+def set_batch_invariant(bint on) -> None:
+    """Switch ggml-cpu's batch-invariant kernels (Power's patch 0002) on or off for the process: a
+    verify row then has the same bits as a one-token decode (no n == 1 special cases)."""
+    ggml_cpu_set_batch_invariant(on)
+
+
+def batch_invariant() -> bool:
+    return ggml_cpu_get_batch_invariant()
+
+
 def _shutdown() -> None:
     global _log_alive
     _log_alive = False  # the callback stays installed (silent): NULL would print to stderr

@@ -31,6 +31,19 @@ cdef class Model:
             gguf_free(self._meta)
             self._meta = NULL
 
+    def __init__(self, *args, **kwargs):
+        raise RuntimeFault("Model cannot be constructed directly; use Model.load(path) or Model.from_metadata(path)")
+
+    cdef llama_model * _p(self) except NULL:
+        if self.ptr == NULL:
+            raise RuntimeFault("Model: no loaded model (use Model.load or Model.from_metadata)")
+        return self.ptr
+
+    cdef const llama_vocab * _v(self) except NULL:
+        if self.vocab == NULL:
+            raise RuntimeFault("Model: no loaded model (use Model.load or Model.from_metadata)")
+        return self.vocab
+
     cdef _bind(self, llama_model * ptr, str path, bint load_mtp):
         self.ptr = ptr
         self.vocab = llama_model_get_vocab(ptr)
@@ -94,129 +107,131 @@ cdef class Model:
 
     def save(self, path) -> None:
         """Write the model (tensors included) as a GGUF file."""
+        cdef llama_model * ptr = self._p()
         cdef bytes bpath = os.fsencode(path)
         cdef const char * cpath = bpath
         with nogil:
-            llama_model_save_to_file(self.ptr, cpath)
+            llama_model_save_to_file(ptr, cpath)
 
     # -- metadata --------------------------------------------------------------------------------
     def meta(self, str key):
         """A scalar metadata value as a string (``None`` when absent; arrays are not readable)."""
-        return _meta_str(self.ptr, key)
+        return _meta_str(self._p(), key)
 
     def metadata(self) -> dict:
         cdef char buf[512]
         out = {}
-        cdef int32_t i, n = llama_model_meta_count(self.ptr)
+        cdef int32_t i, n = llama_model_meta_count(self._p())
         for i in range(n):
-            if llama_model_meta_key_by_index(self.ptr, i, buf, sizeof(buf)) < 0:
+            if llama_model_meta_key_by_index(self._p(), i, buf, sizeof(buf)) < 0:
                 continue
             key = (<bytes>buf).decode("utf-8", "replace")
-            out[key] = _meta_str(self.ptr, key)
+            out[key] = _meta_str(self._p(), key)
         return out
 
     @property
     def arch(self) -> str:
-        return _meta_str(self.ptr, "general.architecture") or ""
+        return _meta_str(self._p(), "general.architecture") or ""
 
     @property
     def desc(self) -> str:
         cdef char buf[256]
-        cdef int32_t n = llama_model_desc(self.ptr, buf, sizeof(buf))
+        cdef int32_t n = llama_model_desc(self._p(), buf, sizeof(buf))
         return buf[:max(0, min(n, 255))].decode("utf-8", "replace")
 
     @property
     def n_layer(self) -> int:
-        return llama_model_n_layer(self.ptr)
+        return llama_model_n_layer(self._p())
 
     @property
     def n_layer_nextn(self) -> int:
-        return llama_model_n_layer_nextn(self.ptr)
+        return llama_model_n_layer_nextn(self._p())
 
     @property
     def n_embd(self) -> int:
-        return llama_model_n_embd(self.ptr)
+        return llama_model_n_embd(self._p())
 
     @property
     def n_embd_out(self) -> int:
-        return llama_model_n_embd_out(self.ptr)
+        return llama_model_n_embd_out(self._p())
 
     @property
     def n_ctx_train(self) -> int:
-        return llama_model_n_ctx_train(self.ptr)
+        return llama_model_n_ctx_train(self._p())
 
     @property
     def size(self) -> int:
-        return llama_model_size(self.ptr)
+        return llama_model_size(self._p())
 
     @property
     def n_params(self) -> int:
-        return llama_model_n_params(self.ptr)
+        return llama_model_n_params(self._p())
 
     @property
     def is_recurrent(self) -> bool:
-        return llama_model_is_recurrent(self.ptr)
+        return llama_model_is_recurrent(self._p())
 
     @property
     def is_hybrid(self) -> bool:
-        return llama_model_is_hybrid(self.ptr)
+        return llama_model_is_hybrid(self._p())
 
     @property
     def has_encoder(self) -> bool:
-        return llama_model_has_encoder(self.ptr)
+        return llama_model_has_encoder(self._p())
 
     def target_layer_ids(self):
         """DFlash/EAGLE3 ``target_layers`` (empty for other archs)."""
-        cdef uint32_t n = llama_model_target_layer_ids_n(self.ptr)
-        cdef const int32_t * ids = llama_model_target_layer_ids(self.ptr)
+        cdef uint32_t n = llama_model_target_layer_ids_n(self._p())
+        cdef const int32_t * ids = llama_model_target_layer_ids(self._p())
         if n == 0 or ids == NULL:
             return np.zeros(0, dtype=np.int32)
         return np.asarray(<int32_t[:n]>ids).copy()
 
     def dflash_selector_top_k(self) -> int:
-        return llama_model_dflash_selector_top_k(self.ptr)
+        return llama_model_dflash_selector_top_k(self._p())
 
     # -- vocabulary --------------------------------------------------------------------------------
     @property
     def bos(self) -> int:
-        return llama_vocab_bos(self.vocab)
+        return llama_vocab_bos(self._v())
 
     @property
     def mask(self) -> int:
         """``tokenizer.ggml.mask_token_id`` (-1 when the vocabulary has none)."""
-        return llama_vocab_mask(self.vocab)
+        return llama_vocab_mask(self._v())
 
     @property
     def eos(self) -> int:
-        return llama_vocab_eos(self.vocab)
+        return llama_vocab_eos(self._v())
 
     @property
     def add_bos(self) -> bool:
-        return llama_vocab_get_add_bos(self.vocab)
+        return llama_vocab_get_add_bos(self._v())
 
     @property
     def add_eos(self) -> bool:
-        return llama_vocab_get_add_eos(self.vocab)
+        return llama_vocab_get_add_eos(self._v())
 
     @property
     def vocab_type(self) -> int:
-        return llama_vocab_type(self.vocab)
+        return llama_vocab_type(self._v())
 
     def is_eog(self, int token) -> bool:
         self._check_token(token)
-        return llama_vocab_is_eog(self.vocab, token)
+        return llama_vocab_is_eog(self._v(), token)
 
     def eog_ids(self) -> frozenset:
         cdef int32_t t
+        cdef const llama_vocab * vocab = self._v()
         out = []
         for t in range(self.n_vocab):
-            if llama_vocab_is_eog(self.vocab, t):
+            if llama_vocab_is_eog(vocab, t):
                 out.append(t)
         return frozenset(out)
 
     def token_text(self, int token) -> str:
         self._check_token(token)
-        return (<bytes>llama_vocab_get_text(self.vocab, token)).decode("utf-8", "replace")
+        return (<bytes>llama_vocab_get_text(self._v(), token)).decode("utf-8", "replace")
 
     cdef int _check_token(self, int token) except -1:
         if token < 0 or token >= self.n_vocab:
@@ -225,17 +240,18 @@ cdef class Model:
 
     def tokenize(self, text, *, bint add_special=True, bint parse_special=True):
         """Text to int32 ids with llama_tokenize (BOS per the vocabulary, like llama-completion)."""
+        self._v()
         cdef bytes b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         cdef int32_t cap = len(b) + 8
         cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(cap, dtype=np.int32)
-        cdef int32_t n = llama_tokenize(self.vocab, b, len(b), <llama_token *>out.data, cap, add_special,
+        cdef int32_t n = llama_tokenize(self._v(), b, len(b), <llama_token *>out.data, cap, add_special,
                                         parse_special)
         if n < 0:
             if n == -2147483648:
                 raise CapacityError("llama_tokenize: the text is too long to tokenize")
             cap = -n
             out = np.empty(cap, dtype=np.int32)
-            n = llama_tokenize(self.vocab, b, len(b), <llama_token *>out.data, cap, add_special, parse_special)
+            n = llama_tokenize(self._v(), b, len(b), <llama_token *>out.data, cap, add_special, parse_special)
             if n < 0:
                 raise RuntimeFault(f"llama_tokenize failed (rc={n})")
         return out[:n].copy()
@@ -243,11 +259,11 @@ cdef class Model:
     def token_to_piece(self, int token, *, bint special=False) -> bytes:
         self._check_token(token)
         cdef char buf[128]
-        cdef int32_t n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
+        cdef int32_t n = llama_token_to_piece(self._v(), token, buf, sizeof(buf), 0, special)
         if n >= 0:
             return buf[:n]
         big = bytearray(-n)
-        n = llama_token_to_piece(self.vocab, token, <char *>big, len(big), 0, special)
+        n = llama_token_to_piece(self._v(), token, <char *>big, len(big), 0, special)
         return bytes(big[:max(n, 0)])
 
     def detokenize(self, tokens, *, bint special=False) -> bytes:
@@ -261,7 +277,7 @@ cdef class Model:
             t = arr[i]
             if t < 0 or t >= self.n_vocab:
                 raise CapacityError(f"token id {t} is outside the vocabulary [0, {self.n_vocab})")
-            n = llama_token_to_piece(self.vocab, t, buf, sizeof(buf), 0, special)
+            n = llama_token_to_piece(self._v(), t, buf, sizeof(buf), 0, special)
             if n >= 0:
                 parts.append(buf[:n])
             else:

@@ -39,6 +39,12 @@ cdef extern from "gguf.h" nogil:
     void gguf_free(gguf_context * ctx)
 
 
+cdef extern from "ggml-cpu.h" nogil:
+    # Power's patch 0002-batch-invariant-cpu: process-wide batch-invariant CPU kernels (off = stock)
+    void ggml_cpu_set_batch_invariant(bint on)
+    bint ggml_cpu_get_batch_invariant()
+
+
 cdef extern from "llama.h" nogil:
     ctypedef int32_t llama_pos
     ctypedef int32_t llama_token

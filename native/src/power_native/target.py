@@ -13,27 +13,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import numpy as np
-import structlog
 
 from power_core.artifacts.identity import file_digest
 from power_core.artifacts.target import check_architecture
 from power_core.artifacts.view import ArtifactView
+from power_core.config import NUMERICS
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
+from power_core.logs import get_logger
 from power_core.plugins import OpenedModel, OpenRequest
 from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
 from power_native import _llama, build_info
 from power_native.models import resolve_model
 
 __all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "layer_feature",
-           "PREFILL_BATCH", "TARGET_FEATURES"]
+           "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
 
 #: tokens per llama_decode call during prefill (llama-completion's n_ubatch default)
 PREFILL_BATCH = 512
@@ -50,6 +53,41 @@ def layer_feature(layer: int) -> str:
     return f"{_LAYER_PREFIX}{int(layer)}"
 
 
+class _NumericsGuard:
+    """The target's kernels (config ``numerics``). ``exact``: weights are not repacked and
+    ggml-cpu's batch-invariant switch (``native/patches/0002-batch-invariant-cpu.patch``) is on, so
+    a verify row has the bits of a one-token decode (shared/NUMERICS.md). ``stock``: llama.cpp's own
+    kernels (repacked weights, tiled K-quant GEMM, n == 1 special cases), as its binaries run.
+
+    The switch is process-wide, so targets of both numerics cannot be open at once (a stock decode
+    would flip an exact one's kernels mid-pass): this counts the open targets per mode."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = {mode: 0 for mode in NUMERICS}
+
+    def acquire(self, mode: str) -> None:
+        if mode not in NUMERICS:
+            raise ConfigError("numerics", mode, " or ".join(repr(m) for m in NUMERICS))
+        with self._lock:
+            other = next((m for m in NUMERICS if m != mode and self._open[m]), None)
+            if other is not None:
+                raise ConfigError("numerics", mode, f"{other!r} while a target with numerics {other!r} is open in "
+                                  "this process", "ggml's batch-invariant switch is process-wide; close the other "
+                                  "session first or open both with the same numerics")
+            self._open[mode] += 1
+            _llama.set_batch_invariant(mode == "exact")
+
+    def release(self, mode: str) -> None:
+        with self._lock:
+            self._open[mode] = max(0, self._open[mode] - 1)
+            if not any(self._open.values()):
+                _llama.set_batch_invariant(False)  # back to stock: raw contexts see llama.cpp's kernels
+
+
+_numerics = _NumericsGuard()
+
+
 def _layer_of(name: str) -> int | None:
     rest = name[len(_LAYER_PREFIX):] if name.startswith(_LAYER_PREFIX) else ""
     return int(rest) if rest.isdigit() else None
@@ -64,17 +102,42 @@ class LlamaCheckpoint:
     state: bytes | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
 
 
+#: loaded models by (real path, size, mtime, load_mtp, repack): sessions on the same file share one
+#: set of weights (each has its own contexts); an entry goes when its last context and session do
+_MODELS: weakref.WeakValueDictionary[tuple, _llama.Model] = weakref.WeakValueDictionary()
+_MODELS_LOCK = threading.Lock()
+
+
 def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False,
-               view: ArtifactView | None = None) -> _llama.Model:
+               view: ArtifactView | None = None, repack: bool = True) -> _llama.Model:
     """Inspect the file with the core's bounded GGUF parser (missing, directory, not GGUF, truncated,
-    lying tensor table: typed errors before llama.cpp sees it), then load it."""
+    lying tensor table: typed errors before llama.cpp sees it), then load it — or return the model
+    already loaded from the same unchanged file with the same options (``POWER_NATIVE_SHARED_WEIGHTS=0``
+    loads a private copy each time, e.g. to measure what sharing saves)."""
+    share = os.environ.get("POWER_NATIVE_SHARED_WEIGHTS", "1") not in ("0", "false", "no")
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack)
+    except OSError:
+        key = None  # missing or unreadable: _load says so with its typed error
+    if share and key is not None:
+        with _MODELS_LOCK:
+            model = _MODELS.get(key)
+            if model is None:
+                model = _MODELS[key] = _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack)
+        return model
+    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack)
+
+
+def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: ArtifactView | None,
+          repack: bool) -> _llama.Model:
     try:
         view = view or ArtifactView.from_gguf(path)
     except ArtifactError as exc:
         raise ArtifactError(f"{role} file: {exc}", reason=exc.reason, evidence=exc.evidence) from None
     check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
     try:
-        return _llama.Model.load(os.fspath(path), load_mtp=load_mtp)
+        return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack)
     except ArtifactError as exc:
         said = " | ".join(_llama.last_errors()) or str(exc)
         if "unknown model architecture" in said:
@@ -102,9 +165,10 @@ class LlamaTarget:
     """The authoritative model on one llama.cpp context (sequence 0)."""
 
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
-                 features: frozenset[str] = frozenset()) -> None:
+                 features: frozenset[str] = frozenset(), numerics: str = "stock") -> None:
         self.model = model
         self.ctx = ctx
+        self.numerics = numerics
         recurrent = model.is_recurrent or model.is_hybrid
         self._caps = TargetCapabilities(
             name="llama", n_vocab=model.n_vocab, n_ctx=ctx.n_ctx, max_block=max_block,
@@ -247,6 +311,20 @@ class LlamaTarget:
         """Publish the measured verify-cost curve in the capabilities (cost-aware scheduling)."""
         self._caps = attrs.evolve(self._caps, verify_cost=tuple(relative))
 
+    def keep_prefix(self, n: int) -> bool:
+        """Keep the first ``n`` tokens of memory (prompt reuse): attention KV trims to any depth;
+        recurrent or hybrid memory cannot go back, so there only ``n == n_past`` succeeds."""
+        if not 0 < n <= self._n_past:
+            return False
+        if n < self._n_past:
+            if self._recurrent or not self.ctx.seq_rm(0, n, -1):
+                return False
+        self._n_past = n
+        self._epoch += 1  # checkpoints taken before no longer describe this memory
+        self._last_len = 0
+        self._rs_used = True
+        return True
+
     def cancel(self) -> None:
         """Abort a running decode (it raises Cancelled; the core restores its checkpoint)."""
         self.ctx.abort()
@@ -257,6 +335,9 @@ class LlamaTarget:
 
     def close(self) -> None:
         self.ctx.close()
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
 
     def _room(self, n: int) -> None:
         if n == 0:
@@ -281,17 +362,27 @@ def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) 
 
 def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, snapshots: int,
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
-                digest: str | None = None) -> LlamaTarget:
-    """Load ``path`` and create its target context (the pieces of :func:`open_llama`)."""
-    model = load_model(path, load_mtp="mtp_head" in features)
-    shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
-    ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), **shape)
-    return LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features)
+                digest: str | None = None, numerics: str = "exact") -> LlamaTarget:
+    """Load ``path`` and create its target context (the pieces of :func:`open_llama`) with the
+    given :data:`NUMERICS`."""
+    _numerics.acquire(numerics)
+    try:
+        model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock")
+        shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
+        ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), **shape)
+        target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics)
+    except BaseException:
+        _numerics.release(numerics)
+        raise
+    # released once: by close(), or when a target nobody closed is collected
+    target._release = weakref.finalize(target, _numerics.release, numerics)
+    return target
 
 
-def _cost_cache(digest: str, n_threads: int, max_block: int) -> Path:
+def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str) -> Path:
     info = build_info()
-    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, info], sort_keys=True).encode()).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info],
+                                    sort_keys=True).encode()).hexdigest()[:20]
     root = Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
     return root / "verify-cost" / f"{key}.json"
 
@@ -303,7 +394,7 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     under the model's digest (``POWER_VERIFY_COST_REFRESH=1`` measures again, e.g. after a
     measurement on a busy machine)."""
     b_max = target.capabilities.max_block
-    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max)
+    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics)
     try:
         if os.environ.get("POWER_VERIFY_COST_REFRESH", "") in ("1", "true", "yes"):
             raise OSError("refresh requested")
@@ -342,7 +433,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
     digest = file_digest(path).sha256
     cfg = req.config
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
-                         n_threads=cfg.n_threads, features=req.features, digest=digest)
+                         n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics)
     if req.verify_cost:
         try:
             target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
@@ -350,7 +441,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
             target.close()
             raise
     info = dict(build_info())
-    info.update(backend="llama", arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
+    info.update(backend="llama", numerics=cfg.numerics, arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
                 n_threads=cfg.n_threads or os.cpu_count(), rollback=target.stats,

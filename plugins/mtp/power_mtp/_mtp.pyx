@@ -163,6 +163,7 @@ cdef class MtpHead:
         if k <= 0:
             return out
         cdef int pos0 = self.n_kv, i = 0, j, best
+        self.ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
         if pos0 + k > self.ctx.n_ctx:
             raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.ctx.n_ctx}")
         if anchor < 0 or anchor >= self.n_vocab:
