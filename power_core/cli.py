@@ -1,9 +1,9 @@
 """The ``power`` command line.
 
 Exit codes: 0 success, 1 usage error (bad flags), 2 rejected input (a :class:`PowerError`: bad
-config, unusable file, fail-closed strategy), 3 ``power selftest`` found verify rows that differ
-from one-token decodes, 130 cancelled by Ctrl-C. No traceback reaches the user
-for an expected failure.
+config, unusable file, fail-closed strategy; with ``--json`` also one ``{"ok": false, "code", "message",
+"evidence"}`` object on stdout), 3 ``power selftest`` found verify rows that differ from one-token
+decodes, 130 cancelled by Ctrl-C. No traceback reaches the user for an expected failure.
 
 ``power run`` prints the text to stdout as rounds commit, then one summary line to stderr; the full
 receipt goes to ``--receipt FILE`` or, with ``--json``, into the one JSON object printed at the end.
@@ -362,7 +362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cancelled", file=sys.stderr)
         return 130
     except PowerError as exc:
-        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+        evidence = getattr(exc, "evidence", None)
+        if getattr(args, "json", False):  # --json callers get the rejection as one object, as validate does
+            print(json.dumps({"ok": False, "code": exc.code, "message": str(exc), "evidence": evidence},
+                             sort_keys=True, default=str))
+        tail = f" [evidence: {evidence}]" if evidence else ""
+        print(f"error[{exc.code}]: {exc}{tail}", file=sys.stderr)
         return 2
 
 

@@ -6,6 +6,9 @@ Rules:
   missing package names itself, a needed draft is required (or taken from the model manifest for
   that same mode), a draft where none belongs is refused, and the validator plus vocabulary,
   digest and binding checks run on GGUF files;
+* every GGUF target is first checked on its own (:func:`~power_core.artifacts.target.check_target`:
+  well-formed, all tensor data inside the file, an architecture the pinned llama.cpp loads), in
+  every mode including ``off``;
 * ``auto``: an explicit draft is classified (DFlash v1 / DFlash2 / DSpark) and must verify; else the
   first verified draft named in the model manifest wins; else native MTP when the target carries
   MTP layers and ``power-mtp`` is installed and its validator passes; else target-only (``off``).
@@ -26,6 +29,7 @@ import attrs
 from power_core.artifacts.binding import read_model_manifest
 from power_core.artifacts.contracts import classify_draft, mtp_evidence
 from power_core.artifacts.identity import file_digest
+from power_core.artifacts.target import check_target
 from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
@@ -76,7 +80,7 @@ def select(plugins: Any, config: Any, *, model: str | None, draft: str | None,
     if not is_gguf_model(model):
         return _select_by_name(plugins, mode, draft, model)
     assert model is not None
-    target = ArtifactView.from_gguf(model)
+    target = check_target(ArtifactView.from_gguf(model))  # before any backend loads the file
     if mode == "off":
         if draft is not None:
             raise ConfigError("draft", draft, "no draft file when spec_mode = 'off'",

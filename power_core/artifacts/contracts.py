@@ -45,14 +45,16 @@ MTP_ARCHS = frozenset({
 MTP_SINGLE_BLOCK_ARCHS = frozenset({"nemotron_h_moe"})
 #: MTP archs that chain one head per draft step (K <= number of heads)
 MTP_CHAINED_ARCHS = frozenset({"step35"})
-#: target archs whose graph records ``t_layer_inp`` (DFlash/DSpark layer taps, notes §1.4)
+#: target archs whose graph records ``t_layer_inp`` (DFlash/DSpark layer taps, notes §1.4); these are
+#: ``general.architecture`` names (``archs.LLAMA_ARCHS``), not the ``src/models/*.cpp`` file names
+#: (``openai-moe.cpp`` builds ``gpt-oss``, ``nemotron-h.cpp`` ``nemotron_h``, ``hunyuan-vl.cpp`` ``hunyuan_vl``)
 LAYER_INPUT_ARCHS = frozenset({
     "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma3n", "gemma4", "lfm2",
-    "gpt-oss", "openai-moe", "minimax-01", "minimax-m2", "bailingmoe3", "mimo2", "nemotron_h", "nemotron-h",
-    "nanbeige", "hunyuan-vl", "muse-glimmer", "deepseek4",
+    "gpt-oss", "minimax-01", "minimax-m2", "bailingmoe3", "mimo2", "nemotron_h", "nanbeige", "hunyuan_vl",
+    "muse-glimmer", "deepseek4",
 })
 #: archs that also record the output of the last layer (``lid == n_layer``)
-FINAL_TAP_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h", "nemotron-h"})
+FINAL_TAP_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
 DFLASH_ARCH = "dflash"
 DSPARK_MARKER = "markov_w1.weight"
 DFLASH2_MARKER = "selector_hidden.weight"

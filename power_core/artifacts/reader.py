@@ -324,6 +324,17 @@ def _parse(src: _Source) -> RawGGUF:
         if a.offset + a.nbytes > b.offset:
             raise ArtifactError(f"{src.path}: tensors {a.name!r} and {b.name!r} overlap in the data section; the "
                                 "tensor table lies", reason="gguf_tensor_overlap", evidence=b.name)
+    # Every writer (gguf-py, ggml's gguf_write) pads each tensor, the last one included, to the
+    # alignment, and ggml sizes the data section as the sum of the padded sizes. A file that ends
+    # inside the last tensor's padding lost bytes: fail closed rather than guess what they were.
+    if tensors:
+        last = max(tensors.values(), key=lambda t: t.offset + t.nbytes)
+        end = last.offset + -(-last.nbytes // alignment) * alignment
+        if end > src.size:
+            raise ArtifactError(
+                f"{src.path}: the data section ends at byte {end} (tensor {last.name!r} padded to the {alignment}-byte "
+                f"alignment GGUF writers pad every tensor to) but the file has only {src.size} bytes; the file is "
+                "truncated — re-download or re-convert it", reason="gguf_truncated", evidence=last.name)
     return RawGGUF(path=src.path, size=src.size, version=version, metadata=metadata, value_types=types,
                    tensors=tensors, alignment=alignment, data_offset=data_offset, header_bytes_read=src.bytes_read)
 

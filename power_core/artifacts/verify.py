@@ -1,8 +1,8 @@
 """Full verification of a target (and draft) for one strategy: what ``select`` and ``power bind`` run.
 
-Order: inspect both headers (bounded) → the strategy's contract validator → complete vocabulary
-comparison (draft strategies) → file digests → binding. Every failure is a typed
-:class:`~power_core.errors.ArtifactError`; nothing native is touched.
+Order: inspect both headers (bounded) and check the target on its own → the strategy's contract
+validator → complete vocabulary comparison (draft strategies) → file digests → binding. Every
+failure is a typed :class:`~power_core.errors.ArtifactError`; nothing native is touched.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import attrs
 
 from power_core.artifacts.binding import Binding, check_binding
 from power_core.artifacts.identity import file_digest, vocab_digest
+from power_core.artifacts.target import check_target
 from power_core.artifacts.view import ArtifactView
 from power_core.artifacts.vocab import VocabMatch, compare_vocab
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
@@ -59,7 +60,7 @@ def verify_artifacts(strategy: Any, target_path: str | os.PathLike[str], draft_p
                      config: Any = None, *, require_binding: bool = True, target_view: ArtifactView | None = None,
                      progress: bool | None = None) -> VerifiedArtifacts:
     """Verify the target (and draft) for ``strategy`` or raise; see the module docstring for the order."""
-    tv = target_view if target_view is not None else ArtifactView.from_gguf(target_path)
+    tv = check_target(target_view if target_view is not None else ArtifactView.from_gguf(target_path))
     if strategy.needs_draft and draft_path is None:
         raise ArtifactMismatch(f"spec_mode {strategy.name!r} needs a draft model file (--draft) and none was given",
                                reason="draft_missing", evidence="draft")

@@ -68,6 +68,16 @@ def test_unknown_architecture(tmp_path):
     assert _reason(ei) == "arch_unknown"
 
 
+@pytest.mark.parametrize("arch,reason", [("gptj", "arch_unknown"), ("", "arch_missing")])
+def test_architecture_checked_before_llama_cpp(tmp_path, arch, reason):
+    p = write_metadata(tmp_path / "a.gguf", arch or "llama")  # gptj: named by llama.cpp, but no model class
+    if not arch:  # rename the key in place (same length): a well-formed file without general.architecture
+        p.write_bytes(p.read_bytes().replace(b"general.architecture", b"general.architecturX", 1))
+    with pytest.raises(ArtifactError, match="general.architecture" if not arch else "gptj") as ei:
+        load_model(p, role="draft")
+    assert _reason(ei) == reason and ei.value.evidence == "general.architecture"
+
+
 def test_missing_tensors_is_a_load_failure(tmp_path):
     p = write_metadata(tmp_path / "empty-llama.gguf", "llama")  # valid header, no tensors
     with pytest.raises(ArtifactError) as ei:

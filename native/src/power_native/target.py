@@ -23,6 +23,7 @@ import attrs
 import numpy as np
 
 from power_core.artifacts.identity import file_digest
+from power_core.artifacts.target import check_architecture
 from power_core.artifacts.view import ArtifactView
 from power_core.config import NUMERICS
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
@@ -136,9 +137,7 @@ def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: Arti
         view = view or ArtifactView.from_gguf(path)
     except ArtifactError as exc:
         raise ArtifactError(f"{role} file: {exc}", reason=exc.reason, evidence=exc.evidence) from None
-    if not view.architecture:
-        raise ArtifactError(f"{role} file {os.fspath(path)!r} has no general.architecture key",
-                            reason="gguf_bad_metadata", evidence="general.architecture")
+    check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
     try:
         if rpc_servers:
             from power_native.rpc import probe
