@@ -50,7 +50,7 @@ def test_logits_view_outlives_its_context(tiny_llama):
     del ctx
     gc.collect()
     junk = [np.full(1 << 16, 7.0, dtype=np.float32) for _ in range(64)]  # reuse freed memory, if any were freed
-    assert np.array_equal(view, want)
+    assert view.tobytes() == want.tobytes()  # a memcpy: AddressSanitizer's interceptor checks it
     del junk
 
 
@@ -63,7 +63,7 @@ def test_target_rows_and_taps_outlive_the_target(tiny_qwen35):
     t.close()
     del t, res
     gc.collect()
-    assert np.array_equal(logits, want[0]) and np.array_equal(feats, want[1])
+    assert logits.tobytes() == want[0].tobytes() and feats.tobytes() == want[1].tobytes()
 
 
 def test_a_draft_context_keeps_the_target_context_it_borrows(tiny_dir, tiny_llama):
