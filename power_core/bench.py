@@ -58,6 +58,9 @@ class BenchSpec:
     peer_bin: Path | None = None
     out: Path = Path("evidence/bench")
     n_ctx: int = 2048
+    #: the target's kernels for every Power run (``exact``: speculative output equals ``off``; the
+    #: llama.cpp peers always run stock kernels)
+    numerics: str = "exact"
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float] | None:
@@ -114,7 +117,7 @@ class _PowerCell:
         spec = self.spec
         # trace: each round's proposals, so a parity failure can be replayed pass by pass (_numerics_probe)
         cfg = PowerConfig(spec_mode=self.mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens,
-                          trace=True)
+                          trace=True, numerics=spec.numerics)
         return Session.open(cfg, model=spec.model, draft=spec.draft if self.mode != "off" else None,
                             plugins=self.plugins)
 
@@ -171,6 +174,7 @@ def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) ->
     cells: dict[str, _PowerCell] = {}
     report: dict[str, Any] = {"schema": "power.bench/1", "model": spec.model, "modes": list(modes),
                               "runs": spec.runs, "tokens": spec.tokens, "threads": spec.threads,
+                              "numerics": spec.numerics,
                               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                                           "cpus": os.cpu_count()},
                               "prompts": {}, "parity_failures": []}
