@@ -172,12 +172,20 @@ def test_embedded_request_on_smollm2_prints_nothing(smollm2, tmp_path):
 
 @pytest.mark.parametrize("mode", ["off", "suffix"])
 def test_three_turn_chat_reuses_the_conversation(smollm2, mode):
-    """cache_prompt: each later turn's prompt (previous turns + answers + a new message) prefills
-    only what the target does not already hold (>= 90%% reused), and every answer equals a fresh
-    session's."""
+    """cache_prompt: each later turn's prompt (system prompt, previous turns and answers, a new
+    message) prefills only what the target does not already hold (>= 90% reused), and every answer
+    equals a fresh session's."""
     questions = ["Name a planet.", "Why is it called that?", "Say it again in one word."]
     cfg = dict(spec_mode=mode, max_tokens=48, n_threads=2, n_ctx=2048)
-    messages: list[dict] = []
+    system = ("You are a patient astronomy tutor for a class of curious ten-year-olds. Answer in plain words, "
+              "in one or two short sentences, and never use jargon without explaining it. The class has just "
+              "visited a planetarium, seen the eight planets of the solar system projected on the dome, and "
+              "learned that some planets are rocky while others are giants made mostly of gas. They like "
+              "names, stories and simple comparisons with things they know from everyday life. When a child "
+              "asks why something is so, give the real reason first and then one picture they can imagine, such "
+              "as a ball, a kitchen or a playground. If a question is unclear, answer the most likely meaning "
+              "instead of asking back, and keep every answer short enough to read aloud in one breath.")
+    messages: list[dict] = [{"role": "system", "content": system}]
     with Session.open(PowerConfig(cache_prompt=True, **cfg), model=smollm2) as s:
         for turn, q in enumerate(questions):
             messages.append({"role": "user", "content": q})
@@ -186,7 +194,9 @@ def test_three_turn_chat_reuses_the_conversation(smollm2, mode):
             with Session.open(PowerConfig(**cfg), model=smollm2) as fresh:
                 want = fresh.generate(prompt)
             assert res.tokens == want.tokens, f"turn {turn}"
-            if turn:
+            if turn:  # everything the target held is reused: the conversation so far but the last answer's end
+                assert res.receipt.prompt_reused == held, (turn, res.receipt.prompt_reused, held)
                 assert res.receipt.prompt_reused >= 0.9 * res.receipt.prompt_tokens, (turn, res.receipt.prompt_reused,
                                                                                       res.receipt.prompt_tokens)
+            held = res.receipt.prompt_tokens + len(res.tokens) - 1
             messages.append({"role": "assistant", "content": res.text})
