@@ -78,7 +78,7 @@ def servers():
 
 
 def _run(model: str, **cfg) -> list:
-    config = PowerConfig(spec_mode="off", max_tokens=32, n_threads=2, n_ctx=512, **cfg)
+    config = PowerConfig(**{"spec_mode": "off", "max_tokens": 32, "n_threads": 2, "n_ctx": 512, **cfg})
     with Session.open(config, model=model) as s:
         return [s.generate(p) for p in PROMPTS]
 

@@ -123,7 +123,9 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
     path = req.draft or req.opened.model_path
     if path is None:
         raise ArtifactMismatch("draft-model needs a draft GGUF (--draft PATH)", evidence="draft")
-    model = load_model(path, role="draft")
+    # the draft runs under the target's numerics (no repack when exact): a self-draft then computes the
+    # target's own bits, shares its loaded weights, and is accepted in full
+    model = load_model(path, role="draft", repack=req.config.numerics == "stock")
     if model.n_vocab != target.capabilities.n_vocab:  # selection compared the files; this is the loaded truth
         raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
                                f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
