@@ -186,6 +186,7 @@ def test_three_turn_chat_reuses_the_conversation(smollm2, mode):
               "as a ball, a kitchen or a playground. If a question is unclear, answer the most likely meaning "
               "instead of asking back, and keep every answer short enough to read aloud in one breath.")
     messages: list[dict] = [{"role": "system", "content": system}]
+    held = 0  # tokens the target holds after the previous turn
     with Session.open(PowerConfig(cache_prompt=True, **cfg), model=smollm2) as s:
         for turn, q in enumerate(questions):
             messages.append({"role": "user", "content": q})
