@@ -200,7 +200,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         receipt = gen.receipt
         assert receipt is not None
         body = receipt.to_dict()
-        if args.receipt:
+        if args.receipt and args.receipt != "-":
             try:
                 Path(args.receipt).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
             except OSError as exc:
@@ -212,11 +212,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(json.dumps(obj))
             return 130 if cancelled else 0
     out.write("\n")
+    if args.receipt == "-":  # the full receipt on stdout, after the text
+        out.write(json.dumps(body, indent=2) + "\n")
     out.flush()
     if timer:
         for phase, row in timer.summary().items():
             print(f"phase {phase:<10} {row['seconds'] * 1e3:9.2f} ms over {row['calls']:.0f} calls", file=sys.stderr)
-    print(_summary_line(receipt, args.receipt), file=sys.stderr)
+    print(_summary_line(receipt, args.receipt if args.receipt != "-" else None), file=sys.stderr)
     return 130 if cancelled else 0
 
 
@@ -307,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode target-only (with the reason) unless verify rows equal one-token decodes")
     r.add_argument("--config", help="TOML file with configuration keys")
     r.add_argument("--json", action="store_true", help="print one JSON object at the end: tokens, text, receipt")
-    r.add_argument("--receipt", metavar="FILE", help="write the full receipt (JSON) to FILE")
+    r.add_argument("--receipt", metavar="FILE", help="write the full receipt (JSON) to FILE ('-': print it after the text)")
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
 

@@ -155,6 +155,17 @@ def test_receipt_file_and_stop_strings(tmp_path, capsys):
     assert err.strip().endswith(f"receipt={path}") and "finish=stop" in err
 
 
+def test_receipt_dash_prints_it_after_the_text(capsys):
+    rc, js, _ = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "24", "--prompt", "hello", "--json")
+    want = json.loads(js)
+    rc, out, err = run_cli(capsys, "run", *REF, "--mode", "ref-draft", "--max-tokens", "24", "--prompt", "hello",
+                           "--receipt", "-")
+    text, _, rest = out.partition("\n")
+    receipt = json.loads(rest)
+    assert rc == 0 and text == want["text"] and receipt["output_sha256"] == want["receipt"]["output_sha256"]
+    assert "receipt=" not in err and "tokens=24" in err
+
+
 @pytest.mark.parametrize("how", ["signal", "raise"])
 def test_ctrl_c_keeps_the_committed_text_and_a_cancelled_receipt(tmp_path, capsys, monkeypatch, how):
     args = ["run", *REF, "--mode", "off", "--max-tokens", "40", "--prompt", "hello"]
