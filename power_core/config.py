@@ -73,11 +73,12 @@ def _choice(allowed: tuple[str, ...]) -> Any:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``"host:port"`` (IPv6 as ``[addr]:port``) -> (host, port), or :class:`ConfigError`."""
-    host, sep, port = str(endpoint).rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    """``"host:port"`` -> (host, port), or :class:`ConfigError`. IPv4 addresses and host names only:
+    ggml-rpc splits at the first ``:`` and resolves IPv4, so an IPv6 endpoint would abort it."""
+    host, sep, port = str(endpoint).partition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError("rpc_servers", endpoint, "HOST:PORT entries, e.g. 127.0.0.1:50052")
+        raise ConfigError("rpc_servers", endpoint, "HOST:PORT entries with an IPv4 address or host name, "
+                          "e.g. 127.0.0.1:50052", "llama.cpp's RPC client does not take IPv6 endpoints")
     return host, int(port)
 
 

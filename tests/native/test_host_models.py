@@ -201,3 +201,22 @@ def test_three_turn_chat_reuses_the_conversation(smollm2, mode):
                                                                                       res.receipt.prompt_tokens)
             held = res.receipt.prompt_tokens + len(res.tokens) - 1
             messages.append({"role": "assistant", "content": res.text})
+
+
+def test_a_cancel_left_pending_does_not_cancel_the_next_reusing_request(smollm2):
+    """A cancel that lands between decodes stops its request before llama.cpp consumed the abort
+    flag; the next request, reusing the prompt (no reset), must not inherit it."""
+    from power_core.errors import Cancelled
+    from power_core.transaction import CancelToken
+
+    cfg = PowerConfig(spec_mode="off", max_tokens=16, n_threads=2, n_ctx=512, cache_prompt=True)
+    with Session.open(cfg, model=smollm2) as s:
+        token = CancelToken()
+        gen = s.start("The capital of France is", cancel=token)
+        rounds = gen.rounds()
+        next(rounds)
+        token.cancel()  # between decodes: the transaction stops at its next check
+        with pytest.raises(Cancelled):
+            next(rounds)
+        res = s.generate("The capital of France is Paris.")
+        assert res.receipt.status == "completed" and res.receipt.prompt_reused > 0

@@ -133,7 +133,19 @@ def test_refused_dead_and_silent_servers_are_typed_errors_in_bounded_time(monkey
     assert cli.main(["run", "--model", model, "--rpc", refused, "--max-tokens", "4"]) == 2
 
 
-@pytest.mark.parametrize("bad", ["localhost", "host:0", "h:99999", ":80", "a:1,a:1"])
+def test_a_second_model_on_servers_already_in_use(servers, monkeypatch):
+    """rpc-server serves one client at a time and ggml-rpc keeps this process's connection open while
+    a model lives there: a second load must reuse it, not time out in a fresh probe."""
+    model = _model_path("smollm2")
+    monkeypatch.setenv("POWER_NATIVE_SHARED_WEIGHTS", "0")  # a second, separate load onto the same servers
+    monkeypatch.setenv("POWER_RPC_TIMEOUT", "1")
+    cfg = PowerConfig(spec_mode="off", max_tokens=8, n_threads=2, n_ctx=512, rpc_servers=tuple(servers))
+    with Session.open(cfg, model=model) as a, Session.open(cfg, model=model) as b:
+        assert a.opened.target.model is not b.opened.target.model
+        assert a.generate(PROMPTS[0]).tokens == b.generate(PROMPTS[0]).tokens
+
+
+@pytest.mark.parametrize("bad", ["localhost", "host:0", "h:99999", ":80", "a:1,a:1", "[::1]:50052", "::1:80"])
 def test_malformed_endpoints_are_config_errors(bad):
     with pytest.raises(ConfigError, match="rpc_servers"):
         PowerConfig(rpc_servers=bad)

@@ -1,6 +1,8 @@
 # Context: one owned llama_context with its reusable batch (decode, logits, memory, state, taps).
 # Included by _llama.pyx (one extension module); split by area to keep files small.
 
+@cython.no_gc  # it refers only to a Model and other owners, never in a cycle: the collector must not
+# clear ``model`` before ``__dealloc__`` frees the context (llama_free reads the model)
 cdef class _CtxOwner:
     """Owner of one ``llama_context``; see ``_llama.pxd``. Never exposed."""
 
@@ -114,7 +116,11 @@ cdef class Context:
 
     def close(self) -> None:
         """End this context (idempotent): later calls raise; its memory is freed now unless a view,
-        a batch or a context on top of it still holds it (then when the last of them goes)."""
+        a batch or a context on top of it still holds it (then when the last of them goes). Refused
+        (:class:`RuntimeFault`) while another thread's decode runs on it: cancel it and wait first."""
+        if self._inflight:
+            raise RuntimeFault("the llama context is decoding in another thread; cancel that request and wait "
+                               "for it to end before closing")
         if self.has_batch:
             llama_batch_free(self.batch)
             self.has_batch = False
@@ -174,8 +180,12 @@ cdef class Context:
         if self.abort_flag[0]:
             rc = 2  # cancelled before it started: nothing reaches the memory
         else:
-            with nogil:
-                rc = llama_decode(ctx, b[0])
+            self._inflight += 1
+            try:
+                with nogil:
+                    rc = llama_decode(ctx, b[0])
+            finally:
+                self._inflight -= 1
         self.n_outputs = 0
         if rc == 2:
             self.abort_flag[0] = 0  # consumed: the next decode runs
@@ -201,11 +211,16 @@ cdef class Context:
         cdef llama_process_type kind = LLAMA_PROCESS_TYPE_ENCODE if encode else LLAMA_PROCESS_TYPE_DECODE
         _errors.clear()
         self.n_outputs = 0
+        cdef llama_context * ctx = self.ptr
         if self.abort_flag[0]:
             rc = 2
         else:
-            with nogil:
-                rc = llama_process(self.ptr, kind, batch.ptr)
+            self._inflight += 1
+            try:
+                with nogil:
+                    rc = llama_process(ctx, kind, batch.ptr)
+            finally:
+                self._inflight -= 1
         if rc == 2:
             self.abort_flag[0] = 0
         n_out = batch.n_outputs

@@ -47,6 +47,7 @@ cdef class Context:
     cdef bint _nextn_tap
     cdef bint _nextn_masked
     cdef int _last_n_tokens
+    cdef int _inflight  # decodes running without the GIL (close() refuses meanwhile)
     cdef object __weakref__
     cdef _CtxOwner _owner
     cdef int _alive(self) except -1

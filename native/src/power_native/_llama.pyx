@@ -15,6 +15,7 @@ from libc.stdint cimport int32_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
+cimport cython
 cimport numpy as cnp
 
 from power_native.llama cimport *

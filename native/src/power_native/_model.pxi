@@ -281,6 +281,7 @@ cdef class Model:
         return (<bytes>llama_vocab_get_text(self._v(), token)).decode("utf-8", "replace")
 
     cdef int _check_token(self, int token) except -1:
+        self._v()  # a bare Model raises RuntimeFault, not a range error over an empty vocabulary
         if token < 0 or token >= self.n_vocab:
             raise CapacityError(f"token id {token} is outside the vocabulary [0, {self.n_vocab})")
         return 0
@@ -315,6 +316,7 @@ cdef class Model:
 
     def detokenize(self, tokens, *, bint special=False) -> bytes:
         """Concatenated pieces (bytes), exactly what llama-completion prints token by token."""
+        self._v()
         cdef cnp.ndarray[int32_t, ndim=1] arr = np.ascontiguousarray(tokens, dtype=np.int32)
         cdef char buf[256]
         cdef Py_ssize_t i

@@ -63,7 +63,8 @@ class _NumericsGuard:
     would flip an exact one's kernels mid-pass): this counts the open targets per mode."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a finalizer's release() may run from garbage collection inside acquire()
+        self._lock = threading.RLock()
         self._open = {mode: 0 for mode in NUMERICS}
 
     def acquire(self, mode: str) -> None:
@@ -140,11 +141,19 @@ def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: Arti
     check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
     try:
         if rpc_servers:
-            from power_native.rpc import probe
+            from power_native import rpc
 
             for endpoint in rpc_servers:
-                probe(endpoint)  # ggml-rpc aborts the process on an unreachable server: fail typed first
-        return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers))
+                # ggml-rpc aborts the process on an unreachable server: fail typed first (a server this
+                # process already holds a connection to serves it, and would not answer a second one)
+                if not rpc.connected(endpoint):
+                    rpc.probe(endpoint)
+        model = _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers))
+        if rpc_servers:
+            from power_native import rpc
+
+            rpc.hold(rpc_servers, model)
+        return model
     except ArtifactError as exc:
         said = " | ".join(_llama.last_errors()) or str(exc)
         if "unknown model architecture" in said:
@@ -323,6 +332,7 @@ class LlamaTarget:
         recurrent or hybrid memory cannot go back, so there only ``n == n_past`` succeeds."""
         if not 0 < n <= self._n_past:
             return False
+        self.ctx.clear_abort()  # a new request: a cancel left over from the previous one is void (as reset())
         if n < self._n_past:
             if self._recurrent or not self.ctx.seq_rm(0, n, -1):
                 return False
