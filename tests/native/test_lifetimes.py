@@ -92,7 +92,8 @@ def test_direct_construction_is_a_typed_error():
         _llama.Model()
     bare = _llama.Model.__new__(_llama.Model)
     for call in (lambda: bare.arch, lambda: bare.n_layer, lambda: bare.tokenize("hi"), lambda: bare.bos,
-                 bare.eog_ids, lambda: bare.meta("general.architecture")):
+                 bare.eog_ids, lambda: bare.meta("general.architecture"), lambda: bare.is_eog(0),
+                 lambda: bare.token_to_piece(0), lambda: bare.detokenize([]), lambda: bare.token_text(0)):
         with pytest.raises(RuntimeFault, match="no loaded model"):
             call()
     with pytest.raises(RuntimeFault, match="no loaded model"):
