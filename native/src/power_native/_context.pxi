@@ -13,9 +13,11 @@ cdef class _CtxOwner:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self.ptr != NULL:
-            llama_free(self.ptr)
-            self.ptr = NULL
+        cdef llama_context * ptr = self.ptr
+        self.ptr = NULL
+        if ptr != NULL:
+            with nogil:  # see Model.__dealloc__: ggml-rpc's thread may need the GIL to log meanwhile
+                llama_free(ptr)
         if self.abort_flag != NULL:
             free(self.abort_flag)
             self.abort_flag = NULL
@@ -289,20 +291,30 @@ cdef class Context:
     # -- memory ------------------------------------------------------------------------------------------
     def clear(self, bint data=False) -> None:
         self._alive()
-        llama_memory_clear(self.mem, data)
+        cdef llama_memory_t mem = self.mem
+        with nogil:  # RPC-held memory: the dispatcher thread may log (our callback takes the GIL)
+            llama_memory_clear(mem, data)
 
     def seq_rm(self, int seq_id, int p0, int p1=-1) -> bool:
         """Remove positions [p0, p1) of ``seq_id``; False when llama.cpp cannot (recurrent memory)."""
         self._alive()
-        return llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+        cdef llama_memory_t mem = self.mem
+        cdef bint ok
+        with nogil:
+            ok = llama_memory_seq_rm(mem, seq_id, p0, p1)
+        return ok
 
     def seq_cp(self, int src, int dst, int p0=-1, int p1=-1) -> None:
         self._alive()
-        llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+        cdef llama_memory_t mem = self.mem
+        with nogil:
+            llama_memory_seq_cp(mem, src, dst, p0, p1)
 
     def seq_keep(self, int seq_id) -> None:
         self._alive()
-        llama_memory_seq_keep(self.mem, seq_id)
+        cdef llama_memory_t mem = self.mem
+        with nogil:
+            llama_memory_seq_keep(mem, seq_id)
 
     def pos_min(self, int seq_id=0) -> int:
         self._alive()

@@ -58,9 +58,13 @@ cdef class Model:
         self._meta = NULL
 
     def __dealloc__(self):
-        if self.ptr != NULL:
-            llama_model_free(self.ptr)
-            self.ptr = NULL
+        cdef llama_model * ptr = self.ptr
+        self.ptr = NULL
+        if ptr != NULL:
+            # without the GIL: freeing RPC buffers waits on ggml-rpc's dispatcher thread, which may be
+            # logging through our callback (it takes the GIL) — holding it here would deadlock
+            with nogil:
+                llama_model_free(ptr)
         if self._meta != NULL:
             gguf_free(self._meta)
             self._meta = NULL
