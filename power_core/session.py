@@ -185,6 +185,7 @@ class Session:
                 raise SessionBusy("the session cannot close while another thread's request runs; cancel it "
                                   "and wait for it to end, then close")
             self._closed = True
+            self._resident = None  # no Session <-> Generation cycle: the model goes when the session does
         if owner is not None and owner._stream is not None:
             owner._stream.close()  # an unfinished stream of this thread ends as cancelled
         close = getattr(self.proposer, "close", None)

@@ -4,6 +4,7 @@ address within a bounded time, never a hang and never ggml-rpc's process abort."
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -72,6 +73,7 @@ def servers():
     exe = _rpc_server()
     started = [_start(exe) for _ in range(2)]
     yield [endpoint for _, endpoint in started]
+    gc.collect()  # free every model held on the servers while they run (ggml-rpc aborts otherwise)
     for proc, _ in started:
         proc.terminate()
         proc.wait(timeout=10)
