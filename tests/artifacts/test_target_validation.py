@@ -266,19 +266,27 @@ def _pinned_source() -> Path | None:
     return Path(hits[0]).parents[1] if hits else None
 
 
+def _absent(why: str) -> None:
+    """Skip on a partial developer install; CI (CI=true, nox installs everything) must not skip."""
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+
+
 def test_table_matches_the_pinned_llama_cpp_source():
     src = _pinned_source()
     if src is None:
-        pytest.skip("the pinned llama.cpp source is not on this machine (build power-native to get it)")
+        _absent("the pinned llama.cpp source is not on this machine (build power-native to get it)")
     got = archs_from_source(src)
     assert got == LLAMA_ARCHS, {"missing": sorted(got - LLAMA_ARCHS), "extra": sorted(LLAMA_ARCHS - got)}
 
 
 def test_table_and_native_build_share_the_pin():
-    power_native = pytest.importorskip("power_native")
+    try:
+        import power_native
+    except ImportError:
+        _absent("power-native is not installed")
     pinned = power_native.build_info().get("sdist_sha256")
     if pinned is None:
-        pytest.skip("power-native has no build-info.json (not built from the pinned sdist)")
+        _absent("power-native has no build-info.json (not built from the pinned sdist)")
     assert pinned == PINNED_SDIST_SHA256, "power-native moved its pin: regenerate power_core/artifacts/archs.py"
 
 
@@ -310,9 +318,10 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.model
 @pytest.mark.native
-@pytest.mark.skipif(not REAL, reason="power-native or the real models are not installed")
-@pytest.mark.parametrize("model", REAL)
+@pytest.mark.parametrize("model", REAL or [pytest.param(None, id="not-installed")])
 def test_real_models_verify_run_and_refuse_a_one_byte_truncation(model, tmp_path):
+    if model is None:
+        _absent("power-native or the real models are not installed")
     r = _cli("validate", "--target", model, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["ok"] is True
