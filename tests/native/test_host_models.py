@@ -75,8 +75,6 @@ def test_chat_answers_the_poem_prompt(session):
 
 @pytest.mark.parametrize("mode", ["off", "suffix"])
 def test_stop_string_straddling_tokens_ends_output_exactly(smollm2, mode):
-    if mode == "suffix":
-        pytest.importorskip("power_suffix")
     cfg = PowerConfig(spec_mode=mode, max_tokens=20, n_threads=2, n_ctx=512)
     with Session.open(cfg, model=smollm2) as s:
         tok = s.opened.tokenizer
