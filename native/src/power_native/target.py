@@ -140,19 +140,17 @@ def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: Arti
         raise ArtifactError(f"{role} file: {exc}", reason=exc.reason, evidence=exc.evidence) from None
     check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
     try:
-        if rpc_servers:
-            from power_native import rpc
+        if not rpc_servers:
+            return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack)
+        from power_native import rpc
 
-            for endpoint in rpc_servers:
-                # ggml-rpc aborts the process on an unreachable server: fail typed first (a server this
-                # process already holds a connection to serves it, and would not answer a second one)
-                if not rpc.connected(endpoint):
-                    rpc.probe(endpoint)
+        for endpoint in rpc_servers:
+            # ggml-rpc aborts the process on an unreachable server: fail typed first (a server this
+            # process already holds a connection to serves it, and would not answer a second one)
+            if not rpc.connected(endpoint):
+                rpc.probe(endpoint)
         model = _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers))
-        if rpc_servers:
-            from power_native import rpc
-
-            rpc.hold(rpc_servers, model)
+        rpc.hold(rpc_servers, model)
         return model
     except ArtifactError as exc:
         said = " | ".join(_llama.last_errors()) or str(exc)
