@@ -10,7 +10,12 @@ same pinned build, e.g. ``native/tools/build_llama.py --peers``) each prompt als
 ``llama-completion`` and ``llama-speculative-simple`` with each n-gram type, on the same workload:
 the same prompt text on both sides (a prompt file is read as llama.cpp's ``-f`` reads it, one
 trailing newline dropped, and the peer gets that text through ``-p``) and equal generated-token counts: ``llama-speculative-simple -n`` overshoots by
-up to one draft, so Power's speculative modes are also run at the count the peer decoded.
+up to one draft, so Power's speculative modes are also run at the count the peer decoded. The peers
+run with Power's numerics unless ``--peer-numerics`` says otherwise: ``exact`` starts them with
+``GGML_CPU_BATCH_INVARIANT=1`` and ``--no-repack`` (the batch-invariant kernels Power's ``exact`` uses,
+from the same patched build), so both sides write the same text; ``stock`` is llama.cpp as shipped.
+Each peer's generated text is compared with Power's ``--mode off`` text at the same count
+(``same_text``), so the report says whether the workloads really were the same.
 
 Every Power mode's tokens are checked against ``--mode off`` at the same count; a mode that
 differs is a **parity failure**: flagged in the report, never averaged in, and the exit code is 1.
@@ -58,9 +63,14 @@ class BenchSpec:
     peer_bin: Path | None = None
     out: Path = Path("evidence/bench")
     n_ctx: int = 2048
-    #: the target's kernels for every Power run (``exact``: speculative output equals ``off``; the
-    #: llama.cpp peers always run stock kernels)
+    #: the target's kernels for every Power run (``exact``: speculative output equals ``off``)
     numerics: str = "exact"
+    #: the llama.cpp peers' kernels (``None``: the same as ``numerics``, so both sides write the same text)
+    peer_numerics: str | None = None
+
+    @property
+    def peers_numerics(self) -> str:
+        return self.peer_numerics or self.numerics
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float] | None:
@@ -88,6 +98,9 @@ def check_spec(spec: BenchSpec, known_modes: Sequence[str]) -> None:
             p.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError("prompts", str(p), "a UTF-8 text file", str(exc)) from None
+    for key, value in (("numerics", spec.numerics), ("peer_numerics", spec.peers_numerics)):
+        if value not in ("exact", "stock"):
+            raise ConfigError(key, value, "exact or stock")
     if spec.peer_bin is not None:
         missing = [exe for exe in PEERS if not (spec.peer_bin / exe).is_file()]
         if missing:
@@ -128,6 +141,7 @@ class _PowerCell:
         r = res.receipt
         s = r.summary()
         return {"tok_s": r.timings["decode_tok_s"], "tokens": list(res.tokens), "digest": r.output_sha256,
+                "text": res.text,
                 "acceptance": s["acceptance"], "tokens_per_pass": s["verified_tokens_per_pass"],
                 "replays": s["replays"], "config_sha256": r.config_sha256, "n": len(res.tokens),
                 "rounds": [(rd.get("proposal", []), rd["emitted"]) for rd in r.rounds]}
@@ -142,21 +156,46 @@ def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) 
            "-t", str(spec.threads), "--temp", "0", "--top-k", "1", "-c", str(spec.n_ctx), *extra]
     if exe == "llama-completion":
         cmd.append("-no-cnv")
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_BATCH_INVARIANT"}
+    if spec.peers_numerics == "exact":  # the kernels of Power's exact numerics (patch 0002, read at ggml_cpu_init)
+        env["GGML_CPU_BATCH_INVARIANT"] = "1"
+        cmd.append("--no-repack")
     for _ in range(2):  # a run that ends without its summary (rare here) is retried once
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"{exe} exited {proc.returncode}: {proc.stderr[-1500:]}")
+        text = _generated(proc.stdout, prompt)
         if exe == "llama-completion":
             m = _EVAL.search(proc.stderr)
             if m:
-                return {"tok_s": float(m.group(2)), "n": int(m.group(1)) + 1, "acceptance": None}
+                return {"tok_s": float(m.group(2)), "n": int(m.group(1)) + 1, "acceptance": None, "text": text}
         else:
             m = _DECODED.search(proc.stderr)
             if m:
                 a = _ACCEPT.search(proc.stderr)
                 return {"tok_s": float(m.group(3)), "n": int(m.group(1)),
-                        "acceptance": float(a.group(1)) / 100 if a else None}
+                        "acceptance": float(a.group(1)) / 100 if a else None, "text": text}
     raise RuntimeError(f"{exe} printed no timing summary: {proc.stderr[-800:]}")
+
+
+def _generated(stdout: str, prompt: str) -> str | None:
+    """The text a peer generated: what its stdout prints after the echoed prompt (``None`` when the echo
+    cannot be found, e.g. a tokenizer that does not round-trip the prompt)."""
+    tail = prompt[-64:]
+    at = stdout.find(tail) if tail else -1
+    return stdout[at + len(tail):] if at >= 0 else None
+
+
+def same_text(peer: str | None, power: str) -> bool | None:
+    """Whether a peer wrote Power's text: equal over the shorter of the two (a peer may decode a few tokens
+    more, and llama.cpp's tools print trailing newlines of their own)."""
+    if peer is None:
+        return None
+    a, b = peer.rstrip(), power.rstrip()
+    if a.endswith("[end of text]"):  # llama-completion marks an end-of-generation token
+        a = a[: -len("[end of text]")].rstrip()
+    n = min(len(a), len(b))
+    return n > 0 and a[:n] == b[:n]
 
 
 def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) -> dict[str, Any]:
@@ -174,7 +213,7 @@ def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) ->
     cells: dict[str, _PowerCell] = {}
     report: dict[str, Any] = {"schema": "power.bench/1", "model": spec.model, "modes": list(modes),
                               "runs": spec.runs, "tokens": spec.tokens, "threads": spec.threads,
-                              "numerics": spec.numerics,
+                              "numerics": spec.numerics, "peer_numerics": spec.peers_numerics if spec.peer_bin else None,
                               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                                           "cpus": os.cpu_count()},
                               "prompts": {}, "parity_failures": []}
@@ -203,7 +242,7 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
     raw: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     peer_raw: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
     matched: dict[str, dict[str, list[dict[str, Any]]]] = {}  # peer type -> mode -> runs at the peer's count
-    ref_at: dict[int, str] = {}  # token count -> off's digest
+    ref_at: dict[int, dict[str, Any]] = {}  # token count -> off's run at that count
     for i in range(spec.runs):
         order = list(modes) + [p for p, _ in peers]
         if i % 2:
@@ -216,15 +255,17 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
                 r = _peer(spec, str(report["model_path"]),
                           "llama-completion" if name == "llama-completion" else "llama-speculative-simple", text, extra)
                 peer_raw[name].append(r)
+                if r["n"] not in ref_at:  # off's text at the peer's count (this run's off cell when it matches)
+                    last = raw["off"][-1] if raw["off"] else None
+                    ref_at[r["n"]] = last if last and last["n"] == r["n"] else cells["off"].run(text, r["n"])
+                r["same_text"] = same_text(r.pop("text"), ref_at[r["n"]]["text"])
                 if name != "llama-completion":  # Power's speculative modes at the count this peer decoded
                     for m in modes:
                         if m == "off":
                             continue
                         run = cells[m].run(text, r["n"])
                         matched.setdefault(name, {}).setdefault(m, []).append(run)
-                        if r["n"] not in ref_at:
-                            ref_at[r["n"]] = cells["off"].run(text, r["n"])["digest"]
-                        run["parity"] = run["digest"] == ref_at[r["n"]]
+                        run["parity"] = run["digest"] == ref_at[r["n"]]["digest"]
                         bar.advance(task)
             bar.advance(task)
     out: dict[str, Any] = {"modes": {}, "peers": {}}
@@ -250,7 +291,9 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
         out["modes"][m] = cell
     out["off_tok_s"] = off_rate
     for name, runs in peer_raw.items():
+        known = [r["same_text"] for r in runs if r["same_text"] is not None]
         peer = {"tok_s": _stats([r["tok_s"] for r in runs]), "tokens": runs[0]["n"],
+                "same_text": all(known) if known else None,
                 "acceptance": _stats([r["acceptance"] for r in runs if r["acceptance"] is not None])}
         for m, mruns in matched.get(name, {}).items():
             if all(r["parity"] for r in mruns):
@@ -258,7 +301,10 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
                     "tok_s": _stats([r["tok_s"] for r in mruns]),
                     "ratio": _stats([r["tok_s"] / p["tok_s"] for r, p in zip(mruns, runs, strict=True)])}
         out["peers"][name] = peer
-    ngram = {n: p for n, p in out["peers"].items() if n != "llama-completion"}
+    # the best peer is chosen among those that decoded the same workload: a peer whose text differs from
+    # --mode off (llama.cpp's own speculative run is not exact on stock kernels) is listed, never the reference
+    ngram = {n: p for n, p in out["peers"].items() if n != "llama-completion" and p["same_text"] is not False}
+    out["peers_other_text"] = sorted(n for n, p in out["peers"].items() if p["same_text"] is False)
     if ngram:
         best = max(ngram, key=lambda n: ngram[n]["tok_s"]["median"])
         out["best_peer_ngram"] = best
@@ -333,7 +379,9 @@ def _fmt(s: dict[str, float] | None, digits: int = 1) -> str:
 def _markdown(report: dict[str, Any]) -> str:
     lines = [f"# power bench: {report['model'] or 'embedded model'}", "",
              f"{report['runs']} paired runs, {report['tokens']} tokens, {report['threads']} threads; "
-             "decode tok/s median (min–max); ratios are per-run pairs.", ""]
+             "decode tok/s median (min–max); ratios are per-run pairs. Numerics: Power "
+             f"{report['numerics']}, llama.cpp peers {report.get('peer_numerics') or '—'}; *text = off*: the cell "
+             "wrote `--mode off`'s text (Power: token for token; a peer: its printed text).", ""]
     if report["parity_failures"]:
         lines += ["**Parity failures** (excluded from every ratio):", ""]
         for f in report["parity_failures"]:
@@ -347,16 +395,22 @@ def _markdown(report: dict[str, Any]) -> str:
             lines.append(f"- {f['mode']}: first differing token {f['first_divergence']}{why}")
         lines.append("")
     for name, p in report["prompts"].items():
-        lines += [f"## {name}", "", "| cell | tok/s | × off | acceptance | tokens/pass | parity |", "|---|---|---|---|---|---|"]
+        lines += [f"## {name}", "", "| cell | tok/s | × off | acceptance | tokens/pass | text = off |",
+                  "|---|---|---|---|---|---|"]
         for m, c in p["modes"].items():
             lines.append(f"| power {m} | {_fmt(c['tok_s'])} | {_fmt(c['ratio_to_off'], 3)} | {_fmt(c['acceptance'], 2)} "
                          f"| {_fmt(c['tokens_per_pass'], 2)} | {'yes' if c['parity'] else 'NO'} |")
         for n, c in p["peers"].items():
-            lines.append(f"| llama.cpp {n} ({c['tokens']} tokens) | {_fmt(c['tok_s'])} | | {_fmt(c['acceptance'], 2)} | | |")
+            same = {True: "yes", False: "NO", None: "—"}[c.get("same_text")]
+            lines.append(f"| llama.cpp {n} ({c['tokens']} tokens) | {_fmt(c['tok_s'])} | | {_fmt(c['acceptance'], 2)} "
+                         f"| | {same} |")
         if "best_peer_ngram" in p:
             best = p["best_peer_ngram"]
             for m, r in p["ratio_to_best_peer_ngram"].items():
                 lines.append(f"\npower {m} vs best llama.cpp n-gram type ({best}), same token count: ×{_fmt(r, 3)}")
+        if p.get("peers_other_text"):
+            lines.append(f"\nNot the same workload (their text differs from `--mode off`, so never the best peer): "
+                         f"{', '.join(p['peers_other_text'])}.")
         lines.append("")
     b = report.get("build") or {}
     lines += [f"Build: llama.cpp {b.get('llama_cpp_commit')}, patches {b.get('patches')}; machine {report['machine']}."]

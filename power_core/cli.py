@@ -250,7 +250,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      prompts=tuple(Path(p) for p in args.prompts), runs=args.runs, tokens=args.tokens,
                      threads=args.threads, draft=args.draft, n_ctx=args.n_ctx,
                      peer_bin=Path(args.peer_bin) if args.peer_bin else None, out=Path(args.out),
-                     numerics=args.numerics or "exact")
+                     numerics=args.numerics or "exact", peer_numerics=args.peer_numerics)
     report = run_bench(spec, progress=not args.no_progress and sys.stderr.isatty())
     print((spec.out / "report.md").read_text())
     if report["parity_failures"]:
@@ -335,7 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer-bin", help="directory with llama-completion and llama-speculative-simple")
     b.add_argument("--out", default="evidence/bench", help="directory for report.json, report.md, speedup.png")
     b.add_argument("--numerics", choices=("exact", "stock"),
-                   help="Power's target kernels (default exact); llama.cpp peers always run stock")
+                   help="Power's target kernels (default exact)")
+    b.add_argument("--peer-numerics", choices=("exact", "stock"),
+                   help="the llama.cpp peers' kernels (default: the same as --numerics, so both sides write the "
+                        "same text; stock: llama.cpp as shipped)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_cmd_bench)
 

@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 
-from power_core.bench import BenchSpec, run_bench
+from power_core.bench import NGRAM_TYPES, BenchSpec, run_bench
+from power_core.config import PowerConfig
 from power_core.cli import main
 from power_core.plugins import Strategy, hookimpl
 
@@ -96,3 +97,87 @@ def test_parity_failure_is_flagged_and_excluded(tmp_path):
     assert cell["numerics"]["explained_by_batch_numerics"] is False and cell["numerics"]["max_abs_diff"] == 0.0
     assert report["parity_failures"][0]["mode"] == "corrupting"
     assert "Parity failures" in (tmp_path / "ev" / "report.md").read_text()
+
+
+def _fake_peers(tmp_path, text: str, n: int):
+    """llama-completion / llama-speculative-simple stand-ins: echo the prompt, print ``text`` as their
+    generation and llama.cpp's timing lines; each call appends its argv and batch-invariance env to calls.log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    gen = tmp_path / "gen.txt"
+    gen.write_text(text)
+    for exe, timing in (("llama-completion", f"eval time = 100.00 ms / {n - 1} runs ( 4.00 ms per token, 250.00 tokens per second)"),
+                        ("llama-speculative-simple", f"decoded {n} tokens in 0.100 seconds, speed: 240.00 t/s\naccept    = 50.000%")):
+        script = bin_dir / exe
+        script.write_text(
+            "#!/usr/bin/env python3\n"
+            "import os, sys\n"
+            f"open({str(log)!r}, 'a').write(repr([sys.argv[0].rsplit('/', 1)[-1], os.environ.get('GGML_CPU_BATCH_INVARIANT'), sys.argv[1:]]) + '\\n')\n"
+            "prompt = sys.argv[sys.argv.index('-p') + 1]\n"
+            f"sys.stdout.write(prompt + open({str(gen)!r}).read() + '\\n\\n')\n"
+            f"sys.stderr.write({timing!r} + '\\n')\n")
+        script.chmod(0o755)
+    return bin_dir, log
+
+
+def _off_text(prompt: str, tokens: int) -> tuple[str, int]:
+    from power_core.session import Session
+
+    with Session.open(PowerConfig(spec_mode="off", max_tokens=tokens), model=REF) as s:
+        res = s.generate(prompt)
+    return res.text, len(res.tokens)
+
+
+def test_peers_run_with_powers_numerics_and_their_text_is_checked(tmp_path):
+    import ast
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("abcabcabcabc abc")
+    text, n = _off_text("abcabcabcabc abc", 12)
+    bin_dir, log = _fake_peers(tmp_path, text, n)
+    spec = BenchSpec(model=REF, modes=("off", "suffix"), prompts=(prompt,), runs=1, tokens=12, peer_bin=bin_dir,
+                     out=tmp_path / "ev")
+    report = run_bench(spec, progress=False)
+    assert report["numerics"] == report["peer_numerics"] == "exact"
+    calls = [ast.literal_eval(line) for line in log.read_text().splitlines()]
+    assert calls and all(env == "1" and "--no-repack" in argv for _, env, argv in calls)
+    peers = report["prompts"]["p.txt"]["peers"]
+    assert set(peers) == {"llama-completion", *NGRAM_TYPES}
+    assert all(p["same_text"] is True for p in peers.values())
+    assert report["prompts"]["p.txt"]["best_peer_ngram"] in NGRAM_TYPES
+    assert "| yes |" in (tmp_path / "ev" / "report.md").read_text()
+
+
+def test_stock_peers_and_a_peer_that_writes_other_text(tmp_path):
+    import ast
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("abcabcabcabc abc")
+    text, n = _off_text("abcabcabcabc abc", 12)
+    bin_dir, log = _fake_peers(tmp_path, "something else entirely", n)
+    rc = main(["bench", "--model", REF, "--modes", "off,suffix", "--prompts", str(prompt), "--runs", "1", "--tokens", "12",
+               "--peer-bin", str(bin_dir), "--peer-numerics", "stock", "--out", str(tmp_path / "ev"), "--no-progress"])
+    assert rc == 0  # a peer writing other text is reported, not a Power parity failure
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert report["numerics"] == "exact" and report["peer_numerics"] == "stock"
+    calls = [ast.literal_eval(line) for line in log.read_text().splitlines()]
+    assert calls and all(env is None and "--no-repack" not in argv for _, env, argv in calls)
+    prompt_report = report["prompts"]["p.txt"]
+    assert all(p["same_text"] is False for p in prompt_report["peers"].values())
+    # a peer that decoded other text is never the reference of a ratio
+    assert "best_peer_ngram" not in prompt_report and prompt_report["peers_other_text"] == sorted(["llama-completion", *NGRAM_TYPES])
+    md = (tmp_path / "ev" / "report.md").read_text()
+    assert "| NO |" in md and "Not the same workload" in md
+
+
+def test_same_text():
+    from power_core.bench import _generated, same_text
+
+    assert same_text("Paris.\n\nThe", "Paris.\n\n") is True  # a peer may decode a little more
+    assert same_text("Paris.\n\n\n\n", "Paris.") is True  # the tools' own trailing newlines
+    assert same_text("Paris!", "Paris.") is False
+    assert same_text("Paris.[end of text]\n\n", "Paris.") is True
+    assert same_text(None, "Paris.") is None and same_text("", "Paris.") is False
+    assert _generated("\n\nThe capital is Paris.", "The capital is") == " Paris."
+    assert _generated("garbled", "The capital is") is None

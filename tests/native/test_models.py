@@ -220,3 +220,24 @@ def test_suffix_is_exact_on_smollm2(workload):
         got = s.generate(prompt)
     assert got.tokens == ref.tokens
     assert got.receipt.scheduler["cost_aware"] and got.receipt.backend["verify_cost"][0] == 1.0
+
+
+@pytest.mark.parametrize("numerics", ["exact", "stock"])
+def test_bench_peers_decode_the_same_workload_on_smollm2(peer_bin, tmp_path, numerics):
+    """``power bench --peer-bin``: llama.cpp's tools, started with Power's numerics (exact:
+    ``GGML_CPU_BATCH_INVARIANT=1`` and ``--no-repack``), write Power's ``--mode off`` text, so a
+    comparison with them is on the same tokens; Power's suffix mode is exact against off. With stock
+    kernels llama-completion still writes it, but llama.cpp's speculative runs need not (their verify
+    passes are not batch-invariant): the report then lists them as another workload."""
+    from power_core.bench import BenchSpec, run_bench
+
+    prompt = tmp_path / "code-edit.txt"
+    prompt.write_text((SHARED_BENCH / "code-edit.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    spec = BenchSpec(model=_model_path("smollm2"), modes=("off", "suffix"), prompts=(prompt,), runs=1, tokens=48,
+                     peer_bin=peer_bin, numerics=numerics, out=tmp_path / "ev")
+    report = run_bench(spec, progress=False)
+    assert report["parity_failures"] == [] and report["peer_numerics"] == numerics
+    peers = report["prompts"]["code-edit.txt"]["peers"]
+    assert len(peers) == 6 and peers["llama-completion"]["same_text"] is True, peers
+    if numerics == "exact":
+        assert all(p["same_text"] is True for p in peers.values()), peers
