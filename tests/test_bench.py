@@ -8,8 +8,8 @@ import json
 import numpy as np
 
 from power_core.bench import NGRAM_TYPES, BenchSpec, run_bench
-from power_core.config import PowerConfig
 from power_core.cli import main
+from power_core.config import PowerConfig
 from power_core.plugins import Strategy, hookimpl
 
 REF = "reference:seed=11,vocab=300,dim=16,recurrent=1"  # > 256 ids: a byte tokenizer
