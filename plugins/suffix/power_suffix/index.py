@@ -127,33 +127,42 @@ class SuffixIndex:
         if best == 0:
             return None
         ends = ends[lengths == best]
-        # vote over the continuations of the best occurrences, position by position
-        out: list[int] = []
-        share: list[float] = []
-        total = float(ends.size)
-        # columns where every occurrence continues with the same token: one vectorized pass
-        cols = ends[:, None] + np.arange(1, max_tokens + 1)[None, :]
-        ok = cols < n
-        cont = np.where(ok, tok[np.minimum(cols, n - 1)], -1)
-        same = (ok & (cont == cont[:1])).all(axis=0)
-        j0 = int(np.argmin(same)) if not same.all() else max_tokens
-        out.extend(cont[0, :j0].tolist())
-        share.extend([1.0] * j0)
-        # then a position-by-position majority among the occurrences still agreeing, while it holds
-        alive = ends
-        j = j0 + 1
-        while j <= max_tokens:
-            alive = alive[alive + j < n]
-            if alive.size == 0:
-                break
-            nxt = tok[alive + j]
-            vals, counts = np.unique(nxt, return_counts=True)
-            top = int(np.argmax(counts))
-            if counts[top] / total < 0.5:
-                break  # the occurrences disagree: no proposal past this point
-            out.append(int(vals[top]))
-            share.append(float(counts[top]) / total)
-            alive = alive[nxt == vals[top]]
-            j += 1
+        out, share = _vote(tok, n, ends, max_tokens)
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
+
+
+def _vote(tok: np.ndarray, n: int, ends: np.ndarray, max_tokens: int) -> tuple[list[int], list[float]]:
+    """The continuation of the occurrences ending at ``ends`` in ``tok[:n]``, position by position: the
+    token most of the occurrences still in agreement continue with (ties: the smaller id), while it
+    has at least half of all their votes; an occurrence whose continuation runs past ``n`` stops
+    voting. Returns the tokens and their vote shares (at most ``max_tokens``)."""
+    total = float(ends.size)
+    cols = ends[:, None] + np.arange(1, max_tokens + 1)[None, :]
+    ok = cols < n
+    cont = np.where(ok, tok[np.minimum(cols, n - 1)], -1)
+    # the columns where every occurrence continues with the same token: one vectorized pass
+    same = (ok & (cont == cont[:1])).all(axis=0)
+    j0 = int(np.argmin(same)) if not same.all() else max_tokens
+    out: list[int] = cont[0, :j0].tolist()
+    share: list[float] = [1.0] * j0
+    # then the majority among the occurrences still agreeing (at most MAX_CANDIDATES x max_tokens
+    # small ints: plain Python beats a numpy call per position)
+    rows = cont[:, j0:].tolist()
+    alive = list(range(len(rows)))
+    for j in range(max_tokens - j0):
+        counts: dict[int, int] = {}
+        for r in alive:
+            t = rows[r][j]
+            if t >= 0:  # -1: past the end of the sequence
+                counts[t] = counts.get(t, 0) + 1
+        if not counts:
+            break
+        votes = max(counts.values())
+        if votes / total < 0.5:
+            break  # the occurrences disagree: no proposal past this point
+        top = min(t for t, c in counts.items() if c == votes)
+        out.append(top)
+        share.append(votes / total)
+        alive = [r for r in alive if rows[r][j] == top]
+    return out, share

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from power_suffix.index import SuffixIndex
+from power_suffix.index import SuffixIndex, _vote
 from power_suffix.proposer import ALPHA, SuffixProposer
 
 from power_core import PowerConfig, Session
@@ -43,6 +43,37 @@ def test_match_length_is_the_longest_earlier_occurrence(tokens):
                 if all(tokens[e - j] == tokens[-1 - j] for j in range(best)) and e >= best - 1]
         first = {tokens[e + 1] for e in ends if e + 1 < len(tokens)}
         assert m.tokens.size == 0 or int(m.tokens[0]) in first
+
+
+def reference_vote(tok: list[int], ends: list[int], k: int) -> tuple[list[int], list[float]]:
+    """The vote, spelled out: position by position, the token most of the still-agreeing occurrences
+    continue with (ties: the smaller id) while it has at least half of all the occurrences' votes."""
+    out, share, alive = [], [], list(ends)
+    for j in range(1, k + 1):
+        alive = [e for e in alive if e + j < len(tok)]
+        if not alive:
+            break
+        counts: dict[int, int] = {}
+        for e in alive:
+            counts[tok[e + j]] = counts.get(tok[e + j], 0) + 1
+        votes = max(counts.values())
+        if votes / len(ends) < 0.5:
+            break
+        top = min(t for t, c in counts.items() if c == votes)
+        out.append(top)
+        share.append(votes / len(ends))
+        alive = [e for e in alive if tok[e + j] == top]
+    return out, share
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=90), st.data())
+def test_vote_is_the_positionwise_majority(tokens, data):
+    ends = sorted(set(data.draw(st.lists(st.integers(0, len(tokens) - 1), min_size=1, max_size=32))))
+    k = data.draw(st.integers(1, 40))
+    out, share = _vote(np.asarray(tokens, dtype=np.int32), len(tokens), np.asarray(ends, dtype=np.int64), k)
+    ref_out, ref_share = reference_vote(tokens, ends, k)
+    assert out == ref_out and share == ref_share
 
 
 @settings(max_examples=100, deadline=None)
