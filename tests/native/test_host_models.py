@@ -218,3 +218,21 @@ def test_a_cancel_left_pending_does_not_cancel_the_next_reusing_request(smollm2)
             next(rounds)
         res = s.generate("The capital of France is Paris.")
         assert res.receipt.status == "completed" and res.receipt.prompt_reused > 0
+
+
+def test_what_power_asks_for_is_not_a_warning(caplog):
+    """Gemma-3 has sliding-window layers: Power asks llama.cpp for a full-size SWA cache (so a verify
+    pass can roll back), and llama.cpp's warning about it is logged as information, not a warning."""
+    import logging
+
+    from power_native import _llama
+
+    _llama.set_log_level("info")  # forward llama.cpp's info lines too, so the message is seen at its new level
+    try:
+        with caplog.at_level(logging.INFO, logger="power_native"):
+            with Session.open(PowerConfig(spec_mode="off", max_tokens=2), model=_model_path("gemma3-270m")) as s:
+                s.generate("Hi")
+    finally:
+        _llama.set_log_level("warning")
+    swa = [r for r in caplog.records if "full-size SWA cache" in r.getMessage()]
+    assert swa and all(r.levelno == logging.INFO for r in swa), [(r.levelname, r.getMessage()) for r in swa]

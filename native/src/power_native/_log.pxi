@@ -8,6 +8,9 @@ _log_parts = []
 _errors = deque(maxlen=8)
 _LEVEL_NAMES = {GGML_LOG_LEVEL_DEBUG: "debug", GGML_LOG_LEVEL_INFO: "info",
                 GGML_LOG_LEVEL_WARN: "warning", GGML_LOG_LEVEL_ERROR: "error"}
+# warnings about what Power asks for on purpose are information, not something a user should act on:
+# a full-size SWA cache is what lets a verify pass roll back on sliding-window models (Context swa_full)
+_CHOSEN = ("using full-size SWA cache",)
 
 
 cdef void _log_emit(int level, const char * text) noexcept with gil:
@@ -21,6 +24,8 @@ cdef void _log_emit(int level, const char * text) noexcept with gil:
             return
         if level >= GGML_LOG_LEVEL_ERROR:
             _errors.append(line)
+        if level == GGML_LOG_LEVEL_WARN and any(c in line for c in _CHOSEN):
+            level = GGML_LOG_LEVEL_INFO
         if level >= _log_min_level:
             getattr(_log, _LEVEL_NAMES.get(level, "info"))("llama.log", text=line)
     except BaseException:
