@@ -1,11 +1,13 @@
 """An incremental n-gram suffix index over a token sequence, with exact truncation.
 
 For every appended token the index records, for each length ``L`` in :data:`LENGTHS`, the rolling
-hash of the ``L`` tokens ending there. A query finds the longest indexed suffix of the sequence
-that also ended earlier, extends the match backwards exactly (vectorized), and votes over the
-continuations of every earlier occurrence with that longest match, position by position, so a
-proposal stops where the occurrences disagree. Appends are O(len(LENGTHS)) per token; a query is
-a few dictionary lookups plus numpy over at most :data:`MAX_CANDIDATES` occurrences.
+hash of the ``L`` tokens ending there, chained to the previous position with the same hash (per
+length: a dict from hash to the most recent position, and a list of the previous position for every
+position; plain ints, so the garbage collector has no per-token objects to walk). A query finds the
+longest indexed suffix of the sequence that also ended earlier, walks its chain for the most recent
+:data:`MAX_CANDIDATES` occurrences, extends the match backwards exactly (vectorized), and votes over
+the continuations of every earlier occurrence with that longest match, position by position, so a
+proposal stops where the occurrences disagree. Appends are O(len(LENGTHS)) per token.
 
 Everything appended after a length ``n`` can be removed again (:meth:`SuffixIndex.truncate`),
 which is what a proposer's ``restore`` needs.
@@ -47,9 +49,11 @@ class SuffixIndex:
         self._tok = np.zeros(1024, dtype=np.int32)
         self.n = 0
         self._pre = [0]  # rolling prefix hashes
-        self._tables: dict[int, dict[int, list[int]]] = {L: {} for L in LENGTHS}
-        self._journal: list[tuple[int, int]] = []  # (L, key) per insertion, in order, for truncation
-        self._marks: list[int] = [0]  # journal length after each token
+        # per length: hash -> most recent position ending with it; per position, the hash of the L tokens
+        # ending there and the previous position with that hash (-1: none, or fewer than L tokens)
+        self._head: dict[int, dict[int, int]] = {L: {} for L in LENGTHS}
+        self._keys: dict[int, list[int]] = {L: [] for L in LENGTHS}
+        self._prev: dict[int, list[int]] = {L: [] for L in LENGTHS}
 
     @property
     def tokens(self) -> np.ndarray:
@@ -66,38 +70,38 @@ class SuffixIndex:
             grown[: self.n] = self._tok[: self.n]
             self._tok = grown
         self._tok[self.n:need] = toks
-        pre, tables, journal, marks = self._pre, self._tables, self._journal, self._marks
+        pre = self._pre
+        lanes = [(L, _POW[L], self._head[L], self._keys[L], self._prev[L]) for L in LENGTHS]
         for t in toks.tolist():
             h = (pre[-1] * _BASE + t + 1) % _MOD
             pre.append(h)
             end = len(pre) - 1  # the new token's position + 1
-            for L in LENGTHS:
+            for L, power, head, keys, prev in lanes:
                 if L > end:
-                    break
-                key = (h - pre[end - L] * _POW[L]) % _MOD
-                tables[L].setdefault(key, []).append(end - 1)
-                journal.append((L, key))
-            marks.append(len(journal))
+                    keys.append(-1)
+                    prev.append(-1)
+                    continue
+                key = (h - pre[end - L] * power) % _MOD
+                keys.append(key)
+                prev.append(head.get(key, -1))
+                head[key] = end - 1
         self.n = need
 
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on (exactly as if they had never been appended)."""
         if n >= self.n:
             return
-        keep = self._marks[n]
-        for L, key in reversed(self._journal[keep:]):
-            bucket = self._tables[L][key]
-            bucket.pop()
-            if not bucket:
-                del self._tables[L][key]
-        del self._journal[keep:]
-        del self._marks[n + 1:]
+        for L in LENGTHS:
+            head, keys, prev = self._head[L], self._keys[L], self._prev[L]
+            for pos in range(self.n - 1, max(n, L - 1) - 1, -1):  # positions with an L-token hash
+                if prev[pos] < 0:
+                    del head[keys[pos]]
+                else:
+                    head[keys[pos]] = prev[pos]
+            del keys[n:]
+            del prev[n:]
         del self._pre[n + 1:]
         self.n = n
-
-    def _key(self, L: int) -> int:
-        pre = self._pre
-        return (pre[self.n] - pre[self.n - L] * _POW[L]) % _MOD
 
     def match(self, max_tokens: int) -> Match | None:
         """The longest earlier occurrence(s) of the current suffix and their voted continuation
@@ -109,9 +113,14 @@ class SuffixIndex:
         for L in reversed(LENGTHS):
             if L >= n:
                 continue
-            bucket = self._tables[L].get(self._key(L))
-            if bucket is not None and len(bucket) > 1:  # the last entry is the current suffix itself
-                ends = np.asarray(bucket[-1 - MAX_CANDIDATES:-1], dtype=np.int64)
+            prev = self._prev[L]
+            at = prev[n - 1]  # the current suffix is the most recent entry of its chain; the one before it
+            if at >= 0:
+                found = []
+                while at >= 0 and len(found) < MAX_CANDIDATES:
+                    found.append(at)
+                    at = prev[at]
+                ends = np.asarray(found[::-1], dtype=np.int64)
                 break
         if ends is None:
             return None
