@@ -1,10 +1,10 @@
 """suffix_replay: how close the suffix proposer's width choice comes to perfect foresight.
 
 Greedy output does not depend on what is proposed, so a request can be replayed offline: each model
-writes its ``--mode off`` answer to each prompt once, then the shipped ``SuffixProposer`` and the
-core's ``Scheduler`` run over that fixed answer round by round (the proposals, the cost-aware width,
-the acceptance model's learning and the back-off exactly as in a session), and every round is
-charged the target's measured verify-cost curve (units of one one-token decode). The same rounds
+writes its ``--mode off`` answer to each prompt once, then the core's own ``Transaction`` (with the
+shipped ``SuffixProposer`` and the cost-aware ``Scheduler``, exactly as in a session) runs over a
+scripted target whose every row predicts that answer, and each verify pass it made is charged the
+target's measured verify-cost curve (units of one one-token decode). The same rounds
 with perfect foresight (a dynamic program over how much of each round's offer to verify, knowing
 which tokens the target accepts) bound what any width policy over these proposals can reach.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 from power_suffix.index import SuffixIndex
@@ -28,9 +27,11 @@ from power_suffix.proposer import SuffixProposer
 
 from power_core.bench import read_prompt
 from power_core.config import PowerConfig
-from power_core.runtime import DecodeResult, ProposalContext
-from power_core.scheduler import RoundOutcome, Scheduler
+from power_core.runtime import DecodeResult, TargetCapabilities
+from power_core.sampling import TargetSampler
+from power_core.scheduler import Scheduler
 from power_core.session import Session
+from power_core.transaction import Transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,38 +52,58 @@ def answers(model: str, numerics: str, prompts: list[Path], tokens: int) -> tupl
     return costs, out
 
 
+class _Scripted:
+    """A target whose row after position ``p`` of ``prompt + answer`` predicts token ``p + 1``: greedy
+    decoding writes ``answer`` whatever is proposed, at no model cost."""
+
+    def __init__(self, prompt: list[int], answer: list[int], max_block: int) -> None:
+        self.seq = np.asarray(prompt + answer + [0], dtype=np.int64)
+        self.n_vocab = int(self.seq.max()) + 1
+        self.capabilities = TargetCapabilities(name="scripted", n_vocab=self.n_vocab, n_ctx=self.seq.size + max_block,
+                                               max_block=max_block, rollback_window=None)
+        self.n_past = 0
+
+    def _rows(self, n: int) -> np.ndarray:
+        rows = np.zeros((n, self.n_vocab), dtype=np.float32)
+        rows[np.arange(n), self.seq[self.n_past + 1:self.n_past + n + 1]] = 1.0
+        return rows
+
+    def decode(self, tokens):
+        rows = self._rows(len(tokens))
+        self.n_past += len(tokens)
+        return DecodeResult(tokens=np.asarray(tokens, dtype=np.int32), logits=rows)
+
+    def prefill(self, tokens, observe=None):
+        self.n_past += len(tokens) - 1
+        row = self._rows(1)[0]
+        self.n_past += 1
+        return row
+
+    def checkpoint(self):
+        return self.n_past
+
+    def rollback(self, checkpoint, keep: int) -> bool:
+        self.n_past = checkpoint + keep
+        return True
+
+    def restore(self, checkpoint) -> None:
+        self.n_past = checkpoint
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+
 def replay(prompt: list[int], answer: list[int], costs: list[float], k_max: int) -> tuple[float, int]:
-    """Units and rounds of the shipped proposer + scheduler over a fixed greedy answer."""
-    proposer = SuffixProposer(session_memory=0)
-    proposer.begin(np.asarray(prompt, dtype=np.int32))
-    cfg = SimpleNamespace(draft_max=k_max, snapshots=k_max, spec_mtp_adaptive=False, spec_adaptive_low_yield=0.25,
-                          spec_adaptive_low_yield_rounds=3)
-    sched = Scheduler.for_request(cfg, None, True, tuple(costs))
-    proposer.commit(0, np.asarray(answer[:1], dtype=np.int32))  # round 0: the prefill's token
-    i, units, rounds = 1, 0.0, 0
-    while i < len(answer):
-        plan = sched.plan()
-        k = max(0, min(plan.k, len(answer) - i - 1, len(costs) - 1))
-        props, offered = np.zeros(0, dtype=np.int32), 0
-        if k > 0:
-            hist = np.asarray(prompt + answer[:i], dtype=np.int32)
-            props = np.asarray(proposer.propose(ProposalContext(history=hist, anchor=answer[i - 1], k=k,
-                                                                round_index=rounds + 1)))
-            offered = props.shape[0]
-            if offered and proposer.confidence is not None:
-                props = props[:sched.choose_width(proposer.confidence, offered)[0]]
-        w = props.shape[0]
-        accepted = 0
-        while accepted < w and props[accepted] == answer[i + accepted]:
-            accepted += 1
-        if w:
-            proposer.observe(DecodeResult(tokens=np.zeros(w + 1, np.int32), logits=np.zeros((w + 1, 1), np.float32)))
-        proposer.commit(accepted, np.asarray(answer[i:i + accepted + 1], dtype=np.int32))
-        sched.record(plan, RoundOutcome(proposed=w, accepted=accepted, replayed=False, offered=offered))
-        units += costs[w]
-        i += accepted + 1
-        rounds += 1
-    return units, rounds
+    """Units and rounds of the core's transaction with the shipped proposer over a fixed greedy answer."""
+    config = PowerConfig(spec_mode="suffix", spec_draft_max=k_max)
+    txn = Transaction(target=_Scripted(prompt, answer, min(k_max + 1, len(costs))), proposer=SuffixProposer(session_memory=0),
+                      sampler=TargetSampler.from_config(config),
+                      scheduler=Scheduler.for_request(config, None, True, tuple(costs)), max_tokens=len(answer))
+    txn.prefill(prompt)
+    txn.run()
+    assert txn.emitted == answer, "the scripted target must reproduce the answer"
+    rounds = txn.rounds[1:]  # round 0 emits the prefill's token
+    return sum(costs[r.shape - 1] for r in rounds), len(rounds)
 
 
 def foresight(prompt: list[int], answer: list[int], costs: list[float], k_max: int) -> float:
