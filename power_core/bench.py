@@ -65,12 +65,8 @@ class BenchSpec:
     n_ctx: int = 2048
     #: the target's kernels for every Power run (``exact``: speculative output equals ``off``)
     numerics: str = "exact"
-    #: the llama.cpp peers' kernels (``None``: the same as ``numerics``, so both sides write the same text)
-    peer_numerics: str | None = None
-
-    @property
-    def peers_numerics(self) -> str:
-        return self.peer_numerics or self.numerics
+    #: the llama.cpp peers' kernels (default: the same as ``numerics``, so both sides write the same text)
+    peer_numerics: str = attrs.field(default=attrs.Factory(lambda self: self.numerics, takes_self=True))
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float] | None:
@@ -98,7 +94,7 @@ def check_spec(spec: BenchSpec, known_modes: Sequence[str]) -> None:
             p.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError("prompts", str(p), "a UTF-8 text file", str(exc)) from None
-    for key, value in (("numerics", spec.numerics), ("peer_numerics", spec.peers_numerics)):
+    for key, value in (("numerics", spec.numerics), ("peer_numerics", spec.peer_numerics)):
         if value not in ("exact", "stock"):
             raise ConfigError(key, value, "exact or stock")
     if spec.peer_bin is not None:
@@ -157,7 +153,7 @@ def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) 
     if exe == "llama-completion":
         cmd.append("-no-cnv")
     env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_BATCH_INVARIANT"}
-    if spec.peers_numerics == "exact":  # the kernels of Power's exact numerics (patch 0002, read at ggml_cpu_init)
+    if spec.peer_numerics == "exact":  # the kernels of Power's exact numerics (patch 0002, read at ggml_cpu_init)
         env["GGML_CPU_BATCH_INVARIANT"] = "1"
         cmd.append("--no-repack")
     for _ in range(2):  # a run that ends without its summary (rare here) is retried once
@@ -213,7 +209,7 @@ def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) ->
     cells: dict[str, _PowerCell] = {}
     report: dict[str, Any] = {"schema": "power.bench/1", "model": spec.model, "modes": list(modes),
                               "runs": spec.runs, "tokens": spec.tokens, "threads": spec.threads,
-                              "numerics": spec.numerics, "peer_numerics": spec.peers_numerics if spec.peer_bin else None,
+                              "numerics": spec.numerics, "peer_numerics": spec.peer_numerics if spec.peer_bin else None,
                               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                                           "cpus": os.cpu_count()},
                               "prompts": {}, "parity_failures": []}

@@ -250,7 +250,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      prompts=tuple(Path(p) for p in args.prompts), runs=args.runs, tokens=args.tokens,
                      threads=args.threads, draft=args.draft, n_ctx=args.n_ctx,
                      peer_bin=Path(args.peer_bin) if args.peer_bin else None, out=Path(args.out),
-                     numerics=args.numerics or "exact", peer_numerics=args.peer_numerics)
+                     numerics=args.numerics or "exact",
+                     **({"peer_numerics": args.peer_numerics} if args.peer_numerics else {}))
     report = run_bench(spec, progress=not args.no_progress and sys.stderr.isatty())
     print((spec.out / "report.md").read_text())
     if report["parity_failures"]:
