@@ -21,11 +21,13 @@ Every Power mode's tokens are checked against ``--mode off`` at the same count; 
 differs is a **parity failure**: flagged in the report, never averaged in, and the exit code is 1.
 Output: ``report.json`` (per cell median/min/max tok/s, ratios to off and to the best peer n-gram
 type, acceptance, tokens per pass, replays, output digests, machine, build, config hashes),
-``report.md`` and ``speedup.png``.
+``report.md`` and ``speedup.png`` (the plot needs matplotlib, ``pip install 'power-core[bench]'``: without
+it :func:`run_bench` raises :class:`~power_core.errors.MissingDependency` before anything runs).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -40,15 +42,17 @@ from typing import Any
 import attrs
 
 from power_core.config import PowerConfig
-from power_core.errors import ConfigError
+from power_core.errors import ConfigError, MissingDependency
 
-__all__ = ["BenchSpec", "run_bench", "NGRAM_TYPES"]
+__all__ = ["BenchSpec", "run_bench", "check_dependencies", "NGRAM_TYPES", "OPTIONAL_DEPENDENCIES"]
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 PEERS = ("llama-completion", "llama-speculative-simple")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 _EVAL = re.compile(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs\s+\(\s*[\d.]+ ms per token,\s+([\d.]+) tokens per second\)")
+#: (module, power-core extra that installs it) for each optional module the bench needs
+OPTIONAL_DEPENDENCIES = (("matplotlib", "bench"),)
 
 
 @attrs.frozen
@@ -102,6 +106,16 @@ def check_spec(spec: BenchSpec, known_modes: Sequence[str]) -> None:
         if missing:
             raise ConfigError("peer_bin", str(spec.peer_bin), f"a directory with {', '.join(PEERS)}",
                               f"missing {', '.join(missing)}; build them with native/tools/build_llama.py --peers")
+
+
+def check_dependencies() -> None:
+    """Every optional module the bench needs imports, or a typed error before anything runs (not a
+    traceback at the plot step after the whole matrix has run)."""
+    for module, extra in OPTIONAL_DEPENDENCIES:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise MissingDependency(module, extra, "power bench (speedup.png)") from exc
 
 
 def read_prompt(path: Path) -> str:
@@ -196,6 +210,7 @@ def same_text(peer: str | None, power: str) -> bool | None:
 
 def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) -> dict[str, Any]:
     """Run the matrix; write report.json, report.md and speedup.png under ``spec.out``."""
+    check_dependencies()
     from rich.progress import Progress
 
     from power_core.plugins import get_plugins

@@ -92,6 +92,7 @@ def _config_from_args(args: argparse.Namespace):
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
+        "min_p": args.min_p,
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
         "spec_mtp_adaptive": True if args.adaptive else None,
@@ -170,7 +171,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
             messages.append({"role": "user", "content": prompt})
-            ids: Any = session.chat_prompt(messages)
+            ids: Any = session.chat_prompt(messages, chat_template=_chat_template(args))
         elif tokenizer is None:
             # no tokenizer (synthetic models): the prompt is whitespace-separated token ids or bytes
             words = prompt.split()
@@ -245,6 +246,7 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from power_core.bench import BenchSpec, run_bench
+    from power_core.errors import MissingDependency
 
     spec = BenchSpec(model=args.model, modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
                      prompts=tuple(Path(p) for p in args.prompts), runs=args.runs, tokens=args.tokens,
@@ -252,11 +254,98 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      peer_bin=Path(args.peer_bin) if args.peer_bin else None, out=Path(args.out),
                      numerics=args.numerics or "exact",
                      **({"peer_numerics": args.peer_numerics} if args.peer_numerics else {}))
-    report = run_bench(spec, progress=not args.no_progress and sys.stderr.isatty())
+    try:
+        report = run_bench(spec, progress=not args.no_progress and sys.stderr.isatty())
+    except MissingDependency as exc:  # an install to fix, found before any run: exit 1 as a usage error does
+        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+        return 1
     print((spec.out / "report.md").read_text())
     if report["parity_failures"]:
         print(f"parity failure: {report['parity_failures']}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _model_flags(r: argparse.ArgumentParser) -> None:
+    """The model, strategy and configuration flags ``run`` and ``serve`` share."""
+    r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
+    r.add_argument("--draft", help="draft artifact for strategies that need one")
+    r.add_argument("--mode", help="spec_mode: off | auto | mtp | dflash | dflash2 | dspark | draft-model | ...")
+    r.add_argument("--backend", help="force a backend (llama, reference)")
+    r.add_argument("--chat-template", metavar="FILE",
+                   help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
+    r.add_argument("--max-tokens", type=int)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--temperature", type=float)
+    r.add_argument("--top-k", type=int)
+    r.add_argument("--top-p", type=float)
+    r.add_argument("--min-p", type=float)
+    r.add_argument("--draft-max", type=int, help="K: proposal width")
+    r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
+    r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
+    r.add_argument("--fr-vocab", type=int, help="spec_mtp_fr_vocab_size: MTP drafts only from the first N token ids")
+    r.add_argument("--p-min", type=float, help="spec_draft_p_min: block drafters stop below this confidence")
+    r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
+    r.add_argument("--n-ctx", type=int)
+    r.add_argument("--threads", type=int)
+    _numerics_flag(r)
+    r.add_argument("--selftest", action="store_true",
+                   help="probe the target's batch numerics at open and record it in the receipt")
+    r.add_argument("--require-identical", action="store_true",
+                   help="decode target-only (with the reason) unless verify rows equal one-token decodes")
+    r.add_argument("--config", help="TOML file with configuration keys")
+
+
+def _chat_template(args: argparse.Namespace) -> str | None:
+    if not args.chat_template:
+        return None
+    try:
+        return Path(args.chat_template).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("chat_template", args.chat_template, "a readable UTF-8 Jinja file", str(exc)) from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    try:
+        from power_core.serve import ServeOptions, is_loopback, open_sessions, serve
+    except ImportError as exc:
+        raise UsageError(f"power serve needs the serve extra ({exc}): pip install 'power-core[serve]'") from None
+    api_key = args.api_key or os.environ.get("POWER_API_KEY") or None
+    if not is_loopback(args.host) and api_key is None and not args.no_auth:
+        raise ConfigError("host", args.host, "a loopback address, or --api-key KEY (or POWER_API_KEY)",
+                          "anyone who reaches the port could use the model; pass --no-auth to serve it open anyway")
+    for flag, value, lo in (("--parallel", args.parallel, 1), ("--queue", args.queue, 0),
+                            ("--max-body", args.max_body, 1024), ("--receipts", args.receipts, 1)):
+        if value < lo:
+            raise UsageError(f"power serve: {flag} must be at least {lo}, not {value}")
+    for flag, value in (("--timeout", args.timeout), ("--drain-timeout", args.drain_timeout)):
+        if not value > 0:
+            raise UsageError(f"power serve: {flag} must be a positive number of seconds, not {value}")
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"power serve: --port must be in [0, 65535], not {args.port}")
+    config = _config_from_args(args)
+    template = _chat_template(args)
+    sessions = open_sessions(config, args.parallel, model=args.model, draft=args.draft, backend=args.backend)
+    try:
+        if sessions[0].opened.tokenizer is None:
+            raise ConfigError("model", sessions[0].opened.model_path, "a model with a tokenizer",
+                              "the OpenAI API speaks text; this model has no tokenizer")
+        if template is not None:
+            from power_core.chat import ChatTemplate
+
+            template_obj = ChatTemplate(source=template, model=sessions[0].opened.model_path or "model")
+            template_obj.render([{"role": "user", "content": "ping"}])  # a broken template fails now, not per request
+        name = args.served_model_name or Path(sessions[0].opened.model_path or "model").name.removesuffix(".gguf")
+        options = ServeOptions(model_name=name, queue=args.queue, timeout=args.timeout, api_key=api_key,
+                               max_body=args.max_body, receipts=args.receipts, chat_template=template,
+                               drain_timeout=args.drain_timeout)
+        serve(sessions, options, args.host, args.port,
+              log_level="info" if args.verbose else "warning")
+    finally:
+        for s in sessions:
+            s.close()
     return 0
 
 
@@ -278,10 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plugins)
 
     r = sub.add_parser("run", help="generate with speculative decoding: stream the text, then a summary line")
-    r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
-    r.add_argument("--draft", help="draft artifact for strategies that need one")
-    r.add_argument("--mode", help="spec_mode: off | auto | mtp | dflash | dflash2 | dspark | draft-model | ...")
-    r.add_argument("--backend", help="force a backend (llama, reference)")
+    _model_flags(r)
     src = r.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
@@ -290,29 +376,29 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--system", help="system message (with --chat)")
     r.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop string (repeatable): the output ends right before it")
-    r.add_argument("--max-tokens", type=int)
-    r.add_argument("--seed", type=int)
-    r.add_argument("--temperature", type=float)
-    r.add_argument("--top-k", type=int)
-    r.add_argument("--top-p", type=float)
-    r.add_argument("--draft-max", type=int, help="K: proposal width")
-    r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
-    r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
-    r.add_argument("--fr-vocab", type=int, help="spec_mtp_fr_vocab_size: MTP drafts only from the first N token ids")
-    r.add_argument("--p-min", type=float, help="spec_draft_p_min: block drafters stop below this confidence")
-    r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
-    r.add_argument("--n-ctx", type=int)
-    r.add_argument("--threads", type=int)
-    _numerics_flag(r)
-    r.add_argument("--selftest", action="store_true",
-                   help="probe the target's batch numerics at open and record it in the receipt")
-    r.add_argument("--require-identical", action="store_true",
-                   help="decode target-only (with the reason) unless verify rows equal one-token decodes")
-    r.add_argument("--config", help="TOML file with configuration keys")
     r.add_argument("--json", action="store_true", help="print one JSON object at the end: tokens, text, receipt")
     r.add_argument("--receipt", metavar="FILE", help="write the full receipt (JSON) to FILE ('-': print it after the text)")
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
+
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (pip install 'power-core[serve]'); "
+                       "see docs/serving.md")
+    _model_flags(v)
+    v.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; any other needs --api-key or --no-auth)")
+    v.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port, announced on stderr)")
+    v.add_argument("--parallel", type=int, default=1, help="slots: sessions decoding at once (one set of weights)")
+    v.add_argument("--queue", type=int, default=16, help="requests waiting for a slot before 503 (default 16)")
+    v.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds from arrival to the end of a request; it is cancelled then (default 600)")
+    v.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $POWER_API_KEY)")
+    v.add_argument("--no-auth", action="store_true", help="serve a non-loopback address without an API key")
+    v.add_argument("--served-model-name", help="the model's name in the API (default: the GGUF's file name)")
+    v.add_argument("--max-body", type=int, default=1 << 20, help="request body limit in bytes (default 1 MiB)")
+    v.add_argument("--receipts", type=int, default=256, help="recent receipts kept for GET /v1/receipts/{id}")
+    v.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM (default 30)")
+    v.set_defaults(func=_cmd_serve)
 
     t = sub.add_parser("selftest", help="are the target's verify rows bit-identical to one-token decodes? "
                        "(exit 0 yes, 3 no)")

@@ -20,6 +20,7 @@ __all__ = [
     "StateLost",
     "CapacityError",
     "SessionBusy",
+    "MissingDependency",
 ]
 
 
@@ -134,3 +135,15 @@ class SessionBusy(PowerError, RuntimeError):
     """
 
     code = "session_busy"
+
+
+class MissingDependency(PowerError, ImportError):
+    """An optional module a command needs is not installed; ``extra`` names the power-core extra
+    that installs it (``pip install 'power-core[EXTRA]'``). Raised before the command does any work."""
+
+    code = "dependency_missing"
+
+    def __init__(self, module: str, extra: str, needed_for: str) -> None:
+        self.module, self.extra = module, extra
+        super().__init__(f"{needed_for} needs {module!r}, which is not installed: pip install 'power-core[{extra}]' "
+                         f"(from a checkout: pip install '.[{extra}]')", name=module)

@@ -1,7 +1,7 @@
 """Batch-invariance self-test: are the target's verify rows the bits of one-token decodes?
 
 Speculative output equals target-only output token for token only when a verify pass of n tokens
-gives each row exactly the logits a one-token decode gives (``shared/NUMERICS.md``: Gemma-3 on the
+gives each row exactly the logits a one-token decode gives (``docs/numerics.md``: Gemma-3 on the
 stock CPU kernels does not). :func:`selftest` measures that on the running build through the same
 :class:`~power_core.runtime.TargetRuntime` calls the transaction makes: after a prefix of each
 probe length, one ``decode`` of a block of each width, ``restore``, then the same tokens one

@@ -1,7 +1,8 @@
 """The two seams between the core and the world: :class:`TargetRuntime` and :class:`Proposer`.
 
 The transaction drives both through these protocols only; it never learns which backend or which
-adapter runs. They are shaped after llama.cpp (see ``shared/LLAMACPP_NOTES.md`` §1.5–1.7):
+adapter runs. They are shaped after llama.cpp's memory, recurrent-rollback and per-sequence state
+calls (``include/llama.h``):
 
 * the target's memory holds every committed token except the *anchor* (the last emitted token);
   a round decodes ``[anchor, p1..pk]`` in one pass and reads one logits row per position;
@@ -28,6 +29,8 @@ __all__ = [
     "TargetRuntime",
     "ProposalContext",
     "Proposer",
+    "CountingRuntime",
+    "runtime_counters",
 ]
 
 #: 1-D ``int32`` token ids
@@ -119,6 +122,23 @@ class TargetRuntime(Protocol):
     def reset(self) -> None:
         """Forget every token (new request)."""
         ...
+
+
+@runtime_checkable
+class CountingRuntime(Protocol):
+    """Optional capability of a target runtime: monotonic counts over its whole life (the llama
+    and reference backends count ``rollback_in_place``, ``rollback_restored``, ``restores`` and
+    ``decodes``). The core snapshots them around each request and reports the request's own
+    difference in its receipt (``backend.rollback``), never the running totals."""
+
+    def counters(self) -> Mapping[str, int]: ...
+
+
+def runtime_counters(target: object) -> dict[str, int]:
+    """A snapshot of the target's :class:`CountingRuntime` counters; ``{}`` for a runtime without them."""
+    if isinstance(target, CountingRuntime):
+        return {str(k): int(v) for k, v in target.counters().items()}
+    return {}
 
 
 @attrs.frozen

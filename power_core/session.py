@@ -50,17 +50,22 @@ from power_core.plugins import (
     get_plugins,
 )
 from power_core.receipt import Receipt, token_digest
-from power_core.runtime import Proposer
+from power_core.runtime import Proposer, runtime_counters
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.selection import Selection, select
 from power_core.streaming import Stream
 from power_core.text import TextAssembler
-from power_core.transaction import CancelToken, RoundRecord, Transaction
+from power_core.transaction import CancelToken, RoundRecord, TokenLogprob, Transaction
 
-__all__ = ["RequestInfo", "Result", "Generation", "Session"]
+__all__ = ["RequestInfo", "Result", "Generation", "Session", "SAMPLING_KEYS"]
 
 log = get_logger(__name__)
+
+#: configuration keys a request may set for itself (:meth:`Session.start`'s ``sampling``)
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed")
+#: at most this many alternatives per emitted token (``logprobs``)
+LOGPROBS_MAX = 20
 
 #: text, or token ids (a sequence or a 1-D integer array)
 Prompt = str | Sequence[int] | np.ndarray
@@ -239,11 +244,15 @@ class Session:
         return np.asarray(list(prompt), dtype=np.int32)
 
     def start(self, prompt: Prompt, *, cancel: CancelToken | None = None,
-              max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Generation:
+              max_tokens: int | None = None, stop: Sequence[str] | None = None,
+              sampling: Mapping[str, Any] | None = None, logprobs: int | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
-        ``max_tokens`` and ``stop`` (stop strings) override the session's configuration for this
-        request; the receipt records the configuration the request ran with.
+        ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) override the session's configuration
+        for this request; the receipt records the configuration the request ran with.
+        ``logprobs=N`` records, for every emitted token, its log-probability under the target row
+        that emitted it and the N most likely alternatives (:attr:`Generation.logprobs`).
         """
         config = self.config
         changes: dict[str, Any] = {}
@@ -251,12 +260,23 @@ class Session:
             changes["max_tokens"] = max_tokens
         if stop is not None and tuple(stop) != config.stop:
             changes["stop"] = stop
+        for key, value in (sampling or {}).items():
+            if key not in SAMPLING_KEYS:
+                raise ConfigError(f"sampling.{key}", value, f"one of {', '.join(SAMPLING_KEYS)}",
+                                  "other keys are the session's; open a session with them")
+            if value is not None and value != getattr(config, key):
+                changes[key] = value
         if changes:
             config = PowerConfig.from_mapping(config.to_dict(), **changes)  # validated like any config
         if config.stop and self.opened.tokenizer is None:
             raise ConfigError("stop", list(config.stop), "no stop strings for a model without a tokenizer",
                               "stop strings match decoded text; use stop token ids (stop_ids) instead")
-        return Generation(self, self.encode(prompt), cancel or CancelToken(), config.max_tokens, config=config)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= LOGPROBS_MAX):
+            raise ConfigError("logprobs", logprobs, f"an integer in [0, {LOGPROBS_MAX}]",
+                              "the number of alternatives recorded per emitted token")
+        return Generation(self, self.encode(prompt), cancel or CancelToken(), config.max_tokens, config=config,
+                          top_logprobs=logprobs)
 
     def generate(self, prompt: Prompt, *, cancel: CancelToken | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Result:
@@ -317,8 +337,10 @@ class Generation:
     max_tokens: int
     txn: Transaction | None = None
     receipt: Receipt | None = None
-    #: the request's configuration (the session's, with this request's max_tokens and stop)
+    #: the request's configuration (the session's, with this request's max_tokens, stop and sampling)
     config: PowerConfig | None = None
+    #: record log-probabilities of every emitted token with this many alternatives (None: off)
+    top_logprobs: int | None = None
     _prefill_s: float = 0.0
     _prefilled: bool = False
     _decode_s: float = 0.0
@@ -326,6 +348,8 @@ class Generation:
     _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
     _predecessor: Generation | None = attrs.field(default=None, init=False, repr=False)
     _stream: Stream | None = attrs.field(default=None, init=False, repr=False)
+    #: this request's share of the runtime's counters (``runtime_counters``), summed over its attempts
+    _counts: dict[str, int] = attrs.field(factory=dict, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.config is None:
@@ -347,13 +371,19 @@ class Generation:
         scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=s.proposer is not None,
                                           costs=caps.verify_cost if s.selection.strategy.cost_aware else None)
         stop_text = self._text.find_stop if self._text is not None and self.config.stop else None
-        return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(s.config),
+        return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
-                           cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text)
+                           cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
+                           top_logprobs=self.top_logprobs)
 
     @property
     def tokens(self) -> tuple[int, ...]:
         return tuple(self.txn.emitted) if self.txn else ()
+
+    @property
+    def logprobs(self) -> tuple[TokenLogprob, ...]:
+        """One entry per emitted token when the request asked for ``logprobs``, else empty."""
+        return tuple(self.txn.logprobs) if self.txn else ()
 
     @property
     def finished(self) -> bool:
@@ -411,11 +441,13 @@ class Generation:
         s._claim(self)
         status, error = "completed", None
         self.receipt = None
+        before: dict[str, int] | None = None
         try:
+            before = runtime_counters(s.opened.target)  # this attempt's counts are the difference at its end
             if self.txn is None:
                 self.txn = self._transaction()
                 s.plugins.pm.hook.power_request_start(request=RequestInfo(
-                    config=s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
+                    config=self.config or s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
                     prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
             txn = self.txn
             if not self._prefilled:  # (again, when a cancel or failure interrupted the prefill)
@@ -448,6 +480,9 @@ class Generation:
             raise
         finally:
             try:
+                if before is not None:
+                    for key, value in runtime_counters(s.opened.target).items():
+                        self._counts[key] = self._counts.get(key, 0) + value - before.get(key, 0)
                 self.receipt = self._receipt(status, error)
                 s.plugins.pm.hook.power_request_end(receipt=self.receipt)
                 if log.isEnabledFor(logging.INFO):
@@ -473,6 +508,9 @@ class Generation:
         st = s.selection.strategy
         n_out = len(self.tokens)
         config = self.config or s.config
+        backend = copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info})
+        if self._counts:  # this request's counts (runtime_counters), never the runtime's running totals
+            backend["rollback"] = dict(self._counts)
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,
@@ -480,7 +518,7 @@ class Generation:
             config_sha256=config.digest(),
             strategy={"name": st.name, "version": st.version, "package": st.package, "kind": st.kind},
             selection=s.selection.reason,
-            backend=copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info}),
+            backend=backend,
             artifacts={**s.opened.artifacts, **s.selection.artifacts},
             prompt_tokens=int(self.prompt.shape[0]),
             prompt_reused=txn.reused if txn else 0,

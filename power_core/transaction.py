@@ -40,7 +40,7 @@ from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRu
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 
-__all__ = ["PHASES", "CancelToken", "RoundRecord", "Transaction"]
+__all__ = ["PHASES", "CancelToken", "RoundRecord", "TokenLogprob", "Transaction"]
 
 log = get_logger(__name__)
 
@@ -107,6 +107,30 @@ class RoundRecord:
         return out
 
 
+@attrs.frozen
+class TokenLogprob:
+    """An emitted token's log-probability under the target row that emitted it (the row's
+    log-softmax: the model's distribution, before temperature and truncation), and the row's most
+    likely ids with theirs, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def from_row(cls, row: Any, token: int, n_top: int) -> TokenLogprob:
+        x = np.asarray(row, dtype=np.float64)
+        peak = float(x.max())
+        lse = peak + float(np.log(np.exp(x - peak).sum()))
+        top: tuple[tuple[int, float], ...] = ()
+        if n_top > 0:
+            n = min(n_top, x.shape[0])
+            ids = np.argpartition(-x, n - 1)[:n]
+            ids = ids[np.lexsort((ids, -x[ids]))]  # descending logit, then ascending id
+            top = tuple((int(i), float(x[i] - lse)) for i in ids)
+        return cls(token=int(token), logprob=float(x[token] - lse), top=top)
+
+
 @attrs.define(eq=False)
 class Transaction:
     """Request-local decoder: owns the emitted tokens and runs rounds over target and proposer."""
@@ -124,11 +148,16 @@ class Transaction:
     #: the committed tokens and the round's tokens; returns how many of the round's tokens to keep when
     #: a stop string completes in them (the rest are never committed), else ``None``
     stop_text: Callable[[Sequence[int], list[int]], int | None] | None = None
+    #: record a :class:`TokenLogprob` with this many alternatives for every emitted token (None: off)
+    top_logprobs: int | None = None
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
     _prefilled: DecodeResult | None = None  # the prefill's last row, consumed by round 0
     emitted: list[int] = attrs.field(factory=list)
+    #: one per emitted token when ``top_logprobs`` is set
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    _round_logprobs: list[TokenLogprob] = attrs.field(factory=list)
     anchor: int = -1
     finished: str | None = None
     rounds: list[RoundRecord] = attrs.field(factory=list)
@@ -320,9 +349,13 @@ class Transaction:
         accepted = 0
         base = len(self.emitted)
         n = props.shape[0]
+        lp = self._round_logprobs
+        lp.clear()
         for j in range(n + 1):
             tok = self.sampler.sample(res.logits[j], base + j)
             out.append(tok)
+            if self.top_logprobs is not None:
+                lp.append(TokenLogprob.from_row(res.logits[j], tok, self.top_logprobs))
             hit = j < n and tok == int(props[j])
             accepted += hit
             if tok in self.stop_ids:
@@ -417,6 +450,7 @@ class Transaction:
         n_emitted, self.anchor, self.finished = decoder
         self._n_hist -= len(self.emitted) - n_emitted
         del self.emitted[n_emitted:]
+        del self.logprobs[n_emitted:]
         self.target.restore(cp_target)
         log.info("txn.restore", round=len(self.rounds), error=type(exc).__name__, n_past=self.target.n_past)
         if self.proposer is None:
@@ -435,6 +469,8 @@ class Transaction:
 
     def _emit(self, out: list[int], stop: str | None) -> None:
         self.emitted.extend(out)
+        if self.top_logprobs is not None:
+            self.logprobs.extend(self._round_logprobs[: len(out)])
         need = self._n_hist + len(out)
         if need > self._hist.shape[0]:
             grown = np.empty(2 * need, dtype=np.int32)

@@ -4,8 +4,10 @@ flagged and excluded, never averaged in."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
+import pytest
 
 from power_core.bench import NGRAM_TYPES, BenchSpec, run_bench
 from power_core.cli import main
@@ -181,3 +183,31 @@ def test_same_text():
     assert same_text(None, "Paris.") is None and same_text("", "Paris.") is False
     assert _generated("\n\nThe capital is Paris.", "The capital is") == " Paris."
     assert _generated("garbled", "The capital is") is None
+
+
+def test_a_missing_optional_dependency_stops_before_any_run(tmp_path, monkeypatch, capsys):
+    """Without the ``bench`` extra (matplotlib) ``power bench`` exits 1 naming the install, before any
+    session opens, not with a traceback at the plot step after the whole run."""
+    from power_core import bench
+    from power_core.errors import MissingDependency, PowerError
+
+    opened = []
+
+    def cell(*args, **kwargs):
+        opened.append(args)
+        raise AssertionError("a bench cell opened a session")
+
+    monkeypatch.setattr(bench, "_PowerCell", cell)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an import of an absent package does
+    out = tmp_path / "ev"
+    rc = main(["bench", "--model", REF, "--modes", "off,suffix", "--prompts", *_prompts(tmp_path), "--runs", "1",
+               "--tokens", "8", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and opened == [] and not out.exists()
+    assert "error[dependency_missing]" in err and "pip install 'power-core[bench]'" in err and "matplotlib" in err
+    assert "Traceback" not in err
+    spec = BenchSpec(model=REF, modes=("off",), prompts=(tmp_path / "copy.txt",), runs=1, tokens=8, out=out)
+    with pytest.raises(MissingDependency) as info:
+        run_bench(spec, progress=False)
+    assert isinstance(info.value, PowerError) and isinstance(info.value, ImportError)
+    assert info.value.module == "matplotlib" and info.value.extra == "bench" and opened == []

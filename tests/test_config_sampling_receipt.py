@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.receipt import token_digest
+from power_core.runtime import runtime_counters
 from power_core.sampling import TargetSampler
-from tests.helpers import run
+from tests.helpers import open_session, run
 
 
 @pytest.mark.parametrize("kw,key", [
@@ -95,3 +96,36 @@ def test_receipt_fields_and_hash_stability():
     assert s["verified_tokens_per_pass"] == pytest.approx(25 / len(d["rounds"]))
     assert a.receipt.digest() == b.receipt.digest()  # timings excluded
     assert json.loads(a.receipt.to_json())["receipt_sha256"] == a.receipt.digest()
+
+
+def test_receipt_rollback_counts_are_the_requests_own():
+    # backend.rollback once held the target's live session-wide counters: every receipt of a session
+    # showed the running totals. Each request now reports its own share, as a fresh session would.
+    model, draft = "reference:seed=4,vocab=60,dim=8,recurrent=1", "reference:accept=0.5"
+    cfg = dict(spec_draft_max=4, spec_mtp_recurrent_snapshots=1)  # K > S: some rollbacks restore and replay
+    requests = [([7, 8, 9, 10], 40), ([5, 6], 30)]
+    with open_session(model, "ref-draft", draft, **cfg) as s:
+        shared = [s.generate(p, max_tokens=n).receipt for p, n in requests]
+    alone = [run(model, p, "ref-draft", draft, max_tokens=n, **cfg).receipt for p, n in requests]
+    counts = [r.backend["rollback"] for r in shared]
+    assert counts == [r.backend["rollback"] for r in alone]
+    for r, c in zip(shared, counts, strict=True):
+        assert set(c) == {"rollback_in_place", "rollback_restored", "restores", "decodes"}
+        # a rollback the window could not hold is restored and replayed, and each pass is one decode
+        assert c["rollback_restored"] == r.scheduler["replays"] > 0 and c["rollback_in_place"] > 0
+        assert c["decodes"] == r.timings["target_passes"] + 1  # + the one-chunk prefill
+    assert counts[0] != counts[1]
+    assert shared[1].backend["rollback"]["decodes"] < sum(c["decodes"] for c in counts)  # not the totals
+    assert shared[0].digest() == alone[0].digest() and shared[1].digest() == alone[1].digest()
+
+
+def test_runtime_counters_are_optional():
+    class Plain:
+        pass
+
+    class Counting:
+        def counters(self):
+            return {"decodes": np.int64(3)}
+
+    assert runtime_counters(Plain()) == {}
+    assert runtime_counters(Counting()) == {"decodes": 3} and type(runtime_counters(Counting())["decodes"]) is int

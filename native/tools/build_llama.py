@@ -41,7 +41,7 @@ SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-# The upstream commit of the vendored tree (LLAMACPP_NOTES.md; the sdist carries no .git).
+# The upstream commit of the vendored tree (the sdist carries no .git).
 LLAMA_CPP_COMMIT = "0c1e570"
 
 BASE_FLAGS = (

@@ -1,4 +1,4 @@
-"""The architectures the pinned llama.cpp can load: one table, generated from the pinned source.
+"""The architectures the pinned llama.cpp can load and can tap: tables generated from the pinned source.
 
 Source of truth: the pinned tree (``vendor/llama.cpp`` of the ``llama-cpp-python==0.3.36`` sdist,
 see :data:`PINNED_SDIST_SHA256`). An architecture is *loadable* when ``src/llama-arch.cpp``'s
@@ -10,13 +10,25 @@ Why a checked-in table and not ``gguf.MODEL_ARCH_NAMES`` or a read of the source
 PyPI ``gguf`` package lags the pinned tree (it lacks ``dflash``, ``deepseek4``, ``glm5-next`` and
 two dozen more that the pinned build loads, and it names ``gptj``, which the build cannot), and the
 source tree exists only where power-native was built, while ``power validate`` must work without
-it. ``tests/artifacts/test_target_validation.py`` regenerates the table from the pinned source when
-that source is on the machine and fails on any difference; regenerate with::
+it. ``tests/artifacts/test_target_validation.py`` regenerates the tables from the pinned source when
+that source is on the machine and fails on any difference; regenerate them all with::
 
     python -m power_core.artifacts.archs ~/.cache/power-native/src-<sha>/llama.cpp
 
-Every other architecture list in Power (``contracts.MTP_ARCHS``, ``LAYER_INPUT_ARCHS``, ...) is a
-subset of :data:`LLAMA_ARCHS`; a test keeps it so.
+The layer-tap tables are generated the same way, because the validator (``contracts``) and the
+native tap call (``power_native._llama.Context.set_embeddings_layer_inp``) must agree on them and a
+hand-kept copy drifted (``hunyuan-vl`` in one, ``hunyuan_vl`` in the other). An architecture is in
+:data:`LAYER_INPUT_ARCHS` when the graph its model class builds (``build_arch_graph``, following
+``using graph = ...`` aliases and base classes in ``src/models/models.h``) assigns
+``res->t_layer_inp[il]`` in ``src/models/*.cpp``; tapping any other architecture trips
+``GGML_ASSERT(t_layer_inp[il] != nullptr)`` in ``llm_graph_result::set_outputs`` (an abort). It is
+also in :data:`FINAL_TAP_ARCHS` when that graph assigns ``res->t_layer_inp[n_layer]`` (the output
+of the last layer). Both hold ``general.architecture`` names (``LLM_ARCH_NAMES``), never the
+``src/models/*.cpp`` file names (``openai-moe.cpp`` builds ``gpt-oss``, ``hunyuan-vl.cpp``
+``hunyuan_vl``).
+
+Every other architecture list in Power (``contracts.MTP_ARCHS``, ...) is a subset of
+:data:`LLAMA_ARCHS`; a test keeps it so.
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["LLAMA_ARCHS", "PINNED_SDIST_SHA256", "PINNED_LLAMA_CPP_COMMIT", "archs_from_source", "render"]
+__all__ = ["LLAMA_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "PINNED_SDIST_SHA256", "PINNED_LLAMA_CPP_COMMIT",
+           "archs_from_source", "tap_archs_from_source", "render", "render_tables"]
 
 #: sha256 of the llama-cpp-python sdist whose vendored llama.cpp this table was generated from
 PINNED_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -52,7 +65,17 @@ LLAMA_ARCHS: frozenset[str] = frozenset({
     "smollm3", "spark2_5", "stablelm", "starcoder", "starcoder2", "step35", "t5", "t5encoder", "talkie",
     "wavtokenizer-dec", "xverse",
 })
-# -- end of generated table ------------------------------------------------------------------------
+#: archs whose graph records ``t_layer_inp[il]`` (DFlash/DSpark layer taps); tapping others aborts
+LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan-dense", "hunyuan_vl", "lfm2", "lfm2moe", "llama",
+    "llama-embed", "mimo2", "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "nemotron_h_moe",
+    "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp",
+})
+#: archs whose graph also records ``t_layer_inp[n_layer]`` (the output of the last layer)
+FINAL_TAP_ARCHS: frozenset[str] = frozenset({
+    "deepseek4", "mimo2", "nemotron_h", "nemotron_h_moe",
+})
+# -- end of generated tables -----------------------------------------------------------------------
 
 _NAMES_RE = re.compile(r"LLM_ARCH_NAMES\s*=\s*\{(.*?)\n\};", re.S)
 _PAIR_RE = re.compile(r'\{\s*(LLM_ARCH_\w+)\s*,\s*"([^"]+)"\s*\}')
@@ -78,20 +101,115 @@ def archs_from_source(llama_cpp: str | os.PathLike[str]) -> frozenset[str]:
     return frozenset(name for enum, name in pairs if enum in cases)
 
 
-def render(archs: frozenset[str], width: int = 118) -> str:
-    """The generated table's body, as it appears in this module."""
+_NEW_RE = re.compile(r"case\s+(LLM_ARCH_\w+)\s*:|return\s+new\s+(llama_model_\w+)\s*\(")
+_STRUCT_RE = re.compile(r"^struct\s+(llama_model_\w+)\s*:\s*public\s+(\w+)\s*\{(.*?)^\};", re.S | re.M)
+_NESTED_RE = re.compile(r"\bstruct\s+(graph\w*)\b")
+_ALIAS_RE = re.compile(r"\busing\s+(graph\w*)\s*=\s*(llama_model_\w+)::(graph\w*)\b")
+_BUILD_RE = re.compile(r"\b(llama_model_\w+)::build_arch_graph\s*\([^)]*\)\s*const\s*\{(.*?)\n\}", re.S)
+_MAKE_RE = re.compile(r"make_unique\s*<\s*(?:(llama_model_\w+)::)?(graph\w*)\b")
+_GRAPH_DEF_RE = re.compile(r"\b(llama_model_\w+)::(graph\w*)\s*(?:<[^<>]*>)?\s*::")
+_TAP_SET_RE = re.compile(r"\bt_layer_inp\s*\[\s*([^\]]+?)\s*\]\s*=(?!=)")
+
+
+def tap_archs_from_source(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """``(LAYER_INPUT_ARCHS, FINAL_TAP_ARCHS)`` of the llama.cpp tree at ``llama_cpp`` (module docstring).
+
+    Raises ``ValueError`` when the tree does not have the expected shape: no model classes, no
+    graph that records a layer input, or a ``t_layer_inp`` assignment this parser cannot place
+    (outside a ``llama_model_*::graph*`` member, or at an index other than ``il`` / ``n_layer``).
+    """
+    root = Path(llama_cpp)
+    src, models = root / "src", root / "src" / "models"
+    names = _NAMES_RE.search((src / "llama-arch.cpp").read_text(encoding="utf-8"))
+    mapping = _MAPPING_RE.search((src / "llama-model.cpp").read_text(encoding="utf-8"))
+    header = models / "models.h"
+    if names is None or mapping is None or not header.is_file():
+        raise ValueError(f"{root}: LLM_ARCH_NAMES, llama_model_mapping or src/models/models.h not found; "
+                         "has the llama.cpp layout changed?")
+    arch_name = dict(_PAIR_RE.findall(names.group(1)))
+    model_of: dict[str, str] = {}  # LLM_ARCH_* -> the llama_model_* class llama_model_mapping creates
+    pending: list[str] = []
+    for m in _NEW_RE.finditer(mapping.group(0)):
+        if m.group(1):
+            pending.append(m.group(1))
+        else:
+            model_of.update(dict.fromkeys(pending, m.group(2)))
+            pending = []
+    base: dict[str, str] = {}
+    nested: dict[tuple[str, str], tuple[str, str]] = {}  # (class, graph name) -> the struct it names
+    for m in _STRUCT_RE.finditer(header.read_text(encoding="utf-8")):
+        cls, body = m.group(1), m.group(3)
+        base[cls] = m.group(2)
+        nested.update({(cls, g): (cls, g) for g in _NESTED_RE.findall(body)})
+        nested.update({(cls, g): (owner, target) for g, owner, target in _ALIAS_RE.findall(body)})
+
+    def resolve(cls: str, graph: str) -> tuple[str, str]:
+        """C++ name lookup of the nested ``graph`` from inside ``cls``: own declarations, then bases."""
+        k: str | None = cls
+        while k is not None:
+            hit = nested.get((k, graph))
+            if hit is not None:
+                return hit if hit == (k, graph) else resolve(*hit)
+            k = base.get(k)
+        return cls, graph
+
+    cpp = sorted(models.glob("*.cpp")) + sorted(src.glob("*.cpp"))
+    texts = {p: p.read_text(encoding="utf-8") for p in cpp}
+    builds: dict[str, set[tuple[str, str]]] = {}  # class -> the graph structs its build_arch_graph makes
+    records: set[tuple[str, str]] = set()
+    final: set[tuple[str, str]] = set()
+    for path, text in texts.items():
+        for m in _BUILD_RE.finditer(text):
+            builds[m.group(1)] = {resolve(owner or m.group(1), g) for owner, g in _MAKE_RE.findall(m.group(2))}
+        defs = [(d.start(), (d.group(1), d.group(2))) for d in _GRAPH_DEF_RE.finditer(text)]
+        for m in _TAP_SET_RE.finditer(text):
+            owner = [g for at, g in defs if at < m.start()]
+            if not owner or m.group(1) not in ("il", "n_layer"):
+                line = text.count("\n", 0, m.start()) + 1
+                raise ValueError(f"{path}:{line}: cannot place the layer-input assignment {m.group(0)!r}; "
+                                 "has the llama.cpp layout changed?")
+            records.add(resolve(*owner[-1]))
+            if m.group(1) == "n_layer":
+                final.add(resolve(*owner[-1]))
+    if not model_of or not builds or not records:
+        raise ValueError(f"{root}: no model classes, graph builders or layer-input graphs parsed; "
+                         "has the llama.cpp layout changed?")
+
+    def graphs(cls: str) -> set[tuple[str, str]]:
+        k: str | None = cls  # an inherited build_arch_graph makes the graphs of the class that defines it
+        while k is not None and k not in builds:
+            k = base.get(k)
+        return builds.get(k, set()) if k is not None else set()
+
+    taps = {arch_name[e]: graphs(cls) for e, cls in model_of.items() if e in arch_name}
+    return (frozenset(a for a, g in taps.items() if g & records),
+            frozenset(a for a, g in taps.items() if g & final))
+
+
+def render(archs: frozenset[str], width: int = 118, *, name: str = "LLAMA_ARCHS") -> str:
+    """The generated table ``name``'s body, as it appears in this module."""
     lines, line = [], "    "
-    for name in sorted(archs):
-        tok = f'"{name}", '
+    for arch in sorted(archs):
+        tok = f'"{arch}", '
         if len(line) + len(tok) > width:
             lines.append(line.rstrip())
             line = "    "
         line += tok
     lines.append(line.rstrip())
-    return "LLAMA_ARCHS: frozenset[str] = frozenset({\n" + "\n".join(lines) + "\n})\n"
+    return f"{name}: frozenset[str] = frozenset({{\n" + "\n".join(lines) + "\n})\n"
+
+
+def render_tables(llama_cpp: str | os.PathLike[str]) -> str:
+    """Every generated table of this module from the tree at ``llama_cpp``, as they appear here."""
+    taps, final = tap_archs_from_source(llama_cpp)
+    return (render(archs_from_source(llama_cpp))
+            + "#: archs whose graph records ``t_layer_inp[il]`` (DFlash/DSpark layer taps); tapping others aborts\n"
+            + render(taps, name="LAYER_INPUT_ARCHS")
+            + "#: archs whose graph also records ``t_layer_inp[n_layer]`` (the output of the last layer)\n"
+            + render(final, name="FINAL_TAP_ARCHS"))
 
 
 if __name__ == "__main__":  # pragma: no cover - maintenance tool
     if len(sys.argv) != 2:
         sys.exit("usage: python -m power_core.artifacts.archs <llama.cpp source tree>")
-    sys.stdout.write(render(archs_from_source(sys.argv[1])))
+    sys.stdout.write(render_tables(sys.argv[1]))

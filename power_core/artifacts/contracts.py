@@ -2,7 +2,8 @@
 
 What lives here is what more than one contract needs, or what the core needs without any plugin
 installed (``auto`` must tell a DSpark file from a DFlash2 file): the discriminating markers
-(LLAMACPP_NOTES §3.2, §3.3, §8.7), the architecture lists, the ``dflash`` backbone check shared by
+(as the pinned llama.cpp's ``src/models/dflash.cpp`` loader and ``common/speculative.cpp``
+auto-detection tell them apart), the architecture lists, the ``dflash`` backbone check shared by
 DFlash v1, DFlash2 and DSpark, and small ``need_*`` helpers that raise an
 :class:`~power_core.errors.ArtifactError` whose ``reason`` is stable and whose ``evidence`` names
 the key or tensor that decided. The contract-specific rules live in each plugin.
@@ -16,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from power_core.artifacts.archs import FINAL_TAP_ARCHS, LAYER_INPUT_ARCHS
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, ArtifactMismatch
 
@@ -45,16 +47,9 @@ MTP_ARCHS = frozenset({
 MTP_SINGLE_BLOCK_ARCHS = frozenset({"nemotron_h_moe"})
 #: MTP archs that chain one head per draft step (K <= number of heads)
 MTP_CHAINED_ARCHS = frozenset({"step35"})
-#: target archs whose graph records ``t_layer_inp`` (DFlash/DSpark layer taps, notes §1.4); these are
-#: ``general.architecture`` names (``archs.LLAMA_ARCHS``), not the ``src/models/*.cpp`` file names
-#: (``openai-moe.cpp`` builds ``gpt-oss``, ``nemotron-h.cpp`` ``nemotron_h``, ``hunyuan-vl.cpp`` ``hunyuan_vl``)
-LAYER_INPUT_ARCHS = frozenset({
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma3n", "gemma4", "lfm2",
-    "gpt-oss", "minimax-01", "minimax-m2", "bailingmoe3", "mimo2", "nemotron_h", "nanbeige", "hunyuan_vl",
-    "muse-glimmer", "deepseek4",
-})
-#: archs that also record the output of the last layer (``lid == n_layer``)
-FINAL_TAP_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
+# LAYER_INPUT_ARCHS (target archs whose graph records ``t_layer_inp``: DFlash/DSpark layer taps) and
+# FINAL_TAP_ARCHS (those that also record the output of the last layer, ``lid == n_layer``) are
+# generated from the pinned llama.cpp source in ``archs`` and shared with power-native's tap call.
 DFLASH_ARCH = "dflash"
 DSPARK_MARKER = "markov_w1.weight"
 DFLASH2_MARKER = "selector_hidden.weight"

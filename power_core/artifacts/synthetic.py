@@ -1,9 +1,9 @@
 """Tiny synthetic GGUF artifacts for tests: valid targets and drafts, and a malformed corpus.
 
 Drafts are written with the raw key and tensor names llama.cpp expects (PyPI ``gguf`` lacks the
-``dflash`` constants; see LLAMACPP_NOTES §3, §6). A :class:`GGUFSpec` is a mutable description
-(keys, tensor shapes in ggml ``ne`` order), so a test can drop a key, resize a tensor, or add a
-foreign tensor and write the result::
+``dflash`` constants of the pinned tree's own ``gguf-py``). A :class:`GGUFSpec` is a mutable
+description (keys, tensor shapes in ggml ``ne`` order), so a test can drop a key, resize a tensor, or
+add a foreign tensor and write the result::
 
     spec = dflash_spec(); del spec.tensors["fc.weight"]; path = spec.write(tmp_path / "d.gguf")
 

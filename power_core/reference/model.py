@@ -128,6 +128,9 @@ class ReferenceTarget:
     _serial: int = attrs.field(init=False, default=0)
     decode_calls: int = attrs.field(init=False, default=0)
     decoded_tokens: int = attrs.field(init=False, default=0)
+    #: rollback accounting over the target's life, as the llama target keeps it (:meth:`counters`)
+    stats: dict[str, int] = attrs.field(init=False, factory=lambda: dict.fromkeys(
+        ("rollback_in_place", "rollback_restored", "restores", "decodes"), 0))
     fail_on: int | None = None
     #: a modelled CPU-like verify-cost curve (a pass of b tokens costs 1 + 0.5 (b - 1) one-token
     #: passes) for cost-aware strategies; the reference backend computes every row at the same cost
@@ -200,6 +203,7 @@ class ReferenceTarget:
         self._last_n = n
         self._rolled = False
         self.decoded_tokens += n
+        self.stats["decodes"] += 1
         return DecodeResult(tokens=tokens, logits=logits, features={"hidden": hidden})
 
     def prefill(self, tokens: TokenArray,
@@ -235,14 +239,17 @@ class ReferenceTarget:
         if not self.model.recurrent:
             self._n_past -= depth
             self._rolled = True
+            self.stats["rollback_in_place"] += 1
             return True
         if not self._rolled and depth <= min(self.snapshots, self._last_n - 1):
             # ring[-1] is the state after the last token; ring[-1 - depth] after token keep-1
             self._state = self._ring[-1 - depth]
             self._n_past -= depth
             self._rolled = True
+            self.stats["rollback_in_place"] += 1
             return True
         self.restore(checkpoint)
+        self.stats["rollback_restored"] += 1
         return False
 
     def restore(self, checkpoint: ReferenceCheckpoint) -> None:
@@ -256,3 +263,9 @@ class ReferenceTarget:
         self._ring = []
         self._last_n = 0
         self._rolled = True
+        self.stats["restores"] += 1
+
+    def counters(self) -> dict[str, int]:
+        """A snapshot of :attr:`stats` (``power_core.runtime.runtime_counters``: the core reports the
+        difference over a request in its receipt's ``backend.rollback``)."""
+        return dict(self.stats)

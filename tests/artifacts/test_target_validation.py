@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 
 import power_core.plugins as plugins_mod
 from power_core.artifacts import archs, contracts, synthetic
-from power_core.artifacts.archs import LLAMA_ARCHS, PINNED_SDIST_SHA256, archs_from_source
+from power_core.artifacts.archs import (
+    FINAL_TAP_ARCHS,
+    LAYER_INPUT_ARCHS,
+    LLAMA_ARCHS,
+    PINNED_SDIST_SHA256,
+    archs_from_source,
+    tap_archs_from_source,
+)
 from power_core.artifacts.target import check_target
 from power_core.artifacts.view import ArtifactView
 from power_core.cli import main
@@ -232,7 +239,19 @@ def test_every_architecture_list_is_drawn_from_the_table():
 
 
 def test_the_table_is_the_generated_form():
-    assert archs.render(LLAMA_ARCHS) in Path(archs.__file__).read_text()
+    text = Path(archs.__file__).read_text()
+    assert archs.render(LLAMA_ARCHS) in text
+    assert archs.render(LAYER_INPUT_ARCHS, name="LAYER_INPUT_ARCHS") in text
+    assert archs.render(FINAL_TAP_ARCHS, name="FINAL_TAP_ARCHS") in text
+
+
+def test_the_validator_uses_the_generated_tap_tables():
+    # one table, not a copy that can drift: contracts re-exports archs' (and power-native imports it)
+    assert contracts.LAYER_INPUT_ARCHS is LAYER_INPUT_ARCHS and contracts.FINAL_TAP_ARCHS is FINAL_TAP_ARCHS
+    assert FINAL_TAP_ARCHS <= LAYER_INPUT_ARCHS <= LLAMA_ARCHS
+    # general.architecture names (LLM_ARCH_NAMES), not src/models/*.cpp file names
+    assert {"hunyuan_vl", "gpt-oss", "nemotron_h"} <= LAYER_INPUT_ARCHS
+    assert not {"hunyuan-vl", "openai-moe", "nemotron-h"} & LAYER_INPUT_ARCHS
 
 
 def test_parser_keeps_only_named_archs_with_a_model_class(tmp_path):
@@ -250,6 +269,80 @@ def test_parser_keeps_only_named_archs_with_a_model_class(tmp_path):
     (src / "llama-model.cpp").write_text("nothing here\n")
     with pytest.raises(ValueError, match="layout"):
         archs_from_source(tmp_path)
+
+
+def _tap_tree(root: Path, graph_cpp: dict[str, str]) -> Path:
+    """A minimal llama.cpp tree: four archs, their classes, and ``src/models/<file>`` graph sources."""
+    src = root / "src"
+    (src / "models").mkdir(parents=True)
+    (src / "llama-arch.cpp").write_text(
+        'static const std::map<llm_arch, const char *> LLM_ARCH_NAMES = {\n'
+        '    { LLM_ARCH_LLAMA, "llama" },\n    { LLM_ARCH_HUNYUAN_VL, "hunyuan_vl" },\n'
+        '    { LLM_ARCH_HUNYUAN_DENSE, "hunyuan-dense" },\n    { LLM_ARCH_GEMMA3N, "gemma3n" },\n'
+        '    { LLM_ARCH_DEEPSEEK4, "deepseek4" },\n    { LLM_ARCH_UNKNOWN, "(unknown)" },\n};\n')
+    (src / "llama-model.cpp").write_text(
+        "static llama_model * llama_model_mapping(llm_arch arch, const llama_model_params & params) {\n"
+        "    switch (arch) {\n"
+        "        case LLM_ARCH_LLAMA:\n            return new llama_model_llama(params);\n"
+        "        case LLM_ARCH_HUNYUAN_VL:\n            return new llama_model_hunyuan_vl(params);\n"
+        "        case LLM_ARCH_HUNYUAN_DENSE:\n            return new llama_model_hunyuan_dense(params);\n"
+        "        case LLM_ARCH_GEMMA3N:\n            return new llama_model_gemma3n(params);\n"
+        "        case LLM_ARCH_DEEPSEEK4:\n            return new llama_model_deepseek4(params);\n"
+        "        default:\n            throw 1;\n    }\n}\n")
+    (src / "models" / "models.h").write_text(
+        "struct llama_model_llama : public llama_model_base {\n    template <bool embed>\n"
+        "    struct graph : public llm_graph_context {};\n};\n\n"
+        "struct llama_model_hunyuan_vl : public llama_model_base {\n"
+        "    struct graph : public llm_graph_context {};\n};\n\n"
+        "struct llama_model_hunyuan_dense : public llama_model_hunyuan_vl {\n"
+        "    using graph = llama_model_hunyuan_vl::graph;\n};\n\n"
+        "struct llama_model_gemma3n : public llama_model_base {\n"
+        "    struct graph : public llm_graph_context {};\n};\n\n"
+        "struct llama_model_deepseek4 : public llama_model_base {\n    struct graph : public llm_graph_context {};\n"
+        "    struct graph_mtp : public llm_graph_context {};\n};\n")
+    for name, text in graph_cpp.items():
+        (src / "models" / name).write_text(text)
+    return root
+
+
+def _graph(cls: str, body: str, *, template: str = "") -> str:
+    return (f"std::unique_ptr<llm_graph_context> {cls}::build_arch_graph(const llm_graph_params & params) const {{\n"
+            f"    return std::make_unique<graph{template}>(*this, params);\n}}\n\n"
+            f"{cls}::graph{template}::graph(const llama_model & model, const llm_graph_params & params) {{\n"
+            f"    for (int il = 0; il < n_layer; ++il) {{\n{body}    }}\n}}\n")
+
+
+_TAP_SOURCES = {
+    "llama.cpp": _graph("llama_model_llama", "        res->t_layer_inp[il] = inpL;\n", template="<false>"),
+    "hunyuan-vl.cpp": _graph("llama_model_hunyuan_vl", "        res->t_layer_inp[il] = inpL;\n"),
+    # hunyuan_dense reuses hunyuan_vl's graph through `using graph = ...`
+    "hunyuan-dense.cpp": ("std::unique_ptr<llm_graph_context> llama_model_hunyuan_dense::build_arch_graph("
+                          "const llm_graph_params & params) const {\n"
+                          "    return std::make_unique<graph>(*this, params);\n}\n"),
+    "gemma3n.cpp": _graph("llama_model_gemma3n", "        cur = inpL;\n"),  # records nothing
+    "deepseek4.cpp": _graph("llama_model_deepseek4", "        res->t_layer_inp[il] = inpL;\n")
+    + "void llama_model_deepseek4::graph::finish() {\n    res->t_layer_inp[n_layer] = cur;\n"
+    "    GGML_ASSERT(res->t_layer_inp[n_layer] != nullptr);\n}\n"
+    + "llama_model_deepseek4::graph_mtp::graph_mtp() {\n    res->t_layer_inp[il] = cur;\n}\n",
+}
+
+
+def test_tap_parser_follows_classes_aliases_and_names(tmp_path):
+    taps, final = tap_archs_from_source(_tap_tree(tmp_path, _TAP_SOURCES))
+    # arch *names* from LLM_ARCH_NAMES (hunyuan_vl, not the file name hunyuan-vl); an alias shares the graph
+    assert taps == {"llama", "hunyuan_vl", "hunyuan-dense", "deepseek4"}
+    assert final == {"deepseek4"}
+
+
+def test_tap_parser_refuses_a_layout_it_cannot_place(tmp_path):
+    stray = dict(_TAP_SOURCES, **{"gemma3n.cpp": "static void helper() {\n    res->t_layer_inp[il] = x;\n}\n"})
+    with pytest.raises(ValueError, match="layout"):
+        tap_archs_from_source(_tap_tree(tmp_path / "stray", stray))
+    odd = dict(_TAP_SOURCES, **{"gemma3n.cpp": _graph("llama_model_gemma3n", "    res->t_layer_inp[il + 1] = x;\n")})
+    with pytest.raises(ValueError, match="layout"):
+        tap_archs_from_source(_tap_tree(tmp_path / "odd", odd))
+    with pytest.raises(ValueError, match="layout"):
+        tap_archs_from_source(_tap_tree(tmp_path / "none", {}))
 
 
 def _pinned_source() -> Path | None:
@@ -277,6 +370,29 @@ def test_table_matches_the_pinned_llama_cpp_source():
         _absent("the pinned llama.cpp source is not on this machine (build power-native to get it)")
     got = archs_from_source(src)
     assert got == LLAMA_ARCHS, {"missing": sorted(got - LLAMA_ARCHS), "extra": sorted(LLAMA_ARCHS - got)}
+
+
+def test_tap_tables_match_the_pinned_llama_cpp_source():
+    src = _pinned_source()
+    if src is None:
+        _absent("the pinned llama.cpp source is not on this machine (build power-native to get it)")
+    taps, final = tap_archs_from_source(src)
+    assert taps == LAYER_INPUT_ARCHS, {"missing": sorted(taps - LAYER_INPUT_ARCHS),
+                                       "extra": sorted(LAYER_INPUT_ARCHS - taps)}
+    assert final == FINAL_TAP_ARCHS, {"missing": sorted(final - FINAL_TAP_ARCHS),
+                                      "extra": sorted(FINAL_TAP_ARCHS - final)}
+    # the pinned LLM_ARCH_NAMES spells it hunyuan_vl; its graph (src/models/hunyuan-vl.cpp) records taps
+    assert '{ LLM_ARCH_HUNYUAN_VL,       "hunyuan_vl"       }' in (src / "src" / "llama-arch.cpp").read_text()
+    assert "hunyuan_vl" in taps and "hunyuan-vl" not in taps
+    assert "gemma3n" not in taps  # its graph never sets t_layer_inp: a tap would trip the GGML_ASSERT
+
+
+def test_native_tap_call_uses_the_validators_table():
+    try:
+        from power_native import _llama
+    except ImportError:
+        _absent("power-native is not installed")
+    assert _llama.LAYER_INP_ARCHS is LAYER_INPUT_ARCHS and _llama.LAYER_INP_FINAL_ARCHS is FINAL_TAP_ARCHS
 
 
 def test_table_and_native_build_share_the_pin():

@@ -64,7 +64,7 @@ def default_model() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--prompt-file", default=str(ROOT.parent / "shared" / "bench" / "code-edit.txt"))
+    ap.add_argument("--prompt-file", default=str(ROOT / "docs" / "examples" / "code-edit.txt"))
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=9)

@@ -129,7 +129,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2,gemma3-270m")
     ap.add_argument("--numerics", default="exact")
-    ap.add_argument("--prompts", nargs="+", type=Path, default=sorted((ROOT.parent / "shared" / "bench").glob("*.txt")))
+    ap.add_argument("--prompts", nargs="+", type=Path, default=sorted((ROOT / "docs" / "examples").glob("*.txt")))
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=32)
     ap.add_argument("--out", type=Path)

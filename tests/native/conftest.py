@@ -2,7 +2,7 @@
 
 Metadata is written with the PyPI ``gguf`` package using raw keys; every tensor is then created by
 the arch's own loader and filled with seeded N(0, 0.1) through ``llama_model_init_from_user``, and
-saved as a real GGUF with ``llama_model_save_to_file`` (LLAMACPP_NOTES §7.1-7.2).
+saved as a real GGUF with ``llama_model_save_to_file`` (as llama.cpp's ``tests/test-llama-archs.cpp`` does).
 """
 
 from __future__ import annotations

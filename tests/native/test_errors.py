@@ -127,6 +127,26 @@ def test_layer_taps_prechecked(tiny_llama, tiny_qwen35):
     assert rows.shape == (4, m.n_embd) and np.isfinite(rows).all()
 
 
+def test_tap_table_is_the_validators_and_spells_arch_names(tiny_dir):
+    """One tap table (power_core.artifacts.archs, generated from the pinned source) for the validator
+    and this call: a ``hunyuan_vl`` target, which the DFlash/DSpark validator accepts, is tapped here
+    (the native copy once spelt it ``hunyuan-vl`` and refused it)."""
+    from power_core.artifacts import archs, contracts
+
+    assert _llama.LAYER_INP_ARCHS is archs.LAYER_INPUT_ARCHS is contracts.LAYER_INPUT_ARCHS
+    assert _llama.LAYER_INP_FINAL_ARCHS is archs.FINAL_TAP_ARCHS is contracts.FINAL_TAP_ARCHS
+    meta = write_metadata(tiny_dir / "hunyuan_vl-meta.gguf", "hunyuan_vl")
+    m = _llama.Model.from_metadata(str(meta), seed=1, stdev=0.1)
+    assert m.arch == "hunyuan_vl" and m.arch in contracts.LAYER_INPUT_ARCHS
+    ctx = _llama.Context(m, n_ctx=256, n_batch=8, n_ubatch=8)
+    with pytest.raises(ConfigError, match="record the output of the last layer"):
+        ctx.set_embeddings_layer_inp(m.n_layer)
+    ctx.set_embeddings_layer_inp(m.n_layer - 1)
+    ctx.decode(np.arange(4, dtype=np.int32), 0)
+    rows = ctx.embeddings_layer_inp(m.n_layer - 1)
+    assert rows.shape == (4, m.n_embd) and np.isfinite(rows).all()
+
+
 def test_mtp_context_needs_nextn(tiny_llama):
     m = _llama.Model.load(str(tiny_llama))
     with pytest.raises(ArtifactError, match="nextn"):

@@ -100,7 +100,7 @@ def test_selftest_exact_numerics_are_batch_invariant(alias, capsys):
 
 def test_selftest_stock_numerics_find_gemma_batch_variant(capsys):
     """Stock kernels (repacked Q4_K, tiled GEMM, n == 1 paths): Gemma-3's verify rows drift from its
-    one-token rows (shared/NUMERICS.md), and the self-test says by how much and where."""
+    one-token rows (docs/numerics.md), and the self-test says by how much and where."""
     from power_core import cli
 
     rc = cli.main(["selftest", "--model", _model_path("gemma3-270m"), "--threads", "2", "--numerics", "stock",
@@ -167,15 +167,12 @@ def test_seeded_stochastic_draft_model_equals_target_only_on_smollm2():
             assert got.receipt.summary()["accepted"] > 0
 
 
-SHARED_BENCH = ROOT.parent / "shared" / "bench"
+BENCH_PROMPTS = ROOT / "docs" / "examples"  # the bench workloads, committed with the repository
 BENCH_WORKLOADS = ("code-edit.txt", "quote-from-context.txt", "story.txt")
 
 
 def _bench_prompts() -> list[str]:
-    missing = [w for w in BENCH_WORKLOADS if not (SHARED_BENCH / w).exists()]
-    if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{missing} missing from {SHARED_BENCH}")
-    return [(SHARED_BENCH / w).read_text(encoding="utf-8") for w in BENCH_WORKLOADS]
+    return [(BENCH_PROMPTS / w).read_text(encoding="utf-8") for w in BENCH_WORKLOADS]
 
 
 def _first_difference(a, b) -> int:
@@ -209,10 +206,7 @@ def test_every_speculative_mode_equals_off_on_gemma(gemma_reference, mode):
 @pytest.mark.parametrize("workload", BENCH_WORKLOADS)
 def test_suffix_is_exact_on_smollm2(workload):
     """power-suffix on the bench workloads: tokens identical to --mode off (SmolLM2 is batch-invariant)."""
-    path = SHARED_BENCH / workload
-    if not path.exists():
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{path} is missing (../shared beside the repo)")
-    prompt = path.read_text(encoding="utf-8")
+    prompt = (BENCH_PROMPTS / workload).read_text(encoding="utf-8")
     model = _model_path("smollm2")
     with Session.open(PowerConfig(spec_mode="off", max_tokens=N_TOKENS, n_threads=2), model=model) as s:
         ref = s.generate(prompt)
@@ -231,8 +225,7 @@ def test_bench_peers_decode_the_same_workload_on_smollm2(peer_bin, tmp_path, num
     passes are not batch-invariant): the report then lists them as another workload."""
     from power_core.bench import BenchSpec, run_bench
 
-    prompt = tmp_path / "code-edit.txt"
-    prompt.write_text((SHARED_BENCH / "code-edit.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    prompt = BENCH_PROMPTS / "code-edit.txt"
     spec = BenchSpec(model=_model_path("smollm2"), modes=("off", "suffix"), prompts=(prompt,), runs=1, tokens=48,
                      peer_bin=peer_bin, numerics=numerics, out=tmp_path / "ev")
     report = run_bench(spec, progress=False)

@@ -91,6 +91,18 @@ def test_rollback_paths_per_arch(tiny_qwen35_mtp, tiny_qwen3next_mtp):
     assert nxt.receipt.backend["n_rs_seq"] == 0 and nxt.receipt.summary()["replays"] > 0
 
 
+def test_rollback_counts_are_per_request(tiny_qwen3next_mtp):
+    """Two requests of one session: each receipt counts its own restores (= its replays), not the session's."""
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=4, max_tokens=48, n_ctx=256, n_threads=2)
+    with Session.open(cfg, model=str(tiny_qwen3next_mtp)) as s:
+        receipts = [s.generate(p, max_tokens=n).receipt for p, n in zip(PROMPTS[:2], (48, 20), strict=True)]
+    for r in receipts:
+        assert r.backend["rollback"]["rollback_restored"] == r.summary()["replays"] > 0
+    assert receipts[0].backend["rollback"] != receipts[1].backend["rollback"]
+    alone = generate(tiny_qwen3next_mtp, "mtp", PROMPTS[1], spec_draft_max=4, max_tokens=20)
+    assert alone.receipt.backend["rollback"] == receipts[1].backend["rollback"]
+
+
 class TestMtpConformanceQwen35(AdapterConformance):
     """The conformance kit on the real MTP adapter: parity, every rejection depth, zero-proposal rounds,
     stop/max inside a block, S < K replay, faults and cancels at every step."""

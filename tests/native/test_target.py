@@ -111,3 +111,19 @@ def test_capacity_and_cancel(tiny_llama):
     assert t.n_past == n_ctx - 2
     t.decode(np.array([3], dtype=np.int32))
     assert t.n_past == n_ctx - 1
+
+
+def test_receipt_counts_are_per_request(tiny_llama):
+    """backend.rollback holds each request's own counts, not the target's session-wide running totals."""
+    from power_core.config import PowerConfig
+    from power_core.session import Session
+
+    cfg = PowerConfig(spec_mode="off", n_ctx=256, n_threads=2)
+    with Session.open(cfg, model=str(tiny_llama)) as s:
+        receipts = [s.generate(PROMPT.tolist(), max_tokens=n).receipt for n in (5, 9)]
+        assert s.opened.target.counters()["decodes"] >= sum(r.backend["rollback"]["decodes"] for r in receipts)
+    for r in receipts:
+        n_out = r.output_tokens
+        assert n_out > 1 and r.backend["rollback"] == {  # one prefill chunk, then one decode per token after it
+            "rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": n_out}
+    assert receipts[0].backend["rollback"] != receipts[1].backend["rollback"]

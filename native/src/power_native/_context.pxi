@@ -379,7 +379,8 @@ cdef class Context:
             limit = n_layer if arch in LAYER_INP_FINAL_ARCHS else n_layer - 1
             if lid < 0 or lid > limit:
                 raise ConfigError("layer", lid, f"an integer in [0, {limit}] for arch {arch!r}",
-                                  "only deepseek4, mimo2 and nemotron_h record the output of the last layer")
+                                  f"only {', '.join(sorted(LAYER_INP_FINAL_ARCHS))} record the output of the "
+                                  "last layer")
         llama_set_embeddings_layer_inp(self.ptr, lid, value)
         if value:
             self._layer_taps.add(lid)

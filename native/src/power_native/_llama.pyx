@@ -4,10 +4,10 @@
 batch), llama.cpp logging routed to structlog, and the one place where return codes become
 typed exceptions (:func:`_check`).
 
-Every ``GGML_ASSERT`` reachable through these wrappers is pre-checked here (LLAMACPP_NOTES §1.2,
-§1.4, §8): batch larger than ``n_batch``, outputs above ``n_outputs_max``, ``n_ubatch <= n_rs_seq+1``
-on recurrent memory, token ids outside the vocabulary, context overflow, reading an untapped layer
-input and tapping a layer the architecture does not record.
+Every ``GGML_ASSERT`` reachable through these wrappers is pre-checked here: batch larger than
+``n_batch``, outputs above ``n_outputs_max``, ``n_ubatch <= n_rs_seq+1`` on recurrent memory, token
+ids outside the vocabulary, context overflow, reading an untapped layer input and tapping a layer
+the architecture does not record.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -26,6 +26,7 @@ import os
 from collections import deque
 
 import numpy as np
+from power_core.artifacts import archs as _archs
 from power_core.logs import get_logger
 
 from power_core.errors import (ArtifactError, Cancelled, CapacityError, ConfigError, RuntimeFault,
@@ -77,13 +78,11 @@ cdef extern from *:
 __all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors",
            "LAYER_INP_ARCHS", "LAYER_INP_FINAL_ARCHS"]
 
-#: archs whose graph records ``t_layer_inp[il]`` (else the next decode aborts, llama-graph.cpp:1384)
-LAYER_INP_ARCHS = frozenset({
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma3n", "gemma4",
-    "lfm2", "openai-moe", "gpt-oss", "minimax-01", "minimax-m2", "bailingmoe3", "mimo2", "nemotron_h",
-    "nanbeige", "hunyuan-vl", "muse-glimmer", "deepseek4"})
-#: the only archs that also record ``lid == n_layer`` (the output of the last layer)
-LAYER_INP_FINAL_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
+#: archs whose graph records ``t_layer_inp[il]`` (else the next decode aborts, llama-graph.cpp:1384), and
+#: the only archs that also record ``lid == n_layer`` (the output of the last layer): the tables the
+#: artifact validator checks, generated from the pinned llama.cpp source (power_core.artifacts.archs)
+LAYER_INP_ARCHS = _archs.LAYER_INPUT_ARCHS
+LAYER_INP_FINAL_ARCHS = _archs.FINAL_TAP_ARCHS
 
 # -- logging ---------------------------------------------------------------------------------------
 _log = get_logger("power_native.llama")  # stdlib logging: the host decides

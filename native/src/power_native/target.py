@@ -56,7 +56,7 @@ def layer_feature(layer: int) -> str:
 class _NumericsGuard:
     """The target's kernels (config ``numerics``). ``exact``: weights are not repacked and
     ggml-cpu's batch-invariant switch (``native/patches/0002-batch-invariant-cpu.patch``) is on, so
-    a verify row has the bits of a one-token decode (shared/NUMERICS.md). ``stock``: llama.cpp's own
+    a verify row has the bits of a one-token decode (docs/numerics.md). ``stock``: llama.cpp's own
     kernels (repacked weights, tiled K-quant GEMM, n == 1 special cases), as its binaries run.
 
     The switch is process-wide, so targets of both numerics cannot be open at once (a stock decode
@@ -206,7 +206,7 @@ class LlamaTarget:
             ctx.set_embeddings_nextn(True, False)  # unmasked: one row per batch token
         for lid in self._layers:
             ctx.set_embeddings_layer_inp(lid, True)  # refuses layers the arch does not record (abort in llama.cpp)
-        #: rollback accounting for the receipt
+        #: rollback accounting over the target's life; receipts show each request's share (:meth:`counters`)
         self.stats = {"rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": 0}
 
     # -- protocol ---------------------------------------------------------------------------------------
@@ -321,6 +321,11 @@ class LlamaTarget:
         self._rs_used = True
 
     # -- extras -------------------------------------------------------------------------------------------
+    def counters(self) -> dict[str, int]:
+        """A snapshot of :attr:`stats` (``power_core.runtime.runtime_counters``: the core reports the
+        difference over a request in its receipt's ``backend.rollback``)."""
+        return dict(self.stats)
+
     def set_verify_cost(self, relative: tuple[float, ...]) -> None:
         """Publish the measured verify-cost curve in the capabilities (cost-aware scheduling)."""
         self._caps = attrs.evolve(self._caps, verify_cost=tuple(relative))
@@ -461,7 +466,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
     info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
-                n_threads=cfg.n_threads or os.cpu_count(), rollback=target.stats,
+                n_threads=cfg.n_threads or os.cpu_count(),
                 verify_cost=list(target.capabilities.verify_cost) if target.capabilities.verify_cost else None)
     log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
              n_rs_seq=target.ctx.n_rs_seq)

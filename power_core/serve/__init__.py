@@ -1,0 +1,93 @@
+"""``power serve``: an OpenAI-compatible HTTP server over Power sessions (``pip install 'power-core[serve]'``).
+
+:func:`open_sessions` loads the model (every startup error is raised here, before any port is
+bound); :func:`serve` binds, serves until SIGTERM/SIGINT, drains and returns. See ``docs/serving.md``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from power_core.config import PowerConfig
+from power_core.errors import ConfigError
+from power_core.serve.app import ServeOptions, create_app
+from power_core.session import Session
+
+__all__ = ["ServeOptions", "create_app", "open_sessions", "serve", "is_loopback"]
+
+
+def open_sessions(config: PowerConfig, parallel: int, **open_kwargs: Any) -> tuple[Session, ...]:
+    """``parallel`` sessions on one model (they share its weights); none stays open if one fails."""
+    sessions: list[Session] = []
+    try:
+        for _ in range(parallel):
+            sessions.append(Session.open(config, **open_kwargs))
+    except BaseException:
+        for s in sessions:
+            s.close()
+        raise
+    return tuple(sessions)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        raise ConfigError("port", f"{host}:{port}", "an address this machine can listen on", str(exc)) from None
+    return sock
+
+
+def serve(sessions: tuple[Session, ...], options: ServeOptions, host: str = "127.0.0.1", port: int = 8080,
+          *, log_level: str = "warning", announce: Callable[[str], None] | None = None) -> None:
+    """Serve until told to stop; then refuse new requests, let in-flight ones finish (up to
+    ``options.drain_timeout``), cancel the rest with receipts, and return. The caller closes ``sessions``."""
+    import uvicorn
+
+    app = create_app(sessions, options)
+    state = app.state.power
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            state.draining = True  # new requests get 503 while in-flight ones finish
+            super().handle_exit(sig, frame)
+
+    sock = _bind(host, port)
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=max(1, round(options.drain_timeout)),
+                            timeout_keep_alive=5)
+    server = Server(config)
+    (announce or (lambda line: print(line, file=sys.stderr, flush=True)))(
+        f"power serve: listening on http://{shown}:{bound[1]} (model {options.model_name!r}, "
+        f"{len(sessions)} slot{'s' if len(sessions) != 1 else ''}, strategy "
+        f"{sessions[0].selection.strategy.name!r})")
+    # uvicorn re-raises the signal that stopped it once it has shut down; the drain already handled it,
+    # so the re-raised signal is a no-op here and the process exits normally (status 0)
+    drained = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        for sig, handler in drained.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,500 @@
+"""The ASGI application of ``power serve``: OpenAI's completions and chat endpoints over Power sessions.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE with ``data: [DONE]``),
+``GET /v1/models``, ``GET /v1/receipts/{id}``, ``GET /health``, ``GET /metrics``. Every response of a
+request carries the extension object ``power`` (the last chunk when streaming): the receipt's
+summary and the id under which ``/v1/receipts/{id}`` returns the full receipt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from power_core.errors import (
+    AdapterFault,
+    ArtifactError,
+    CapacityError,
+    ConfigError,
+    PowerError,
+    RuntimeFault,
+)
+from power_core.logs import get_logger
+from power_core.serve.engine import Delta, Job, Metrics, Outcome, Overloaded, ReceiptStore, SlotPool, run_job
+from power_core.serve.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    parse_request,
+)
+from power_core.session import Session
+
+__all__ = ["ServeOptions", "create_app"]
+
+log = get_logger(__name__)
+
+
+@attrs.frozen
+class ServeOptions:
+    """What the server decides beyond the sessions' configuration."""
+
+    model_name: str
+    queue: int = 16
+    #: seconds from arrival to the end of a request (queue wait included); the request is cancelled then
+    timeout: float = 600.0
+    api_key: str | None = None
+    max_body: int = 1 << 20
+    receipts: int = 256
+    #: Jinja source of the chat template (``None``: the GGUF's)
+    chat_template: str | None = None
+    #: seconds in-flight requests get to finish once the server is told to stop
+    drain_timeout: float = 30.0
+
+
+@attrs.define(eq=False)
+class ServerState:
+    options: ServeOptions
+    sessions: tuple[Session, ...]
+    metrics: Metrics
+    pool: SlotPool
+    receipts: ReceiptStore
+    executor: ThreadPoolExecutor
+    jobs: set[Job] = attrs.field(factory=set)
+    draining: bool = False
+    created: int = attrs.field(factory=lambda: int(time.time()))
+
+    @property
+    def n_ctx(self) -> int:
+        return self.sessions[0].opened.target.capabilities.n_ctx
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+def _error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _from_power_error(exc: BaseException) -> APIError:
+    if isinstance(exc, (ConfigError, CapacityError, ArtifactError)):
+        return APIError(400, f"{exc}", code=getattr(exc, "code", None))
+    if isinstance(exc, PowerError) and not isinstance(exc, (RuntimeFault, AdapterFault)):
+        return APIError(400, f"{exc}", code=exc.code)
+    code = getattr(exc, "code", None) or "internal_error"
+    message = f"{exc}" if isinstance(exc, PowerError) else "internal error; the server log has the details"
+    return APIError(500, message, type="server_error", code=code)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return _error_response(exc)
+
+
+async def _power_error(request: Request, exc: Exception) -> Response:
+    return _error_response(_from_power_error(exc))
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("serve.unhandled", path=request.url.path, exc_info=exc)
+    return _error_response(APIError(500, "internal error; the server log has the details", type="server_error",
+                                    code="internal_error"))
+
+
+# -- middleware: auth and body limit --------------------------------------------------------------------
+class Guard:
+    """Pure ASGI middleware: Bearer auth (constant-time) on everything but ``/health``, and the body
+    size limit (by ``Content-Length`` up front, and by counting for chunked bodies)."""
+
+    def __init__(self, app: Any, options: ServeOptions) -> None:
+        self.app = app
+        self.options = options
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = self.options.api_key
+        if key is not None and scope["path"] != "/health":
+            given = headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+                what = "missing" if not given else "incorrect"
+                err = APIError(401, f"{what} API key: send 'Authorization: Bearer <key>' with the server's "
+                               "--api-key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await _error_response(err)(scope, receive, send)
+                return
+        limit = self.options.max_body
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            err = APIError(413, f"the request body has {length} bytes; the limit is {limit} (--max-body)",
+                           code="request_too_large")
+            await _error_response(err)(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise APIError(413, f"the request body exceeds the limit of {limit} bytes (--max-body)",
+                                   code="request_too_large")
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_json") from None
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.power
+    return state
+
+
+# -- shared request path --------------------------------------------------------------------------------
+@attrs.frozen
+class Prepared:
+    kind: str  # "text_completion" | "chat.completion"
+    job: Job
+    req: Any
+    prompt_tokens: int
+
+
+def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int | None, top_logprobs: int | None,
+             kind: str) -> Prepared:
+    if req.model != state.options.model_name:
+        raise APIError(404, f"the model {req.model!r} does not exist here; this server serves "
+                       f"{state.options.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
+    session = state.sessions[0]
+    n_vocab = session.opened.target.capabilities.n_vocab
+    if isinstance(prompt, np.ndarray):
+        if prompt.size and (int(prompt.min()) < 0 or int(prompt.max()) >= n_vocab):
+            raise APIError(400, f"prompt token ids must be in [0, {n_vocab})", param=param, code="invalid_value")
+        ids = prompt.astype(np.int32)
+    else:
+        try:
+            ids = session.encode(prompt)
+        except PowerError as exc:
+            raise _from_power_error(exc) from None
+    if ids.size == 0:
+        raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
+    n_ctx = state.n_ctx
+    room = n_ctx - int(ids.size)
+    if room < 1:
+        raise APIError(400, f"this model's context holds {n_ctx} tokens; the prompt has {ids.size} tokens and at "
+                       "least one more is needed to answer. Shorten the prompt (or start the server with a larger "
+                       "--n-ctx)", param=param, code="context_length_exceeded")
+    default = session.config.max_tokens
+    max_tokens = min(limit if limit is not None else default, room)
+    job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
+              top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-")
+    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size))
+
+
+def _power_extension(state: ServerState, job: Job, outcome: Outcome) -> dict[str, Any]:
+    r = outcome.receipt
+    s = r.summary()
+    return {"receipt_id": job.id, "status": r.status, "cancel_reason": job.cancel_reason,
+            "strategy": r.strategy["name"], "numerics": r.config.get("numerics"), "acceptance": s["acceptance"],
+            "tokens_per_target_pass": s["verified_tokens_per_pass"], "rounds": s["rounds"],
+            "proposed": s["proposed"], "accepted": s["accepted"], "output_tokens": r.output_tokens,
+            "output_sha256": r.output_sha256, "receipt_sha256": r.digest(),
+            "decode_tok_s": r.timings.get("decode_tok_s")}
+
+
+def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, int]:
+    n = len(outcome.tokens)
+    return {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": n,
+            "total_tokens": prepared.prompt_tokens + n}
+
+
+async def _admit(state: ServerState, job: Job) -> Session:
+    if state.draining:
+        raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
+                       code="shutting_down", headers={"Retry-After": "5"})
+    try:
+        session = await state.pool.acquire(state.options.timeout)
+    except Overloaded as exc:
+        raise APIError(503, f"server busy: {exc}; retry later", type="server_error", code="server_overloaded",
+                       headers={"Retry-After": "1"}) from None
+    state.metrics.prompt_tokens.inc(int(job.prompt.size))
+    return session
+
+
+def _launch(state: ServerState, session: Session, job: Job,
+            emit: Any) -> asyncio.Future[Outcome]:
+    loop = asyncio.get_running_loop()
+    remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
+    timer = loop.call_later(remaining, job.stop_now, "timeout")
+    state.jobs.add(job)
+    fut = loop.run_in_executor(state.executor, run_job, session, job, state.metrics, emit)
+
+    def done(f: asyncio.Future[Outcome]) -> None:
+        timer.cancel()
+        state.jobs.discard(job)
+        state.pool.release(session)  # only once the worker has let go of the session
+        if not f.cancelled() and f.exception() is None:
+            out = f.result()
+            state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
+                                        "receipt": out.receipt.to_dict()})
+
+    fut.add_done_callback(done)
+    return fut
+
+
+async def _outcome(fut: asyncio.Future[Outcome]) -> Outcome:
+    """The worker's outcome; a request the session refused to start (a typed error) is that error."""
+    try:
+        return await asyncio.shield(fut)
+    except PowerError as exc:
+        raise _from_power_error(exc) from None
+
+
+def _raise_failure(outcome: Outcome) -> None:
+    """A request that failed (not one that was cancelled) answers with its error."""
+    if outcome.error is not None and outcome.receipt.status == "failed":
+        raise _from_power_error(outcome.error)
+
+
+async def _watch_disconnect(request: Request, job: Job, fut: asyncio.Future[Outcome]) -> None:
+    while not fut.done():
+        if await request.is_disconnected():
+            job.stop_now("disconnected")
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _respond(request: Request, state: ServerState, prepared: Prepared) -> Response:
+    job = prepared.job
+    session = await _admit(state, job)
+    created = int(time.time())
+    rid = job.id
+    decode = session.opened.tokenizer.decode  # type: ignore[union-attr]
+    if not job.stream:
+        fut = _launch(state, session, job, None)
+        watcher = asyncio.ensure_future(_watch_disconnect(request, job, fut))
+        try:
+            outcome = await _outcome(fut)
+        except asyncio.CancelledError:  # the server stopped waiting (drain timeout): stop the decode too
+            job.stop_now("shutdown")
+            raise
+        finally:
+            watcher.cancel()
+        _raise_failure(outcome)
+        fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
+        if prepared.kind == "chat.completion":
+            lp = chat_logprobs(outcome.logprobs, decode) if job.top_logprobs is not None else None
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": outcome.text,
+                                                              "refusal": None},
+                                      "logprobs": lp, "finish_reason": fr}
+        else:
+            lp = completion_logprobs(outcome.logprobs, decode) if job.top_logprobs is not None else None
+            choice = {"index": 0, "text": outcome.text, "logprobs": lp, "finish_reason": fr}
+        body = {"id": rid, "object": prepared.kind, "created": created, "model": state.options.model_name,
+                "choices": [choice], "usage": _usage(prepared, outcome),
+                "power": _power_extension(state, job, outcome)}
+        return JSONResponse(body)
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Delta] = asyncio.Queue()
+
+    def emit(delta: Delta) -> None:  # worker thread -> event loop
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, delta)
+        except RuntimeError:  # the loop is gone (shutdown): nobody is reading
+            pass
+
+    fut = _launch(state, session, job, emit)
+    chunk_kind = "chat.completion.chunk" if prepared.kind == "chat.completion" else "text_completion"
+    chat = prepared.kind == "chat.completion"
+    offset = 0
+
+    def chunk(choice: dict[str, Any] | None, **extra: Any) -> str:
+        body = {"id": rid, "object": chunk_kind, "created": created, "model": state.options.model_name,
+                "choices": [choice] if choice is not None else [], **extra}
+        return json.dumps(body, separators=(",", ":"))
+
+    def delta_choice(d: Delta) -> dict[str, Any]:
+        nonlocal offset
+        if chat:
+            lp = chat_logprobs(d.logprobs, decode) if job.top_logprobs is not None else None
+            return {"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
+        lp = completion_logprobs(d.logprobs, decode, offset) if job.top_logprobs is not None else None
+        offset += len(d.text)
+        return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": None}
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if chat:
+                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
+            while True:
+                getter: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield chunk(delta_choice(getter.result()))
+                    continue
+                getter.cancel()
+                while not queue.empty():  # deltas the worker emitted before it returned
+                    yield chunk(delta_choice(queue.get_nowait()))
+                break
+            try:
+                outcome = await _outcome(fut)
+                _raise_failure(outcome)
+            except APIError as exc:  # the stream has begun: the error is its last event
+                yield json.dumps(exc.body())
+                return
+            fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
+            ext = _power_extension(state, job, outcome)
+            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": fr} if chat else \
+                {"index": 0, "text": "", "logprobs": None, "finish_reason": fr}
+            if prepared.req.include_usage:
+                yield chunk(last)
+                yield chunk(None, usage=_usage(prepared, outcome), power=ext)
+            else:
+                yield chunk(last, power=ext)
+            yield "[DONE]"
+        finally:
+            if not fut.done():  # the client went away (or the server is stopping) mid-stream
+                job.stop_now("disconnected" if not state.draining else "shutdown")
+
+    return EventSourceResponse(events(), ping=15, sep="\n", headers={"X-Request-Id": rid})
+
+
+# -- endpoints ------------------------------------------------------------------------------------------
+async def completions(request: Request) -> Response:
+    state = _state(request)
+    req: CompletionRequest = parse_request(CompletionRequest, await _json_body(request))
+    prompt = req.prompt_value
+    prepared = _prepare(state, req, np.asarray(prompt, dtype=np.int64) if isinstance(prompt, list) else prompt,
+                        "prompt", req.max_tokens, req.top_logprobs, "text_completion")
+    return await _respond(request, state, prepared)
+
+
+async def chat_completions(request: Request) -> Response:
+    state = _state(request)
+    req: ChatRequest = parse_request(ChatRequest, await _json_body(request))
+    session = state.sessions[0]
+    try:
+        ids = session.chat_prompt([m.as_template_message() for m in req.messages],
+                                  chat_template=state.options.chat_template)
+    except PowerError as exc:
+        err = _from_power_error(exc)
+        raise APIError(err.status, err.message, type=err.type, param="messages", code=err.code) from None
+    prepared = _prepare(state, req, ids, "messages", req.limit, req.top_logprobs_n, "chat.completion")
+    return await _respond(request, state, prepared)
+
+
+async def models(request: Request) -> Response:
+    state = _state(request)
+    s = state.sessions[0]
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.options.model_name, "object": "model", "created": state.created, "owned_by": "power",
+        "power": {"strategy": s.selection.strategy.name, "selection": s.selection.reason,
+                  "numerics": s.config.numerics, "n_ctx": state.n_ctx, "parallel": len(state.sessions),
+                  "model_path": s.opened.model_path}}]})
+
+
+async def receipt(request: Request) -> Response:
+    state = _state(request)
+    rid = str(request.path_params["rid"])
+    found = state.receipts.get(rid)
+    if found is None:
+        raise APIError(404, f"no receipt {request.path_params['rid']!r}: unknown, or older than the "
+                       f"{state.options.receipts} most recent requests", param="id", code="receipt_not_found")
+    return JSONResponse(found)
+
+
+async def health(request: Request) -> Response:
+    state = _state(request)
+    if state.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    return JSONResponse({"status": "ok", "slots_idle": len(state.sessions) - state.pool.running,
+                         "slots_processing": state.pool.running, "requests_waiting": state.pool.waiting})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# -- the application ------------------------------------------------------------------------------------
+def create_app(sessions: tuple[Session, ...], options: ServeOptions) -> Starlette:
+    """The ASGI app over already opened ``sessions`` (one per slot). Closing them is the caller's job,
+    after the app has shut down (its lifespan waits for in-flight decodes first)."""
+    from sse_starlette.sse import AppStatus
+
+    # streams end when their request does, not when uvicorn is told to stop: the drain lets them finish
+    AppStatus.disable_automatic_graceful_drain()
+    metrics_ = Metrics()
+    state = ServerState(options=options, sessions=sessions, metrics=metrics_,
+                        pool=SlotPool(sessions, options.queue, metrics_), receipts=ReceiptStore(options.receipts),
+                        executor=ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix="power-slot"))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        # uvicorn has stopped serving (in-flight requests finished or were cancelled): stop what still
+        # decodes and wait for the workers, so every session is idle when the caller closes it
+        state.draining = True
+        for job in list(state.jobs):
+            job.stop_now("shutdown")
+        await asyncio.get_running_loop().run_in_executor(None, functools.partial(state.executor.shutdown, wait=True))
+        AppStatus.should_exit = True
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/receipts/{rid}", receipt, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        middleware=[Middleware(Guard, options=options)],
+        exception_handlers={HTTPException: _http_exception, APIError: _api_error, PowerError: _power_error,
+                            Exception: _unexpected},
+        lifespan=lifespan,
+    )
+    app.state.power = state
+    return app
