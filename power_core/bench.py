@@ -35,7 +35,7 @@ import re
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ import attrs
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError, MissingDependency
 
-__all__ = ["BenchSpec", "run_bench", "check_dependencies", "NGRAM_TYPES", "OPTIONAL_DEPENDENCIES"]
+__all__ = ["BenchSpec", "run_bench", "check_dependencies", "peer_launch", "NGRAM_TYPES", "OPTIONAL_DEPENDENCIES"]
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 PEERS = ("llama-completion", "llama-speculative-simple")
@@ -71,6 +71,8 @@ class BenchSpec:
     numerics: str = "exact"
     #: the llama.cpp peers' kernels (default: the same as ``numerics``, so both sides write the same text)
     peer_numerics: str = attrs.field(default=attrs.Factory(lambda self: self.numerics, takes_self=True))
+    #: force a backend for Power's runs (None: the one that accepts ``model``)
+    backend: str | None = None
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float] | None:
@@ -108,14 +110,14 @@ def check_spec(spec: BenchSpec, known_modes: Sequence[str]) -> None:
                               f"missing {', '.join(missing)}; build them with native/tools/build_llama.py --peers")
 
 
-def check_dependencies() -> None:
+def check_dependencies(needed_for: str = "power bench (speedup.png)") -> None:
     """Every optional module the bench needs imports, or a typed error before anything runs (not a
-    traceback at the plot step after the whole matrix has run)."""
+    traceback at the plot step after the whole matrix has run). ``power calibrate`` checks the same."""
     for module, extra in OPTIONAL_DEPENDENCIES:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise MissingDependency(module, extra, "power bench (speedup.png)") from exc
+            raise MissingDependency(module, extra, needed_for) from exc
 
 
 def read_prompt(path: Path) -> str:
@@ -141,23 +143,39 @@ class _PowerCell:
         # trace: each round's proposals, so a parity failure can be replayed pass by pass (_numerics_probe)
         cfg = PowerConfig(spec_mode=self.mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens,
                           trace=True, numerics=spec.numerics)
-        return Session.open(cfg, model=spec.model, draft=spec.draft if self.mode != "off" else None,
-                            plugins=self.plugins)
+        # the draft goes to model-backed strategies only: a model-free one (suffix) refuses a second mechanism
+        kind = self.plugins.strategy(self.mode).kind
+        return Session.open(cfg, model=spec.model, draft=spec.draft if kind == "model-backed" else None,
+                            backend=spec.backend, plugins=self.plugins)
 
-    def run(self, prompt: str, tokens: int) -> dict[str, Any]:
+    def run(self, prompt: Any, tokens: int, stop: Sequence[str] | None = None) -> dict[str, Any]:
         self.session.close()
         self.session = self._open()
-        res = self.session.generate(prompt, max_tokens=tokens)
+        res = self.session.generate(prompt, max_tokens=tokens, stop=stop)
         r = res.receipt
         s = r.summary()
         return {"tok_s": r.timings["decode_tok_s"], "tokens": list(res.tokens), "digest": r.output_sha256,
                 "text": res.text,
                 "acceptance": s["acceptance"], "tokens_per_pass": s["verified_tokens_per_pass"],
                 "replays": s["replays"], "config_sha256": r.config_sha256, "n": len(res.tokens),
-                "rounds": [(rd.get("proposal", []), rd["emitted"]) for rd in r.rounds]}
+                "rounds": [(rd.get("proposal", []), rd["emitted"]) for rd in r.rounds],
+                "finish_reason": r.finish_reason, "proposed": s["proposed"], "accepted": s["accepted"],
+                "seconds": r.timings["prefill_s"] + r.timings["decode_s"]}  # the whole request: prefill + decode
 
     def close(self) -> None:
         self.session.close()
+
+
+def peer_launch(numerics: str, env: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """The environment (``env``, default this process's) and the extra arguments that start a llama.cpp tool
+    of the pinned build (``llama-completion``, ``llama-speculative-simple``, ``llama-server``) with ``numerics``:
+    ``exact`` sets ``GGML_CPU_BATCH_INVARIANT=1`` (the kernels of Power's exact numerics, patch 0002, read at
+    ggml_cpu_init) and passes ``--no-repack``; ``stock`` is llama.cpp as shipped."""
+    out = {k: v for k, v in (os.environ if env is None else env).items() if k != "GGML_CPU_BATCH_INVARIANT"}
+    if numerics == "exact":
+        out["GGML_CPU_BATCH_INVARIANT"] = "1"
+        return out, ["--no-repack"]
+    return out, []
 
 
 def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) -> dict[str, Any]:
@@ -166,10 +184,8 @@ def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) 
            "-t", str(spec.threads), "--temp", "0", "--top-k", "1", "-c", str(spec.n_ctx), *extra]
     if exe == "llama-completion":
         cmd.append("-no-cnv")
-    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_BATCH_INVARIANT"}
-    if spec.peer_numerics == "exact":  # the kernels of Power's exact numerics (patch 0002, read at ggml_cpu_init)
-        env["GGML_CPU_BATCH_INVARIANT"] = "1"
-        cmd.append("--no-repack")
+    env, numerics_args = peer_launch(spec.peer_numerics)
+    cmd += numerics_args
     for _ in range(2):  # a run that ends without its summary (rare here) is retried once
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if proc.returncode != 0:
@@ -372,13 +388,18 @@ def _numerics_probe(cell: _PowerCell, prompt: str, off_tokens: list[int], d: int
             "explained_by_batch_numerics": bool(int(np.argmax(b)) != toks[d])}
 
 
-def _write(spec: BenchSpec, report: dict[str, Any]) -> None:
-    out = spec.out
+def write_evidence(out: Path, report: dict[str, Any], markdown: Callable[[dict[str, Any]], str],
+                   plot: Callable[[dict[str, Any], Path], None], plot_name: str) -> None:
+    """The evidence package under ``out``: ``report.json`` (stamped ``written``), ``report.md`` and a plot."""
     out.mkdir(parents=True, exist_ok=True)
     report["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_markdown(report))
-    _plot(report, out / "speedup.png")
+    (out / "report.md").write_text(markdown(report))
+    plot(report, out / plot_name)
+
+
+def _write(spec: BenchSpec, report: dict[str, Any]) -> None:
+    write_evidence(spec.out, report, _markdown, _plot, "speedup.png")
 
 
 def _fmt(s: dict[str, float] | None, digits: int = 1) -> str:
@@ -429,11 +450,6 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     prompts = list(report["prompts"])
     series: dict[str, list[float]] = {}
     for i, name in enumerate(prompts):
@@ -445,15 +461,43 @@ def _plot(report: dict[str, Any], path: Path) -> None:
                     c["tok_s"]["median"] / off if c["parity"] else float("nan"))
         for n, c in p["peers"].items():
             series.setdefault(f"llama.cpp {n}", [float("nan")] * len(prompts))[i] = c["tok_s"]["median"] / off
-    fig, ax = plt.subplots(figsize=(max(6, 2.5 * len(prompts)), 4))
-    width = 0.8 / max(1, len(series))
-    for j, (label, ys) in enumerate(series.items()):
-        ax.bar([i + j * width for i in range(len(prompts))], ys, width, label=label)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(prompts))], prompts)
-    ax.set_ylabel("decode tok/s relative to power --mode off")
-    ax.set_title(f"power bench: {Path(report['model']).name if report['model'] else 'embedded model'}")
-    ax.legend(fontsize=7)
+    title = f"power bench: {Path(report['model']).name if report['model'] else 'embedded model'}"
+    plot_bars(path, [BarPanel(prompts, series, "decode tok/s relative to power --mode off", 1.0)], title)
+
+
+@attrs.frozen
+class BarPanel:
+    """One panel of grouped bars: ``series`` (label -> one value per group; NaN: no bar)."""
+
+    groups: Sequence[str]
+    series: Mapping[str, Sequence[float]]
+    ylabel: str
+    #: a horizontal reference line (e.g. 1.0 for ratios to off), or None
+    reference: float | None = None
+
+
+def plot_bars(path: Path, panels: Sequence[BarPanel], title: str) -> None:
+    """Grouped bar panels side by side, saved as a PNG (matplotlib: the ``bench`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    widths = [max(3.0, 2.5 * len(p.groups)) for p in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(6.0, sum(widths)), 4), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for ax, panel in zip(axes[0], panels, strict=True):
+        width = 0.8 / max(1, len(panel.series))
+        n = len(panel.groups)
+        for j, (label, ys) in enumerate(panel.series.items()):
+            ax.bar([i + j * width for i in range(n)], ys, width, label=label)
+        if panel.reference is not None:
+            ax.axhline(panel.reference, color="black", linewidth=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(n)], list(panel.groups))
+        ax.set_ylabel(panel.ylabel)
+        if len(panel.series) > 1:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

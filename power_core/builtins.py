@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from power_core.plugins import Strategy, _own_version, hookimpl
+from power_core.spec import Strategy, hookimpl, package_version
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
-        name="off", version=_own_version(), package="power-core", kind="target-only",
+        name="off", version=package_version("power-core"), package="power-core", kind="target-only",
         summary="Target-only autoregressive decoding (speculation off).",
     ))
 

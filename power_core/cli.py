@@ -266,6 +266,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from power_core.calibrate import DEFAULT_TASKS, CalibrateSpec, run_calibrate
+    from power_core.errors import MissingDependency
+
+    spec = CalibrateSpec(tasks=Path(args.tasks) if args.tasks else DEFAULT_TASKS,
+                         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+                         numerics=args.numerics or "exact", orders=args.orders, max_tokens=args.max_tokens,
+                         model=args.model, draft=args.draft, backend=args.backend, threads=args.threads,
+                         n_ctx=args.n_ctx, stop=tuple(args.stop or ()),
+                         chat_template=Path(args.chat_template) if args.chat_template else None, out=Path(args.out))
+    try:
+        report = run_calibrate(spec, progress=not args.no_progress and sys.stderr.isatty())
+    except MissingDependency as exc:  # an install to fix, found before any run: exit 1 as power bench does
+        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+        return 1
+    print((spec.out / "report.md").read_text())
+    if report["output_differences"]:
+        print(f"outputs that differ from --mode off ({spec.numerics} numerics): "
+              f"{[(d['task'], d['mode']) for d in report['output_differences']]}", file=sys.stderr)
+    if report["answer_parity_failures"]:
+        print(f"answers that differ from --mode off: {report['answer_parity_failures']}", file=sys.stderr)
+        if args.require_parity:
+            return 1
+    return 0
+
+
 def _model_flags(r: argparse.ArgumentParser) -> None:
     """The model, strategy and configuration flags ``run`` and ``serve`` share."""
     r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
@@ -327,7 +353,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"power serve: --port must be in [0, 65535], not {args.port}")
     config = _config_from_args(args)
     template = _chat_template(args)
-    sessions = open_sessions(config, args.parallel, model=args.model, draft=args.draft, backend=args.backend)
+    slots = open_sessions(config, args.parallel, batch=not args.no_batch, model=args.model, draft=args.draft,
+                          backend=args.backend)
+    sessions = slots.sessions
     try:
         if sessions[0].opened.tokenizer is None:
             raise ConfigError("model", sessions[0].opened.model_path, "a model with a tokenizer",
@@ -341,11 +369,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         options = ServeOptions(model_name=name, queue=args.queue, timeout=args.timeout, api_key=api_key,
                                max_body=args.max_body, receipts=args.receipts, chat_template=template,
                                drain_timeout=args.drain_timeout)
-        serve(sessions, options, args.host, args.port,
-              log_level="info" if args.verbose else "warning")
+        serve(slots, options, args.host, args.port, log_level="info" if args.verbose else "warning")
     finally:
-        for s in sessions:
-            s.close()
+        slots.close()
     return 0
 
 
@@ -388,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address to bind (default 127.0.0.1; any other needs --api-key or --no-auth)")
     v.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port, announced on stderr)")
     v.add_argument("--parallel", type=int, default=1, help="slots: sessions decoding at once (one set of weights)")
+    v.add_argument("--no-batch", action="store_true",
+                   help="slots decode independently instead of sharing target passes (continuous batching)")
     v.add_argument("--queue", type=int, default=16, help="requests waiting for a slot before 503 (default 16)")
     v.add_argument("--timeout", type=float, default=600.0,
                    help="seconds from arrival to the end of a request; it is cancelled then (default 600)")
@@ -428,6 +456,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "same text; stock: llama.cpp as shipped)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_cmd_bench)
+
+    c = sub.add_parser("calibrate", help="paired answer-quality calibration: each mode's answers to a task set "
+                       "against --mode off's -> evidence")
+    c.add_argument("--tasks", metavar="FILE", help="JSONL task file (default: the shipped calibration set)")
+    c.add_argument("--modes", default="off,suffix", help="comma-separated modes (off is always included: the reference)")
+    c.add_argument("--model", help="GGUF file, or reference[:k=v,...] (default: the embedded SmolLM2)")
+    c.add_argument("--draft", help="draft for model-backed modes (draft-model without one: the target drafts itself)")
+    c.add_argument("--backend", help="force a backend (llama, reference)")
+    c.add_argument("--numerics", choices=("exact", "stock"), help="the target's kernels (default exact)")
+    c.add_argument("--orders", type=int, default=2, help="rotated mode orders per task, interleaved (default 2)")
+    c.add_argument("--max-tokens", type=int, default=48, help="tokens per answer at most (default 48)")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--n-ctx", type=int, default=2048)
+    c.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable), for every task")
+    c.add_argument("--chat-template", metavar="FILE",
+                   help="Jinja chat template for messages tasks instead of the GGUF's tokenizer.chat_template")
+    c.add_argument("--out", default="evidence/calibrate", help="directory for report.json, report.md, calibration.png")
+    c.add_argument("--require-parity", action="store_true",
+                   help="exit 1 when any task's answer differs from --mode off's")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=_cmd_calibrate)
 
     try:
         from power_core.artifacts.cli import add_subcommands

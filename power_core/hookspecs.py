@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from power_core.plugins import Backend, Strategy
     from power_core.receipt import Receipt
-    from power_core.session import RequestInfo
+    from power_core.spec import Backend, RequestInfo, Strategy
 
 hookspec = pluggy.HookspecMarker("power")
 
@@ -28,9 +27,9 @@ hookspec = pluggy.HookspecMarker("power")
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     """Register proposal strategies (adapters) by calling ``register(Strategy(...))``.
 
-    Called by :func:`power_core.plugins.get_plugin_manager` once per plugin, in registration order.
+    Called by :func:`power_core.plugins.build_plugins` once per plugin, in registration order.
 
-    :param register: adds one :class:`~power_core.plugins.Strategy`; raises
+    :param register: adds one :class:`~power_core.spec.Strategy`; raises
         :class:`~power_core.errors.PluginError` for a missing or duplicate name.
     :return: ignored.
     """
@@ -40,9 +39,9 @@ def power_register_strategies(register: Callable[[Strategy], None]) -> None:
 def power_register_backends(register: Callable[[Backend], None]) -> None:
     """Register target backends (runtimes that load a model file) by calling ``register(Backend(...))``.
 
-    Called by :func:`power_core.plugins.get_plugin_manager` once per plugin.
+    Called by :func:`power_core.plugins.build_plugins` once per plugin.
 
-    :param register: adds one :class:`~power_core.plugins.Backend`; raises
+    :param register: adds one :class:`~power_core.spec.Backend`; raises
         :class:`~power_core.errors.PluginError` for a missing or duplicate name.
     :return: ignored.
     """

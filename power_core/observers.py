@@ -9,7 +9,7 @@ from collections.abc import Generator
 from typing import Any
 
 from power_core.logs import get_logger
-from power_core.plugins import hookimpl
+from power_core.spec import hookimpl
 
 __all__ = ["PhaseTimer"]
 

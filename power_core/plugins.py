@@ -1,28 +1,44 @@
-"""Plugin discovery and the typed registries of strategies and backends.
+"""The plugin manager: discovery, loading and the typed registries of strategies and backends.
 
-Plugins are found through the entry-point group ``power.adapters`` (and Power's built-ins), then
+Plugins are found through the entry-point group ``power.adapters`` (and Power's built-ins, listed by
+module name in :data:`BUILTIN_PLUGINS` and imported when the manager is built), then
 ``check_pending()`` runs so that a misspelled hook is an error. ``POWER_LOAD_PLUGINS`` is an
 allowlist of entry-point or distribution names; set but empty, it loads no external plugin — the
 escape hatch when a broken plugin breaks the CLI.
+
+The vocabulary a plugin imports (``hookimpl``, ``Strategy``, ``Backend``, ``OpenRequest``, ...)
+lives in :mod:`power_core.spec`; it is re-exported here for older code.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import pluggy
 
 from power_core import hookspecs
-from power_core.config import MODE_NAME_RE
 from power_core.errors import PluginError, StrategyNotFound, StrategyNotInstalled
 from power_core.logs import get_logger
-from power_core.runtime import Proposer, TargetRuntime, TokenArray
+from power_core.spec import (
+    FIRST_PARTY_PACKAGES,
+    Backend,
+    OpenedModel,
+    OpenRequest,
+    ProposerRequest,
+    RequestInfo,
+    Strategy,
+    Tokenizer,
+    hookimpl,
+    package_version,
+)
 
 __all__ = [
+    "BUILTIN_PLUGINS",
     "CORE_PLUGIN",
     "ENTRY_POINT_GROUP",
     "FIRST_PARTY_PACKAGES",
@@ -31,9 +47,11 @@ __all__ = [
     "OpenRequest",
     "OpenedModel",
     "ProposerRequest",
+    "RequestInfo",
     "Tokenizer",
     "Registry",
     "PowerPlugins",
+    "build_plugins",
     "check_observers_only",
     "get_plugins",
     "hookimpl",
@@ -41,119 +59,15 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
-hookimpl = pluggy.HookimplMarker("power")
 ENTRY_POINT_GROUP = "power.adapters"
-#: where each reserved first-party mode comes from, for fail-closed "install X" messages
-FIRST_PARTY_PACKAGES: Mapping[str, str] = {
-    "mtp": "power-mtp",
-    "dflash": "power-dflash",
-    "dflash2": "power-dflash2",
-    "dspark": "power-dspark",
-    "draft-model": "power-native",
-}
-
-
-class Tokenizer(Protocol):
-    """Optional text codec of a loaded model."""
-
-    def encode(self, text: str) -> TokenArray: ...
-
-    def decode(self, tokens: TokenArray) -> str: ...
-
-
-@attrs.frozen
-class OpenRequest:
-    """What a backend needs to open a target: the model, the request shape and the taps."""
-
-    model: str | None
-    config: Any  # PowerConfig
-    max_block: int  # anchor + K
-    snapshots: int  # S requested; the runtime reports what it got
-    features: frozenset[str] = frozenset()
-    #: measure (or load the cached) verify-cost curve of passes of 1..max_block tokens
-    verify_cost: bool = False
-
-
-@attrs.define(eq=False)
-class OpenedModel:
-    """A loaded target with its optional tokenizer and evidence for the receipt."""
-
-    target: TargetRuntime
-    tokenizer: Tokenizer | None = None
-    model_path: str | None = None
-    artifacts: dict[str, str] = attrs.field(factory=dict)  # role -> sha256
-    backend_info: dict[str, Any] = attrs.field(factory=dict)
-    close: Callable[[], None] = lambda: None
-
-
-@attrs.frozen
-class ProposerRequest:
-    """What a strategy's factory receives to build its proposer for one loaded target."""
-
-    opened: OpenedModel
-    config: Any  # PowerConfig
-    draft: str | None = None
-    verified: Any = None  # the strategy validator's result, when it has one
-
-
-def _check_name(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, str) or not MODE_NAME_RE.match(value):
-        raise PluginError(f"{type(inst).__name__}.{attr.name}={value!r}: expected a lowercase name "
-                          "matching [a-z][a-z0-9_.-]*; fix the plugin's register() call")
-
-
-@attrs.frozen
-class Strategy:
-    """A proposal mechanism a plugin offers (``spec_mode`` selects it by ``name``).
-
-    ``proposer`` builds the :class:`~power_core.runtime.Proposer` for one session (``None`` for
-    target-only); ``target_features`` names what it needs the target to publish. ``validate`` is the fail-closed artifact validator (``(target_view, draft_view,
-    config) -> verified``; raises :class:`~power_core.errors.ArtifactError`). ``backends`` lists the
-    backends it can run on (empty: any).
-    """
-
-    name: str = attrs.field(validator=_check_name)
-    version: str
-    package: str
-    summary: str = ""
-    kind: Literal["target-only", "model-backed", "model-free"] = "model-backed"
-    needs_draft: bool = False
-    proposer: Callable[[ProposerRequest], Proposer] | None = None
-    validate: Callable[..., Any] | None = None
-    backends: frozenset[str] = frozenset()
-    #: hidden-state taps the target must publish (``DecodeResult.features``), or a callable that
-    #: derives them from the validator's result (e.g. the layers a DFlash draft reads)
-    target_features: frozenset[str] | Callable[[Any], frozenset[str]] = frozenset()
-    experimental: bool = False
-    #: with ``needs_draft`` and no draft given, the target file drafts for itself (a self-check)
-    self_draft: bool = False
-    #: K when the configuration leaves ``spec_draft_max`` unset (None: the core's 7)
-    default_draft_max: int | None = None
-    #: the scheduler picks each round's verified width from the target's verify-cost curve and the
-    #: proposer's ``confidence`` (the backend measures the curve once per model)
-    cost_aware: bool = False
-
-
-    def features_for(self, verified: Any) -> frozenset[str]:
-        """The target features for this selection (``verified``: the validator's result, or None)."""
-        tf = self.target_features
-        return frozenset(tf(verified) if callable(tf) else tf)
-
-
-@attrs.frozen
-class Backend:
-    """A target runtime family (``llama`` from power-native, ``reference`` from the core)."""
-
-    name: str = attrs.field(validator=_check_name)
-    version: str
-    package: str
-    open: Callable[[OpenRequest], OpenedModel]
-    accepts: Callable[[str | None], bool]
-    summary: str = ""
-    priority: int = 0  # higher wins when several backends accept the same model (None = default)
-    #: maps a model argument (``None`` = the backend's default, an alias) to what gets inspected
-    #: and opened, e.g. the path of the embedded GGUF; identity by default
-    resolve: Callable[[str | None], str | None] = lambda model: model
+#: the plugin whose ``power_txn_phase`` runs each phase's step (the innermost implementation)
+CORE_PLUGIN = "power.core"
+#: Power's own plugins, registered before any entry point: plugin name -> module, imported by
+#: :func:`build_plugins` (by name, so that the manager does not depend on what it loads)
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
+    (CORE_PLUGIN, "power_core.builtins"),
+    ("power.reference", "power_core.reference.plugin"),
+)
 
 
 T = TypeVar("T", Strategy, Backend)
@@ -235,14 +149,6 @@ class PowerPlugins:
         return out
 
 
-def package_version(distribution: str) -> str:
-    """Installed version of ``distribution`` (``0+unknown`` when running from a source tree)."""
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
 def _own_version() -> str:
     return package_version("power-core")
 
@@ -256,10 +162,6 @@ def _allowlist() -> set[str] | None:
 
 def _entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
-
-
-#: the plugin whose ``power_txn_phase`` runs each phase's step (the innermost implementation)
-CORE_PLUGIN = "power.core"
 
 
 def check_observers_only(pm: pluggy.PluginManager) -> None:
@@ -281,14 +183,10 @@ def check_observers_only(pm: pluggy.PluginManager) -> None:
 
 def build_plugins(extra: tuple[object, ...] = ()) -> PowerPlugins:
     """Build a fresh plugin manager: built-ins, allowed entry points, then ``extra`` objects."""
-    from power_core import builtins as _builtins
-
     pm = pluggy.PluginManager("power")
     pm.add_hookspecs(hookspecs)
-    from power_core.reference import plugin as _reference
-
-    pm.register(_builtins, name=CORE_PLUGIN)
-    pm.register(_reference, name="power.reference")
+    for plugin_name, module in BUILTIN_PLUGINS:
+        pm.register(importlib.import_module(module), name=plugin_name)
     allowed = _allowlist()
     eps: dict[str, metadata.EntryPoint] = {}
     for ep in _entry_points():

@@ -15,7 +15,7 @@ calls (``include/llama.h``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -29,6 +29,8 @@ __all__ = [
     "TargetRuntime",
     "ProposalContext",
     "Proposer",
+    "BatchItem",
+    "BatchRuntime",
     "CountingRuntime",
     "runtime_counters",
 ]
@@ -139,6 +141,48 @@ def runtime_counters(target: object) -> dict[str, int]:
     if isinstance(target, CountingRuntime):
         return {str(k): int(v) for k, v in target.counters().items()}
     return {}
+
+
+@attrs.frozen
+class BatchItem:
+    """One sequence's tokens in a shared pass: ``rows`` says which logits rows it needs — ``"all"``
+    (a verify block), ``"last"`` (a prompt's final chunk) or ``"none"`` (an earlier prompt chunk)."""
+
+    target: TargetRuntime
+    tokens: TokenArray
+    rows: str = "all"
+
+    def __attrs_post_init__(self) -> None:
+        if self.rows not in ("all", "last", "none"):
+            raise ValueError(f"BatchItem.rows must be 'all', 'last' or 'none', not {self.rows!r}")
+
+    @property
+    def n_rows(self) -> int:
+        return {"all": int(self.tokens.shape[0]), "last": 1, "none": 0}[self.rows]
+
+
+@runtime_checkable
+class BatchRuntime(Protocol):
+    """Several sequences of one model (each a :class:`TargetRuntime` with its own memory) whose
+    tokens one target pass decodes together: llama.cpp's continuous batching.
+
+    :meth:`decode_batch` appends each item's tokens to its sequence (at its ``n_past``) in one pass
+    and returns, per item, the rows it asked for; a sequence appears at most once per pass. The
+    runtime guarantees nothing about one sequence's rows depending on the others' — whether they
+    are bit-identical to a solo pass is what ``power selftest``'s batch probe measures.
+    """
+
+    @property
+    def sequences(self) -> Sequence[TargetRuntime]: ...
+
+    @property
+    def token_budget(self) -> int:
+        """The most tokens one pass may hold."""
+        ...
+
+    def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]: ...
+
+    def close(self) -> None: ...
 
 
 @attrs.frozen

@@ -34,7 +34,7 @@ from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
 from power_core.logs import get_logger
-from power_core.plugins import FIRST_PARTY_PACKAGES, Strategy
+from power_core.spec import FIRST_PARTY_PACKAGES, Strategy
 
 __all__ = ["Selection", "select", "is_gguf_model"]
 

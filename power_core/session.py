@@ -21,7 +21,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -40,25 +40,18 @@ from power_core.errors import (
 )
 from power_core.logs import get_logger
 from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
-from power_core.plugins import (
-    Backend,
-    OpenedModel,
-    OpenRequest,
-    PowerPlugins,
-    ProposerRequest,
-    check_observers_only,
-    get_plugins,
-)
+from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
 from power_core.receipt import Receipt, token_digest
-from power_core.runtime import Proposer, runtime_counters
+from power_core.runtime import BatchRuntime, Proposer, runtime_counters
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.selection import Selection, select
+from power_core.spec import Backend, OpenedModel, OpenRequest, ProposerRequest, RequestInfo
 from power_core.streaming import Stream
 from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob, Transaction
 
-__all__ = ["RequestInfo", "Result", "Generation", "Session", "SAMPLING_KEYS"]
+__all__ = ["RequestInfo", "Result", "Generation", "Session", "SessionBatch", "SAMPLING_KEYS"]
 
 log = get_logger(__name__)
 
@@ -69,17 +62,6 @@ LOGPROBS_MAX = 20
 
 #: text, or token ids (a sequence or a 1-D integer array)
 Prompt = str | Sequence[int] | np.ndarray
-
-
-@attrs.frozen
-class RequestInfo:
-    """What observers learn when a request starts."""
-
-    config: PowerConfig
-    strategy: str
-    backend: str
-    prompt_tokens: int
-    selection: str
 
 
 @attrs.frozen
@@ -103,6 +85,78 @@ def choose_backend(plugins: PowerPlugins, model: str | None, name: str | None) -
             return backend
     raise ConfigError("model", model, "a model one installed backend accepts",
                       f"backends: {', '.join(plugins.backends.names())}; GGUF files need power-native")
+
+
+@attrs.frozen
+class _OpenPlan:
+    """Everything :meth:`Session.open` decides before it loads anything."""
+
+    config: PowerConfig
+    plugins: PowerPlugins
+    backend: Backend
+    selection: Selection
+    draft: str | None
+    request: OpenRequest
+
+    @property
+    def strategy(self) -> Any:
+        return self.selection.strategy
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.selection.strategy.kind != "target-only")
+
+    @classmethod
+    def make(cls, config: PowerConfig | None, model: str | None, draft: str | None, backend: str | None,
+             plugins: PowerPlugins | None, overrides: Mapping[str, Any]) -> _OpenPlan:
+        config = PowerConfig.from_mapping(attrs.asdict(config) if config else {}, **overrides)
+        plugins = plugins or get_plugins()
+        chosen = choose_backend(plugins, model, backend)
+        model = chosen.resolve(model)  # e.g. None -> the embedded GGUF, so selection inspects the real file
+        selection = select(plugins, config, model=model, draft=draft)
+        strategy = selection.strategy
+        if strategy.backends and chosen.name not in strategy.backends:
+            raise StrategyNotFound(f"strategy {strategy.name!r} runs on backend(s) {sorted(strategy.backends)}, "
+                                   f"but model {model!r} is served by {chosen.name!r}")
+        speculative = strategy.kind != "target-only"
+        if config.spec_draft_max is None and strategy.default_draft_max and speculative:
+            config = attrs.evolve(config, spec_draft_max=strategy.default_draft_max)
+        if speculative and strategy.proposer is None:
+            raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
+                                   "artifacts but has no execution path in this version; use spec_mode='off' or "
+                                   "another strategy")
+        probe = config.selftest or config.require_identical
+        # target-only decoding verifies one token per pass and never rolls back: size the context for
+        # that (the self-test verifies blocks up to its widest probe)
+        max_block = config.draft_max + 1 if speculative else 1
+        request = OpenRequest(model=model, config=config,
+                              max_block=max(max_block, max(DEFAULT_WIDTHS)) if probe else max_block,
+                              snapshots=config.snapshots if speculative else 0,
+                              features=strategy.features_for(selection.verified) if speculative else frozenset(),
+                              verify_cost=speculative and strategy.cost_aware)
+        return cls(config=config, plugins=plugins, backend=chosen, selection=selection, draft=draft, request=request)
+
+
+@attrs.define(eq=False)
+class SessionBatch:
+    """Sessions on the sequences of one target that share its passes (:meth:`Session.open_batch`)."""
+
+    runtime: BatchRuntime
+    sessions: tuple[Session, ...]
+    close_runtime: Callable[[], None]
+
+    def close(self) -> None:
+        try:
+            for session in self.sessions:
+                session.close()
+        finally:
+            self.close_runtime()
+
+    def __enter__(self) -> SessionBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @attrs.define(eq=False)
@@ -129,54 +183,62 @@ class Session:
              backend: str | None = None, plugins: PowerPlugins | None = None,
              stop_ids: frozenset[int] | None = None, **overrides: Any) -> Session:
         """Select, verify and load. Nothing stays loaded if any step fails."""
-        config = PowerConfig.from_mapping(attrs.asdict(config) if config else {}, **overrides)
-        plugins = plugins or get_plugins()
-        chosen = choose_backend(plugins, model, backend)
-        model = chosen.resolve(model)  # e.g. None -> the embedded GGUF, so selection inspects the real file
-        selection = select(plugins, config, model=model, draft=draft)
-        strategy = selection.strategy
-        if strategy.backends and chosen.name not in strategy.backends:
-            raise StrategyNotFound(f"strategy {strategy.name!r} runs on backend(s) {sorted(strategy.backends)}, "
-                                   f"but model {model!r} is served by {chosen.name!r}")
-        speculative = strategy.kind != "target-only"
-        if config.spec_draft_max is None and strategy.default_draft_max and speculative:
-            config = attrs.evolve(config, spec_draft_max=strategy.default_draft_max)
-        if speculative and strategy.proposer is None:
-            raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
-                                   "artifacts but has no execution path in this version; use spec_mode='off' or "
-                                   "another strategy")
-        probe = config.selftest or config.require_identical
-        # target-only decoding verifies one token per pass and never rolls back: size the context for
-        # that (the self-test verifies blocks up to its widest probe)
-        max_block = config.draft_max + 1 if speculative else 1
-        request = OpenRequest(model=model, config=config,
-                              max_block=max(max_block, max(DEFAULT_WIDTHS)) if probe else max_block,
-                              snapshots=config.snapshots if speculative else 0,
-                              features=strategy.features_for(selection.verified) if speculative else frozenset(),
-                              verify_cost=speculative and strategy.cost_aware)
-        opened = chosen.open(request)
+        plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
+        opened = plan.backend.open(plan.request)
         try:
-            report = selftest(opened.target) if probe else None
-            if report is not None:
-                log.info("session.selftest", identical=report.identical, max_abs_diff=report.max_abs_diff)
-            if report is not None and config.require_identical and speculative and not report.identical:
-                # the target's verify rows are not its one-token rows here: speculation could change
-                # the output, so this session decodes target-only and says why
-                strategy, speculative = plugins.strategy("off"), False
-                selection = Selection(strategy=strategy, reason=f"require_identical: {report.reason()} on this "
-                                      f"build, so target-only instead of {selection.strategy.name!r} "
-                                      f"({selection.reason})")
-            proposer = None
-            if speculative:
-                assert strategy.proposer is not None
-                proposer = strategy.proposer(ProposerRequest(opened=opened, config=config,
-                                                             draft=selection.draft or draft,
-                                                             verified=selection.verified))
+            return cls._on(plan, opened, stop_ids)
         except BaseException:
             opened.close()
             raise
+
+    @classmethod
+    def open_batch(cls, n: int, config: PowerConfig | None = None, *, model: str | None = None,
+                   draft: str | None = None, backend: str | None = None, plugins: PowerPlugins | None = None,
+                   stop_ids: frozenset[int] | None = None, **overrides: Any) -> SessionBatch:
+        """``n`` sessions on the sequences of one target whose passes they share (continuous
+        batching; :class:`~power_core.engine.Engine` drives them). Raises :class:`ConfigError` naming
+        ``parallel`` when the backend or the strategy cannot share passes (then open ``n`` sessions)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError("parallel", n, "an integer >= 1")
+        plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
+        if plan.backend.open_batch is None:
+            raise ConfigError("parallel", n, "independent slots on this backend",
+                              f"backend {plan.backend.name!r} has no shared-pass (batch) runtime")
+        opened = plan.backend.open_batch(plan.request, n)
+        sessions: list[Session] = []
+        try:
+            for one in opened.models:
+                sessions.append(cls._on(plan, one, stop_ids))
+        except BaseException:
+            for session in sessions:
+                session.close()
+            opened.close()
+            raise
+        return SessionBatch(runtime=opened.runtime, sessions=tuple(sessions), close_runtime=opened.close)
+
+    @classmethod
+    def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None) -> Session:
+        """The session over a loaded target: the self-test, then the proposer."""
+        config, strategy, selection, speculative = plan.config, plan.strategy, plan.selection, plan.speculative
+        probe = config.selftest or config.require_identical
+        report = selftest(opened.target) if probe else None
+        if report is not None:
+            log.info("session.selftest", identical=report.identical, max_abs_diff=report.max_abs_diff)
+        if report is not None and config.require_identical and speculative and not report.identical:
+            # the target's verify rows are not its one-token rows here: speculation could change
+            # the output, so this session decodes target-only and says why
+            strategy, speculative = plan.plugins.strategy("off"), False
+            selection = Selection(strategy=strategy, reason=f"require_identical: {report.reason()} on this "
+                                  f"build, so target-only instead of {selection.strategy.name!r} "
+                                  f"({selection.reason})")
+        proposer = None
+        if speculative:
+            assert strategy.proposer is not None
+            proposer = strategy.proposer(ProposerRequest(opened=opened, config=config,
+                                                         draft=selection.draft or plan.draft,
+                                                         verified=selection.verified))
         stops = opened.target.capabilities.eog_ids if stop_ids is None else frozenset(stop_ids)
-        return cls(config=config, plugins=plugins, backend=chosen, selection=selection, opened=opened,
+        return cls(config=config, plugins=plan.plugins, backend=plan.backend, selection=selection, opened=opened,
                    proposer=proposer, stop_ids=stops, numerics=report)
 
     def close(self) -> None:
@@ -284,7 +346,7 @@ class Session:
         return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).run()
 
     def stream(self, prompt: Prompt, *, cancel: CancelToken | None = None,
-               max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Stream:
+               max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Stream[Result]:
         """Run one request as a :class:`~power_core.streaming.Stream` of committed text deltas."""
         return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).stream()
 
@@ -317,7 +379,7 @@ class Session:
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
                     max_tokens: int | None = None, stop: Sequence[str] | None = None,
-                    chat_template: str | ChatTemplate | None = None) -> Stream:
+                    chat_template: str | ChatTemplate | None = None) -> Stream[Result]:
         """:meth:`chat` as a :class:`~power_core.streaming.Stream`."""
         prompt = self.chat_prompt(messages, chat_template=chat_template)
         return self.stream(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop)
@@ -347,9 +409,12 @@ class Generation:
     _text: TextAssembler | None = attrs.field(default=None, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
     _predecessor: Generation | None = attrs.field(default=None, init=False, repr=False)
-    _stream: Stream | None = attrs.field(default=None, init=False, repr=False)
+    _stream: Stream[Result] | None = attrs.field(default=None, init=False, repr=False)
     #: this request's share of the runtime's counters (``runtime_counters``), summed over its attempts
     _counts: dict[str, int] = attrs.field(factory=dict, init=False, repr=False)
+    _before: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
+    #: how the request shared target passes (set by :class:`~power_core.engine.Engine`; receipt ``backend.batch``)
+    _batch: dict[str, Any] | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.config is None:
@@ -408,7 +473,7 @@ class Generation:
         self._text.sync(self.tokens)
         return self._text.text()
 
-    def stream(self) -> Stream:
+    def stream(self) -> Stream[Result]:
         """Run (or resume) the request as a :class:`~power_core.streaming.Stream` of text deltas."""
         if self._text is None:
             raise ConfigError("stream", self.session.opened.model_path, "a model with a tokenizer",
@@ -438,22 +503,12 @@ class Generation:
         it early ends the request as ``cancelled``).
         """
         s = self.session
-        s._claim(self)
-        status, error = "completed", None
-        self.receipt = None
-        before: dict[str, int] | None = None
+        txn = self._begin_attempt()
+        failure: BaseException | None = None
         try:
-            before = runtime_counters(s.opened.target)  # this attempt's counts are the difference at its end
-            if self.txn is None:
-                self.txn = self._transaction()
-                s.plugins.pm.hook.power_request_start(request=RequestInfo(
-                    config=self.config or s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
-                    prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
-            txn = self.txn
             if not self._prefilled:  # (again, when a cancel or failure interrupted the prefill)
                 t0 = time.perf_counter()
-                resident, self._predecessor = self._resident_memory(), None  # first attempt only
-                txn.prefill(self.prompt, resident)
+                txn.prefill(self.prompt, self._take_resident())
                 self._prefill_s = time.perf_counter() - t0
                 self._prefilled = True
             while txn.finished is None:
@@ -466,30 +521,58 @@ class Generation:
                     self._decode_s += time.perf_counter() - t0
                 if record is not None:
                     yield record
-        except GeneratorExit:
-            status, error = "cancelled", "the caller stopped reading before the request finished"
-            raise
-        except (Cancelled, KeyboardInterrupt) as exc:  # committed tokens stay; the request can resume
-            status, error = "cancelled", str(exc) or type(exc).__name__
-            raise
-        except PowerError as exc:
-            status, error = "failed", f"{exc.code}: {exc}"
-            raise
         except BaseException as exc:
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            failure = exc
             raise
         finally:
-            try:
-                if before is not None:
-                    for key, value in runtime_counters(s.opened.target).items():
-                        self._counts[key] = self._counts.get(key, 0) + value - before.get(key, 0)
-                self.receipt = self._receipt(status, error)
-                s.plugins.pm.hook.power_request_end(receipt=self.receipt)
-                if log.isEnabledFor(logging.INFO):
-                    log.info("request.end", status=status, strategy=s.selection.strategy.name,
-                             tokens=len(self.tokens), **self.receipt.summary())
-            finally:
-                s._release(self)
+            self._end_attempt(failure)
+
+    # -- one attempt at the request (rounds() or a round driver runs the rounds in between) -------------
+    def _begin_attempt(self) -> Transaction:
+        """Claim the session and make (or keep) the request's transaction."""
+        s = self.session
+        s._claim(self)
+        self.receipt = None
+        try:
+            self._before = runtime_counters(s.opened.target)  # this attempt's counts: the difference at its end
+            if self.txn is None:
+                self.txn = self._transaction()
+                s.plugins.pm.hook.power_request_start(request=RequestInfo(
+                    config=self.config or s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
+                    prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
+        except BaseException:
+            s._release(self)
+            raise
+        return self.txn
+
+    def _take_resident(self) -> np.ndarray | None:
+        resident, self._predecessor = self._resident_memory(), None  # first attempt only
+        return resident
+
+    def _end_attempt(self, failure: BaseException | None) -> None:
+        """The attempt ended (``failure``: how, if not by finishing): its receipt, then release the session."""
+        s = self.session
+        status, error = "completed", None
+        if isinstance(failure, GeneratorExit):
+            status, error = "cancelled", "the caller stopped reading before the request finished"
+        elif isinstance(failure, (Cancelled, KeyboardInterrupt)):  # committed tokens stay; it can resume
+            status, error = "cancelled", str(failure) or type(failure).__name__
+        elif isinstance(failure, PowerError):
+            status, error = "failed", f"{failure.code}: {failure}"
+        elif failure is not None:
+            status, error = "failed", f"{type(failure).__name__}: {failure}"
+        try:
+            before, self._before = self._before, None
+            if before is not None:
+                for key, value in runtime_counters(s.opened.target).items():
+                    self._counts[key] = self._counts.get(key, 0) + value - before.get(key, 0)
+            self.receipt = self._receipt(status, error)
+            s.plugins.pm.hook.power_request_end(receipt=self.receipt)
+            if log.isEnabledFor(logging.INFO):
+                log.info("request.end", status=status, strategy=s.selection.strategy.name,
+                         tokens=len(self.tokens), **self.receipt.summary())
+        finally:
+            s._release(self)
 
     def _resident_memory(self) -> np.ndarray | None:
         """With ``cache_prompt``: the tokens the target holds from the previous request (its committed
@@ -511,6 +594,8 @@ class Generation:
         backend = copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info})
         if self._counts:  # this request's counts (runtime_counters), never the runtime's running totals
             backend["rollback"] = dict(self._counts)
+        if self._batch is not None:  # the shared passes it ran in (continuous batching)
+            backend["batch"] = dict(self._batch)
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,

@@ -22,28 +22,50 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from power_core.errors import SessionBusy
 
 if TYPE_CHECKING:
     from power_core.receipt import Receipt
-    from power_core.session import Generation, Result
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "StreamSource"]
+
+ResultT = TypeVar("ResultT")
 
 
-class Stream:
+class StreamSource(Protocol[ResultT]):
+    """What a :class:`Stream` reads from: the request behind it (a
+    :class:`~power_core.session.Generation`, whose result type is :class:`~power_core.session.Result`).
+
+    A protocol, so that this module does not depend on the session that builds streams.
+    """
+
+    @property
+    def receipt(self) -> Receipt | None:
+        """The request's receipt once it ended, else ``None``."""
+        ...
+
+    def result(self) -> ResultT:
+        """The finished request's result."""
+        ...
+
+    def stream(self) -> Stream[ResultT]:
+        """Run (or resume) the request as a new stream."""
+        ...
+
+
+class Stream(Generic[ResultT]):
     """Iterator of committed text deltas of one request; ``receipt`` and ``result`` when it ended."""
 
-    def __init__(self, generation: Generation, deltas: Generator[str, None, None]) -> None:
+    def __init__(self, generation: StreamSource[ResultT], deltas: Generator[str, None, None]) -> None:
         self.generation = generation
         self._deltas = deltas
         self._reading = threading.Lock()
         self._parts: list[str] = []
-        self._result: Result | None = None
+        self._result: ResultT | None = None
 
-    def __iter__(self) -> Stream:
+    def __iter__(self) -> Stream[ResultT]:
         return self
 
     def __next__(self) -> str:
@@ -63,7 +85,7 @@ class Stream:
         """End the request now (status ``cancelled`` if it had not finished); committed tokens stay."""
         self._deltas.close()
 
-    def __enter__(self) -> Stream:
+    def __enter__(self) -> Stream[ResultT]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -80,6 +102,6 @@ class Stream:
         return self.generation.receipt
 
     @property
-    def result(self) -> Result | None:
+    def result(self) -> ResultT | None:
         """Tokens, text and receipt once the stream is exhausted, else ``None``."""
         return self._result

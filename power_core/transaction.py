@@ -40,7 +40,7 @@ from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRu
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 
-__all__ = ["PHASES", "CancelToken", "RoundRecord", "TokenLogprob", "Transaction"]
+__all__ = ["PHASES", "CancelToken", "PendingRound", "RoundRecord", "TokenLogprob", "Transaction"]
 
 log = get_logger(__name__)
 
@@ -132,6 +132,27 @@ class TokenLogprob:
 
 
 @attrs.define(eq=False)
+class PendingRound:
+    """A round between :meth:`Transaction.open_round` and :meth:`Transaction.close_round`."""
+
+    t0: float
+    plan: RoundPlan
+    first: DecodeResult | None  # round 0: the prefill's row is its verify pass
+    cp_target: Any
+    cp_proposer: Any
+    decoder: tuple[int, int, str | None]
+    offered: TokenArray = _EMPTY
+    props: TokenArray = _EMPTY
+    block: TokenArray = _EMPTY
+    width: dict[str, Any] | None = None
+
+    @property
+    def needs_pass(self) -> bool:
+        """False for round 0, whose verify row came from the prefill."""
+        return self.first is None
+
+
+@attrs.define(eq=False)
 class Transaction:
     """Request-local decoder: owns the emitted tokens and runs rounds over target and proposer."""
 
@@ -164,6 +185,7 @@ class Transaction:
     target_passes: int = 0
     #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
     reused: int = 0
+    _prompt: np.ndarray = attrs.field(factory=lambda: _EMPTY)
 
     @property
     def history(self) -> TokenArray:
@@ -173,19 +195,10 @@ class Transaction:
         return view
 
     # -- request start -------------------------------------------------------------------------
-    def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
-        """Process the whole prompt in one prefill; its last row is the first round's verify row.
-
-        The last prompt token is the first anchor. Because the prefill already placed it in memory
-        and produced its row, round 0 is a zero-proposal round whose verify pass is the prefill —
-        exactly how llama.cpp's own tools start generating.
-
-        ``resident``: the tokens the target's memory holds now (the previous request's committed
-        history, for prompt reuse). Their longest common prefix with the prompt, short of its last
-        token, is kept when the runtime can trim to it (optional ``keep_prefix(n) -> bool``), and only
-        the rest is prefilled; :attr:`reused` says how many. The proposer still begins on the whole
-        prompt and observes the chunks actually decoded.
-        """
+    def start_prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> TokenArray:
+        """Check the prompt, keep what the target's memory shares with it (``resident``), begin the
+        proposer, and return the prompt tokens still to be decoded (:meth:`prefill` decodes them).
+        On failure the target is reset."""
         tokens = np.ascontiguousarray(np.asarray(list(prompt), dtype=np.int32))
         caps = self.target.capabilities
         if tokens.ndim != 1 or tokens.shape[0] == 0:
@@ -208,17 +221,42 @@ class Transaction:
             self.target.reset()
         self.reused = keep
         try:
-            observe = None
             if self.proposer is not None:
                 # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
                 # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
                 self._call("begin", tokens)
-                observe = self._observe_prefill
-            row = self.target.prefill(tokens[keep:], observe)
+        except BaseException:
+            self.target.reset()
+            raise
+        self._prompt = tokens
+        return tokens[keep:]
+
+    def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
+        """Process the whole prompt in one prefill; its last row is the first round's verify row.
+
+        The last prompt token is the first anchor. Because the prefill already placed it in memory
+        and produced its row, round 0 is a zero-proposal round whose verify pass is the prefill —
+        exactly how llama.cpp's own tools start generating.
+
+        ``resident``: the tokens the target's memory holds now (the previous request's committed
+        history, for prompt reuse). Their longest common prefix with the prompt, short of its last
+        token, is kept when the runtime can trim to it (optional ``keep_prefix(n) -> bool``), and only
+        the rest is prefilled; :attr:`reused` says how many. The proposer still begins on the whole
+        prompt and observes the chunks actually decoded.
+        """
+        rest = self.start_prefill(prompt, resident)
+        try:
+            row = self.target.prefill(rest, self._observe_prefill if self.proposer is not None else None)
         except BaseException:
             # nothing stays half-loaded: the request starts over (begin included) when it is run again
             self.target.reset()
             raise
+        self.finish_prefill(row)
+
+    def finish_prefill(self, row: Any) -> None:
+        """The prompt is in the target's memory and ``row`` is its last token's logits row: round 0
+        can run. (A round driver that decodes prompt chunks itself calls this after the last one.)"""
+        tokens = self._prompt
         self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
@@ -330,8 +368,11 @@ class Transaction:
         w, info = self.scheduler.choose_width(conf, props.shape[0])
         return props[:w], info
 
-    def _verify(self, block: TokenArray) -> DecodeResult:
-        res = self.target.decode(block)
+    def _verify(self, block: TokenArray, res: DecodeResult | None = None) -> DecodeResult:
+        """The verify pass over ``block``: decoded here, or ``res`` when a round driver decoded it
+        together with other requests' blocks (one target pass shared by the batch)."""
+        if res is None:
+            res = self.target.decode(block)
         self.target_passes += 1
         shape = getattr(res.logits, "shape", None)
         if shape is None or len(shape) != 2 or shape[0] < block.shape[0]:
@@ -389,6 +430,14 @@ class Transaction:
     # -- one round -------------------------------------------------------------------------------
     def step(self) -> RoundRecord | None:
         """Run one round. Returns its record, or ``None`` when the request had already finished."""
+        pending = self.open_round()
+        return None if pending is None else self.close_round(pending)
+
+    def open_round(self) -> PendingRound | None:
+        """Steps 1-2 of a round: checkpoint, propose. Returns the verify block to decode (``None``
+        when the request has finished). A round driver that batches several requests' verify passes
+        decodes ``pending.block`` itself and hands the rows to :meth:`close_round`; the round is then
+        open until :meth:`close_round` or :meth:`abort_round` (on any failure of the shared pass)."""
         if self.finished is not None:
             return None
         t0 = time.perf_counter()
@@ -402,38 +451,56 @@ class Transaction:
         self._check_cancel()
         cp_target, cp_proposer = self._phase("checkpoint", self._checkpoint)
         decoder = (len(self.emitted), self.anchor, self.finished)  # sampler state is len(emitted)
+        pending = PendingRound(t0=t0, plan=plan, first=first, cp_target=cp_target, cp_proposer=cp_proposer,
+                               decoder=decoder)
         try:
             self._check_cancel()
-            offered = self._phase("propose", lambda: self._propose(k))
-            props, width = self._choose_width(offered)
+            pending.offered = self._phase("propose", lambda: self._propose(k))
+            props, pending.width = self._choose_width(pending.offered)
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
             block[1:] = props
+            pending.props, pending.block = props, block
+        except BaseException as exc:
+            self.abort_round(pending, exc)
+            raise
+        return pending
+
+    def close_round(self, pending: PendingRound, rows: DecodeResult | None = None) -> RoundRecord:
+        """Steps 3-6: verify (decode ``pending.block`` here, or take ``rows`` from a round driver's
+        shared pass), accept, commit, emit; on any failure, step 7 (restore) and re-raise."""
+        first, block, props = pending.first, pending.block, pending.props
+        try:
             # round 0's verify pass is the prefill, which the proposer has already observed
-            res = self._phase("verify", lambda: self._verify(block) if first is None else first)
+            res = self._phase("verify", lambda: self._verify(block, rows) if first is None else first)
             self._check_cancel()
             out, accepted, stop = self._phase("accept", lambda: self._cut_at_stop_text(*self._accept(props, res)))
             self._check_cancel()
-            replayed = self._phase("commit", lambda: self._commit(cp_target, block, out, accepted))
+            replayed = self._phase("commit", lambda: self._commit(pending.cp_target, block, out, accepted))
             self._phase("emit", lambda: self._emit(out, stop))
         except BaseException as exc:
-            error = exc
-            self._phase("restore", lambda: self._restore(cp_target, cp_proposer, decoder, error), required=True)
+            self.abort_round(pending, exc)
             raise
         # the round is committed: record it (pure bookkeeping, cannot fail)
+        plan = pending.plan
         if first is None:
             self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed,
-                                                     offered=offered.shape[0]))
+                                                     offered=pending.offered.shape[0]))
         self._prefilled = None
         record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
-                             stop=self.finished, seconds=time.perf_counter() - t0,
-                             proposal=tuple(int(t) for t in props) if self.trace else None, width=width)
+                             stop=self.finished, seconds=time.perf_counter() - pending.t0,
+                             proposal=tuple(int(t) for t in props) if self.trace else None, width=pending.width)
         self.rounds.append(record)
         if log.isEnabledFor(logging.DEBUG):  # per-round detail costs nothing when debug is off
             log.debug("txn.commit", round=record)
         return record
+
+    def abort_round(self, pending: PendingRound, exc: BaseException) -> None:
+        """Step 7: return target, proposer, sampler and decoder to the start of the open round."""
+        self._phase("restore", lambda: self._restore(pending.cp_target, pending.cp_proposer, pending.decoder, exc),
+                    required=True)
 
     def _checkpoint(self) -> tuple[Any, Any]:
         cp_target = self.target.checkpoint()

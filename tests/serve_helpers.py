@@ -40,8 +40,18 @@ def power_cmd(*args: str) -> list[str]:
 @contextlib.contextmanager
 def served(*args: str, startup_s: float = 180.0, env: dict[str, str] | None = None) -> Iterator[Served]:
     """``power serve --port 0 ARGS``; yields once it listens, and stops it (SIGTERM) afterwards."""
-    proc = subprocess.Popen(power_cmd("serve", "--port", "0", *args), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+    with listening(power_cmd("serve", "--port", "0", *args), startup_s=startup_s,
+                   env={**os.environ, **(env or {})}) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def listening(cmd: list[str], *, startup_s: float = 180.0, env: dict[str, str] | None = None,
+              announce: re.Pattern[str] = _ANNOUNCE) -> Iterator[Served]:
+    """Any server process that announces ``listening on http://127.0.0.1:PORT`` on stderr once it serves
+    (``power serve``, llama.cpp's ``llama-server --port 0``); stopped with SIGTERM afterwards."""
+    what = Path(cmd[0]).name if cmd[0] != sys.executable else "power serve"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     log: list[str] = []
     found = threading.Event()
     url: list[str] = []
@@ -50,7 +60,7 @@ def served(*args: str, startup_s: float = 180.0, env: dict[str, str] | None = No
         assert proc.stderr is not None
         for line in proc.stderr:
             log.append(line)
-            m = _ANNOUNCE.search(line)
+            m = announce.search(line)
             if m and not url:
                 url.append(m.group(1))
                 found.set()
@@ -62,10 +72,10 @@ def served(*args: str, startup_s: float = 180.0, env: dict[str, str] | None = No
     while not found.wait(0.2):
         if time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError(f"power serve did not start in {startup_s} s: {''.join(log)}")
+            raise AssertionError(f"{what} did not start in {startup_s} s: {''.join(log)}")
     if not url:
         proc.wait(10)
-        raise AssertionError(f"power serve exited with {proc.returncode} before listening: {''.join(log)}")
+        raise AssertionError(f"{what} exited with {proc.returncode} before listening: {''.join(log)}")
     server = Served(url[0], proc, log)
     try:
         yield server

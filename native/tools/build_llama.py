@@ -11,7 +11,8 @@ Usage::
 
 ``--cuda`` turns on ``GGML_CUDA``; ``--rpc`` turns on ``GGML_RPC`` (llama.cpp's RPC backend: a
 target's layers on remote ``rpc-server`` processes) and also builds ``rpc-server``. ``--peers``
-also builds ``llama-completion`` and ``llama-speculative-simple`` for paired benchmarks.
+also builds ``llama-completion``, ``llama-speculative-simple`` and ``llama-server`` for paired benchmarks
+(the server without its web UI and without SSL/curl: nothing is downloaded at build time).
 
 Power's reviewed changes to the pinned source live in ``native/patches/*.patch`` (unified diffs,
 applied in name order with ``patch -p1`` to a fresh extraction); their sha256 is part of the
@@ -67,7 +68,12 @@ BASE_FLAGS = (
 # "native" needs a GPU at configure time; POWER_NATIVE_CUDA_ARCHS (e.g. "90") builds on a machine without one
 CUDA_FLAGS = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('POWER_NATIVE_CUDA_ARCHS', 'native')}")
 RPC_FLAGS = ("-DGGML_RPC=ON",)
-PEER_TARGETS = ("llama-completion", "llama-speculative-simple")
+PEER_TARGETS = ("llama-completion", "llama-speculative-simple", "llama-server")
+#: switched on only for ``--peers``: they add tools/server (and tools/ui, tools/cli) to the build graph and
+#: change no artifact of another target, so they stay out of the cache key (like the target list): a cached
+#: build dir is reconfigured in place and builds only the new targets. The web UI is neither built (npm) nor
+#: downloaded (its prebuilt assets come from a Hugging Face bucket by default); the server serves no UI.
+PEER_FLAGS = ("-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF")
 RPC_SERVER = "ggml-rpc-server"  # tools/rpc: llama.cpp's rpc-server
 
 
@@ -175,9 +181,12 @@ def build(cuda: bool = False, peers: bool = False, rpc: bool | None = None) -> P
 def _build(cuda: bool, peers: bool, rpc: bool) -> Path:
     src = source_dir()
     bdir = build_dir(cuda, rpc=rpc)
-    if not (bdir / "CMakeCache.txt").exists():
-        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build_flags(cuda, rpc)],
-                       check=True)
+    cache = bdir / "CMakeCache.txt"
+    if not cache.exists():
+        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build_flags(cuda, rpc),
+                        *(PEER_FLAGS if peers else ())], check=True)
+    elif peers and not _configured(cache, PEER_FLAGS):  # a build dir configured without them: add them in place
+        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), *build_flags(cuda, rpc), *PEER_FLAGS], check=True)
     targets = ["llama"] + (list(PEER_TARGETS) if peers else []) + ([RPC_SERVER] if rpc else [])
     subprocess.run(["cmake", "--build", str(bdir), "--target", *targets], check=True)
     info = {"sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256, "llama_cpp_commit": LLAMA_CPP_COMMIT,
@@ -185,6 +194,16 @@ def _build(cuda: bool, peers: bool, rpc: bool) -> Path:
             "rpc": rpc, "source": str(src), "build": str(bdir)}
     (bdir / "power-build.json").write_text(json.dumps(info, indent=2))
     return bdir
+
+
+def _configured(cache: Path, flags: tuple[str, ...]) -> bool:
+    """Whether a CMakeCache.txt already holds every ``-DNAME=VALUE`` of ``flags``."""
+    entries = {}
+    for line in cache.read_text(errors="replace").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not line.startswith(("#", "//")):
+            entries[name.split(":", 1)[0]] = value
+    return all(entries.get(f[2:].partition("=")[0]) == f.partition("=")[2] for f in flags)
 
 
 def main(argv: list[str] | None = None) -> int:

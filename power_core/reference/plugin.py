@@ -9,23 +9,25 @@ target's own weights, 100 % greedy acceptance), optionally with ``accept=P`` to 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import attrs
 import numpy as np
 
-from power_core.errors import ConfigError
-from power_core.plugins import (
+from power_core.errors import CapacityError, ConfigError, RuntimeFault
+from power_core.reference.model import ReferenceModel, ReferenceTarget, parse_spec
+from power_core.reference.proposers import DraftModelProposer, NoisyProposer
+from power_core.runtime import BatchItem, DecodeResult, TokenArray
+from power_core.spec import (
     Backend,
+    OpenedBatch,
     OpenedModel,
     OpenRequest,
     ProposerRequest,
     Strategy,
-    _own_version,
     hookimpl,
+    package_version,
 )
-from power_core.reference.model import ReferenceModel, ReferenceTarget, parse_spec
-from power_core.reference.proposers import DraftModelProposer, NoisyProposer
-from power_core.runtime import TokenArray
 
 DEFAULT_SPEC = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
 BYTE_EOS = 256
@@ -82,6 +84,61 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     )
 
 
+@attrs.define(eq=False)
+class ReferenceBatch:
+    """:class:`~power_core.runtime.BatchRuntime` of the reference backend: ``n`` sequences of one
+    reference model. A shared pass decodes each item on its own sequence — rows are exactly the solo
+    rows by construction, so property tests of the round driver run here on any schedule."""
+
+    sequences: tuple[ReferenceTarget, ...]
+    token_budget: int = 256
+    passes: int = 0
+    #: tests: fail the n-th shared pass with a RuntimeFault
+    fail_on: int | None = None
+
+    def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
+        targets = [item.target for item in items]
+        if len({id(t) for t in targets}) != len(targets) or not all(
+                any(t is s for s in self.sequences) for t in targets):
+            raise ConfigError("decode_batch", len(items), "items on distinct sequences of this batch")
+        if sum(int(i.tokens.shape[0]) for i in items) > self.token_budget:
+            raise CapacityError(f"a shared pass of more than {self.token_budget} tokens")
+        self.passes += 1
+        if self.fail_on is not None and self.passes == self.fail_on:
+            raise RuntimeFault(f"injected failure of shared pass {self.passes}")
+        out = []
+        for item in items:
+            target = item.target
+            assert isinstance(target, ReferenceTarget)
+            if item.rows == "all":
+                out.append(target.decode(item.tokens))
+                continue
+            row = target.prefill(item.tokens)
+            logits = np.asarray(row).reshape(1, -1) if item.rows == "last" else np.zeros((0, target.model.vocab),
+                                                                                        dtype=np.float32)
+            out.append(DecodeResult(tokens=np.asarray(item.tokens, dtype=np.int32), logits=logits))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def open_reference_batch(request: OpenRequest, n: int) -> OpenedBatch:
+    """``n`` sequences of the reference model sharing passes (:class:`ReferenceBatch`)."""
+    opened = [open_reference(request) for _ in range(n)]
+    model = opened[0].target
+    assert isinstance(model, ReferenceTarget)
+    targets = []
+    for o in opened:  # one model's weights for every sequence, as llama.cpp's sequences share theirs
+        t = o.target
+        assert isinstance(t, ReferenceTarget)
+        t.model = model.model
+        targets.append(t)
+    batch = ReferenceBatch(sequences=tuple(targets), token_budget=max(256, n * model.max_block))
+    models = tuple(attrs.evolve(o, backend_info={**o.backend_info, "seq_id": i}) for i, o in enumerate(opened))
+    return OpenedBatch(runtime=batch, models=models, close=batch.close)
+
+
 def make_ref_draft(request: ProposerRequest) -> NoisyProposer | DraftModelProposer:
     target = request.opened.target
     assert isinstance(target, ReferenceTarget)
@@ -122,15 +179,15 @@ def _validate_draft_spec(draft: str | None) -> None:
 
 @hookimpl
 def power_register_backends(register: Callable[[Backend], None]) -> None:
-    register(Backend(name="reference", version=_own_version(), package="power-core", open=open_reference,
-                     accepts=_accepts, priority=0,
+    register(Backend(name="reference", version=package_version("power-core"), package="power-core", open=open_reference,
+                     accepts=_accepts, priority=0, open_batch=open_reference_batch,
                      summary="Pure-numpy reference decoder with KV and recurrent rollback semantics."))
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(Strategy(
-        name="ref-draft", version=_own_version(), package="power-core", kind="model-backed",
+        name="ref-draft", version=package_version("power-core"), package="power-core", kind="model-backed",
         summary="Toy draft-model proposer on the reference backend (acceptance controllable with accept=P).",
         proposer=make_ref_draft,
         backends=frozenset({"reference"}),

@@ -14,16 +14,47 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from power_core.config import PowerConfig
+from power_core.engine import Engine
 from power_core.errors import ConfigError
 from power_core.serve.app import ServeOptions, create_app
 from power_core.session import Session
 
-__all__ = ["ServeOptions", "create_app", "open_sessions", "serve", "is_loopback"]
+__all__ = ["ServeOptions", "Slots", "create_app", "open_sessions", "serve", "is_loopback"]
 
 
-def open_sessions(config: PowerConfig, parallel: int, **open_kwargs: Any) -> tuple[Session, ...]:
-    """``parallel`` sessions on one model (they share its weights); none stays open if one fails."""
+@attrs.define(eq=False)
+class Slots:
+    """The sessions requests run on: sequences of one target sharing its passes (``engine``), or
+    independent sessions (one slot, or a strategy/backend that cannot share passes: ``why``)."""
+
+    sessions: tuple[Session, ...]
+    engine: Engine | None = None
+    why: str = ""
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            return
+        for s in self.sessions:
+            s.close()
+
+
+def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, **open_kwargs: Any) -> Slots:
+    """``parallel`` slots on one model. With ``batch`` and more than one slot, they are sequences of
+    one target whose passes the :class:`~power_core.engine.Engine` shares between requests; when the
+    backend or strategy cannot share passes, independent sessions (sharing the weights) and the reason.
+    Nothing stays open if a step fails."""
+    why = "one slot" if parallel == 1 else "--no-batch"
+    if batch and parallel > 1:
+        try:
+            return Slots(sessions=(engine := Engine.open(parallel, config, **open_kwargs)).sessions, engine=engine)
+        except ConfigError as exc:
+            if exc.key != "parallel":
+                raise
+            why = str(exc)
     sessions: list[Session] = []
     try:
         for _ in range(parallel):
@@ -32,7 +63,7 @@ def open_sessions(config: PowerConfig, parallel: int, **open_kwargs: Any) -> tup
         for s in sessions:
             s.close()
         raise
-    return tuple(sessions)
+    return Slots(sessions=tuple(sessions), why=why)
 
 
 def is_loopback(host: str) -> bool:
@@ -56,13 +87,14 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(sessions: tuple[Session, ...], options: ServeOptions, host: str = "127.0.0.1", port: int = 8080,
+def serve(slots: Slots, options: ServeOptions, host: str = "127.0.0.1", port: int = 8080,
           *, log_level: str = "warning", announce: Callable[[str], None] | None = None) -> None:
     """Serve until told to stop; then refuse new requests, let in-flight ones finish (up to
-    ``options.drain_timeout``), cancel the rest with receipts, and return. The caller closes ``sessions``."""
+    ``options.drain_timeout``), cancel the rest with receipts, and return. The caller closes ``slots``."""
     import uvicorn
 
-    app = create_app(sessions, options)
+    sessions = slots.sessions
+    app = create_app(sessions, options, engine=slots.engine)
     state = app.state.power
 
     class Server(uvicorn.Server):
@@ -79,7 +111,8 @@ def serve(sessions: tuple[Session, ...], options: ServeOptions, host: str = "127
     server = Server(config)
     (announce or (lambda line: print(line, file=sys.stderr, flush=True)))(
         f"power serve: listening on http://{shown}:{bound[1]} (model {options.model_name!r}, "
-        f"{len(sessions)} slot{'s' if len(sessions) != 1 else ''}, strategy "
+        f"{len(sessions)} slot{'s' if len(sessions) != 1 else ''}, "
+        f"{'shared target passes' if slots.engine else 'independent: ' + slots.why}, strategy "
         f"{sessions[0].selection.strategy.name!r})")
     # uvicorn re-raises the signal that stopped it once it has shut down; the drain already handled it,
     # so the re-raised signal is a no-op here and the process exits normally (status 0)

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from power_core.engine import Engine
 from power_core.errors import (
     AdapterFault,
     ArtifactError,
@@ -80,6 +81,8 @@ class ServerState:
     pool: SlotPool
     receipts: ReceiptStore
     executor: ThreadPoolExecutor
+    #: the round driver when the slots share target passes, else ``None`` (independent sessions)
+    engine: Engine | None = None
     jobs: set[Job] = attrs.field(factory=set)
     draining: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
@@ -268,7 +271,7 @@ def _launch(state: ServerState, session: Session, job: Job,
     remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
     timer = loop.call_later(remaining, job.stop_now, "timeout")
     state.jobs.add(job)
-    fut = loop.run_in_executor(state.executor, run_job, session, job, state.metrics, emit)
+    fut = loop.run_in_executor(state.executor, run_job, session, job, state.metrics, emit, state.engine)
 
     def done(f: asyncio.Future[Outcome]) -> None:
         timer.cancel()
@@ -433,6 +436,7 @@ async def models(request: Request) -> Response:
         "id": state.options.model_name, "object": "model", "created": state.created, "owned_by": "power",
         "power": {"strategy": s.selection.strategy.name, "selection": s.selection.reason,
                   "numerics": s.config.numerics, "n_ctx": state.n_ctx, "parallel": len(state.sessions),
+                  "shared_passes": state.engine is not None,
                   "model_path": s.opened.model_path}}]})
 
 
@@ -459,7 +463,7 @@ async def metrics(request: Request) -> Response:
 
 
 # -- the application ------------------------------------------------------------------------------------
-def create_app(sessions: tuple[Session, ...], options: ServeOptions) -> Starlette:
+def create_app(sessions: tuple[Session, ...], options: ServeOptions, *, engine: Engine | None = None) -> Starlette:
     """The ASGI app over already opened ``sessions`` (one per slot). Closing them is the caller's job,
     after the app has shut down (its lifespan waits for in-flight decodes first)."""
     from sse_starlette.sse import AppStatus
@@ -467,7 +471,7 @@ def create_app(sessions: tuple[Session, ...], options: ServeOptions) -> Starlett
     # streams end when their request does, not when uvicorn is told to stop: the drain lets them finish
     AppStatus.disable_automatic_graceful_drain()
     metrics_ = Metrics()
-    state = ServerState(options=options, sessions=sessions, metrics=metrics_,
+    state = ServerState(options=options, sessions=sessions, metrics=metrics_, engine=engine,
                         pool=SlotPool(sessions, options.queue, metrics_), receipts=ReceiptStore(options.receipts),
                         executor=ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix="power-slot"))
 

@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from power_core.engine import Engine
 from power_core.errors import Cancelled, PowerError
 from power_core.logs import get_logger
 from power_core.receipt import Receipt
@@ -202,9 +203,11 @@ class SlotPool:
         self._gauges()
 
 
-def run_job(session: Session, job: Job, metrics: Metrics, emit: Callable[[Delta], None] | None) -> Outcome:
-    """Decode ``job`` on ``session`` (in a worker thread). ``emit`` receives committed text deltas as
-    rounds commit (streaming); the outcome carries the final text and the receipt either way."""
+def run_job(session: Session, job: Job, metrics: Metrics, emit: Callable[[Delta], None] | None,
+            engine: Engine | None = None) -> Outcome:
+    """Decode ``job`` on ``session`` (in a worker thread; with ``engine``, in its shared passes).
+    ``emit`` receives committed text deltas as rounds commit (streaming); the outcome carries the
+    final text and the receipt either way."""
     gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                         sampling=job.sampling, logprobs=job.top_logprobs)
     tok = session.opened.tokenizer
@@ -214,7 +217,7 @@ def run_job(session: Session, job: Job, metrics: Metrics, emit: Callable[[Delta]
     last: float | None = None
     error: BaseException | None = None
     try:
-        for record in gen.rounds():
+        for record in (engine.rounds(gen) if engine is not None else gen.rounds()):
             now = time.perf_counter()
             if last is None:
                 metrics.ttft.observe(now - job.arrived)

@@ -17,10 +17,11 @@ import pytest
 
 from power_core.config import PowerConfig
 from power_core.errors import AdapterFault, Cancelled, PowerError, RuntimeFault
-from power_core.plugins import PowerPlugins, Strategy, build_plugins, hookimpl
+from power_core.plugins import PowerPlugins, build_plugins
 from power_core.reference.proposers import NoisyProposer, ProposerWrapper
 from power_core.runtime import ProposalContext, Proposer, TokenArray
 from power_core.session import Result, Session
+from power_core.spec import Strategy, hookimpl
 from power_core.transaction import PHASES, CancelToken
 
 __all__ = ["AdapterConformance", "FaultInjector", "SkipRounds", "FailOnCall", "Recorder"]

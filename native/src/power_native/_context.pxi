@@ -46,7 +46,7 @@ cdef class Context:
 
     def __init__(self, Model model, *, int n_ctx, int n_batch, int n_ubatch=0, int n_rs_seq=0,
                  n_threads=None, int n_outputs_max=0, int ctx_type=0, Context ctx_other=None,
-                 bint embeddings=False, bint swa_full=True, int n_seq_max=1, flash_attn=None):
+                 bint embeddings=False, bint swa_full=True, int n_seq_max=1, flash_attn=None, kv_unified=None):
         if self.ptr != NULL or self._owner is None:
             raise RuntimeFault("Context: already initialised")
         if model is None or model.ptr == NULL:
@@ -82,6 +82,8 @@ cdef class Context:
         p.ctx_type = <llama_context_type>ctx_type
         p.embeddings = embeddings
         p.swa_full = swa_full
+        if kv_unified is not None:  # False (llama.cpp's default): one KV stream per sequence
+            p.kv_unified = bool(kv_unified)
         if flash_attn is not None:
             p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else LLAMA_FLASH_ATTN_TYPE_DISABLED
         p.no_perf = True
@@ -195,6 +197,92 @@ cdef class Context:
         self.n_outputs = n_out
         self._last_n_tokens = n
         return n_out
+
+    def decode_multi(self, tokens, pos, seq_ids, outputs):
+        """Decode one batch holding tokens of several sequences (``tokens[i]`` at position ``pos[i]``
+        of sequence ``seq_ids[i]``; ``outputs[i]``: a logits row for it) with the GIL released, and
+        return the output rows in batch order: a read-only ``(n_outputs, n_vocab)`` float32 array
+        (a zero-copy view valid until the next decode when llama.cpp's rows are contiguous)."""
+        self._alive()
+        cdef cnp.ndarray[int32_t, ndim=1] tok = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef cnp.ndarray[int32_t, ndim=1] ps = np.ascontiguousarray(pos, dtype=np.int32)
+        cdef cnp.ndarray[int32_t, ndim=1] sq = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        cdef cnp.ndarray[uint8_t, ndim=1] out = np.ascontiguousarray(outputs, dtype=np.uint8)
+        cdef int32_t n = <int32_t>tok.shape[0]
+        if n == 0:
+            raise CapacityError("decode: empty batch")
+        if ps.shape[0] != n or sq.shape[0] != n or out.shape[0] != n:
+            raise ConfigError("decode_multi", [tok.shape[0], ps.shape[0], sq.shape[0], out.shape[0]],
+                              "tokens, pos, seq_ids and outputs of one length")
+        if n > self.n_batch:
+            raise CapacityError(f"decode: {n} tokens exceed n_batch={self.n_batch}; split the batch")
+        cdef int32_t n_out = int(out.astype(bool).sum())
+        if n_out > self.n_outputs_max:
+            raise CapacityError(f"decode: {n_out} output rows exceed n_outputs_max={self.n_outputs_max}")
+        cdef int n_seq = <int>llama_n_seq_max(self.ptr)
+        if int(sq.min()) < 0 or int(sq.max()) >= n_seq:
+            raise ConfigError("seq_id", int(sq.max()), f"integers in [0, {n_seq})")
+        if int(ps.min()) < 0 or int(ps.max()) >= self.n_ctx:
+            raise CapacityError(f"decode: positions up to {int(ps.max())} overflow the context of {self.n_ctx} "
+                                "tokens; raise n_ctx or shorten the request")
+        if int(tok.min()) < 0 or int(tok.max()) >= self.n_vocab:
+            raise CapacityError(f"decode: a token id is outside the vocabulary [0, {self.n_vocab})")
+        cdef llama_batch * b = &self.batch
+        cdef llama_context * ctx = self.ptr
+        cdef int32_t i, rc
+        cdef int32_t * t = <int32_t *>tok.data
+        cdef int32_t * pp = <int32_t *>ps.data
+        cdef int32_t * ss = <int32_t *>sq.data
+        cdef uint8_t * oo = <uint8_t *>out.data
+        with nogil:
+            for i in range(n):
+                b.token[i] = t[i]
+                b.pos[i] = pp[i]
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = ss[i]
+                b.logits[i] = 1 if oo[i] else 0
+            b.n_tokens = n
+        _errors.clear()
+        if self.abort_flag[0]:
+            rc = 2
+        else:
+            self._inflight += 1
+            try:
+                with nogil:
+                    rc = llama_decode(ctx, b[0])
+            finally:
+                self._inflight -= 1
+        self.n_outputs = 0
+        if rc == 2:
+            self.abort_flag[0] = 0
+        _check("decode", rc)
+        self.n_outputs = n_out
+        self._last_n_tokens = n
+        if n_out == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        cdef float * first = NULL
+        cdef float * row
+        cdef bint contiguous = True
+        cdef int k = 0
+        rows = []
+        for i in range(n):
+            if not oo[i]:
+                continue
+            row = llama_get_logits_ith(ctx, i)  # by batch index: llama.cpp maps it to its output row
+            if row == NULL:
+                raise RuntimeFault(f"decode_multi: no logits row for batch entry {i}")
+            if first == NULL:
+                first = row
+            elif row != first + <size_t>k * self.n_vocab:
+                contiguous = False
+            rows.append(<size_t>row)
+            k += 1
+        if contiguous:
+            return self._view(first, n_out, self.n_vocab)
+        res = np.empty((n_out, self.n_vocab), dtype=np.float32)
+        for k in range(n_out):
+            res[k] = self._view(<float *><size_t>rows[k], 1, self.n_vocab)[0]
+        return res
 
     def process(self, BatchExt batch, *, bint encode=False) -> int:
         """Run ``batch`` through ``llama_process`` (decode, or encode for encoder drafts) with the

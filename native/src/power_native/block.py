@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from power_core.errors import ArtifactMismatch, StrategyNotFound
-from power_core.plugins import ProposerRequest
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.spec import ProposerRequest
 from power_native import _llama
 from power_native.target import layer_feature, load_model
 

@@ -14,8 +14,8 @@ import os
 import numpy as np
 
 from power_core.errors import ArtifactMismatch, CapacityError
-from power_core.plugins import ProposerRequest
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.spec import ProposerRequest
 from power_native import _llama
 from power_native.target import PREFILL_BATCH, load_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from power_core.plugins import Backend, Strategy, hookimpl
+from power_core.spec import Backend, Strategy, hookimpl
 from power_native import __version__
 
 __all__ = ["power_register_backends", "power_register_strategies", "accepts"]
@@ -32,6 +32,12 @@ def _open(req):
     return open_llama(req)
 
 
+def _open_batch(req, n):
+    from power_native.target import open_llama_batch
+
+    return open_llama_batch(req, n)
+
+
 def _draft(req):
     from power_native.draft import make_draft_proposer
 
@@ -42,7 +48,7 @@ def _draft(req):
 def power_register_backends(register) -> None:
     register(Backend(name="llama", version=__version__, package="power-native", open=_open, accepts=accepts,
                      summary="llama.cpp (pinned, via Cython) target runtime", priority=10,
-                     resolve=_resolve))
+                     resolve=_resolve, open_batch=_open_batch))
 
 
 @hookimpl

@@ -16,20 +16,18 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
 import numpy as np
 
-from power_core.artifacts.identity import file_digest
-from power_core.artifacts.target import check_architecture
-from power_core.artifacts.view import ArtifactView
+from power_core.artifacts import ArtifactView, check_architecture, file_digest
 from power_core.config import NUMERICS
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
 from power_core.logs import get_logger
-from power_core.plugins import OpenedModel, OpenRequest
-from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
+from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
+from power_core.spec import OpenedBatch, OpenedModel, OpenRequest
 from power_native import _llama, build_info
 from power_native.models import resolve_model
 
@@ -176,13 +174,21 @@ class LlamaTokenizer:
 
 
 class LlamaTarget:
-    """The authoritative model on one llama.cpp context (sequence 0)."""
+    """The authoritative model on one llama.cpp context: its sequence ``seq_id`` (0 for a context of
+    its own; a :class:`LlamaBatch` gives each of its sequences one ``LlamaTarget`` with ``shared``)."""
 
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
-                 features: frozenset[str] = frozenset(), numerics: str = "stock") -> None:
+                 features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
+                 shared: bool = False) -> None:
         self.model = model
         self.ctx = ctx
         self.numerics = numerics
+        self.seq_id = seq_id
+        #: the context holds other sequences too: reset trims this one, a cancel never aborts the shared pass
+        self.shared = shared
+        if shared and features:
+            raise ConfigError("features", sorted(features), "none on a sequence of a shared context",
+                              "hidden-state taps read whole-batch rows; run such strategies on a context of their own")
         recurrent = model.is_recurrent or model.is_hybrid
         self._caps = TargetCapabilities(
             name="llama", n_vocab=model.n_vocab, n_ctx=ctx.n_ctx, max_block=max_block,
@@ -225,13 +231,13 @@ class LlamaTarget:
         self._room(n)
         step = self.ctx.n_outputs_max
         if n <= step:
-            self.ctx.decode(toks, self._n_past)
+            self.ctx.decode(toks, self._n_past, seq_id=self.seq_id)
             self._advance(n, rollable=True)
             return DecodeResult(tokens=toks, logits=self.ctx.logits(), features=self._features())
         rows, feats = [], []  # longer than one output buffer: several calls, rows copied
         for s in range(0, n, step):
             part = toks[s:s + step]
-            self.ctx.decode(part, self._n_past)
+            self.ctx.decode(part, self._n_past, seq_id=self.seq_id)
             self._advance(part.shape[0], rollable=False)
             rows.append(np.array(self.ctx.logits()))
             feats.append({k: np.array(v) for k, v in self._features().items()})
@@ -254,14 +260,14 @@ class LlamaTarget:
         no_rows = np.zeros((0, self._caps.n_vocab), dtype=np.float32)
         for s in range(0, toks.shape[0], self.ctx.n_batch):
             part = toks[s:s + self.ctx.n_batch]
-            self.ctx.decode(part, self._n_past, all_outputs=False)
+            self.ctx.decode(part, self._n_past, seq_id=self.seq_id, all_outputs=False)
             self._advance(part.shape[0], rollable=False)
             if observe is not None:
                 observe(DecodeResult(tokens=part, logits=no_rows, features=self._features()))
         return self.ctx.logits()[-1]
 
     def checkpoint(self) -> LlamaCheckpoint:
-        state = self.ctx.state_get(0) if self._recurrent else None
+        state = self.ctx.state_get(self.seq_id) if self._recurrent else None
         return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state)
 
     def rollback(self, checkpoint: LlamaCheckpoint, keep: int) -> bool:
@@ -276,12 +282,12 @@ class LlamaTarget:
         pos = self._n_past - depth
         if self._recurrent:
             window = min(self.ctx.n_rs_seq, last - 1)
-            if self._rs_used or depth > window or not self.ctx.seq_rm(0, pos, -1):
+            if self._rs_used or depth > window or not self.ctx.seq_rm(self.seq_id, pos, -1):
                 self.restore(checkpoint)
                 self.stats["rollback_restored"] += 1
                 return False
             self._rs_used = True
-        elif not self.ctx.seq_rm(0, pos, -1):
+        elif not self.ctx.seq_rm(self.seq_id, pos, -1):
             self.restore(checkpoint)
             self.stats["rollback_restored"] += 1
             return False
@@ -299,8 +305,8 @@ class LlamaTarget:
                             f"({self._n_past} tokens); the tokens after it are gone")
         try:
             if checkpoint.state is not None:
-                self.ctx.state_set(checkpoint.state, 0)
-            ok = self.ctx.seq_rm(0, checkpoint.n_past, -1)
+                self.ctx.state_set(checkpoint.state, self.seq_id)
+            ok = self.ctx.seq_rm(self.seq_id, checkpoint.n_past, -1)
         except StateLost:
             raise
         except Exception as exc:
@@ -313,8 +319,11 @@ class LlamaTarget:
         self.stats["restores"] += 1
 
     def reset(self) -> None:
-        self.ctx.clear_abort()
-        self.ctx.clear(False)
+        if self.shared:
+            self.ctx.seq_rm(self.seq_id, 0, -1)
+        else:
+            self.ctx.clear_abort()
+            self.ctx.clear(False)
         self._n_past = 0
         self._epoch += 1
         self._last_len = 0
@@ -335,9 +344,10 @@ class LlamaTarget:
         recurrent or hybrid memory cannot go back, so there only ``n == n_past`` succeeds."""
         if not 0 < n <= self._n_past:
             return False
-        self.ctx.clear_abort()  # a new request: a cancel left over from the previous one is void (as reset())
+        if not self.shared:
+            self.ctx.clear_abort()  # a new request: a cancel left over from the previous one is void (as reset())
         if n < self._n_past:
-            if self._recurrent or not self.ctx.seq_rm(0, n, -1):
+            if self._recurrent or not self.ctx.seq_rm(self.seq_id, n, -1):
                 return False
         self._n_past = n
         self._epoch += 1  # checkpoints taken before no longer describe this memory
@@ -346,14 +356,26 @@ class LlamaTarget:
         return True
 
     def cancel(self) -> None:
-        """Abort a running decode (it raises Cancelled; the core restores its checkpoint)."""
-        self.ctx.abort()
+        """Abort a running decode (it raises Cancelled; the core restores its checkpoint). On a shared
+        context this does nothing: the pass holds other requests' rows; the round driver stops the
+        request between passes instead."""
+        if not self.shared:
+            self.ctx.abort()
 
     def clear_abort(self) -> None:
         """Withdraw a :meth:`cancel` that no decode consumed (the request resumes)."""
-        self.ctx.clear_abort()
+        if not self.shared:
+            self.ctx.clear_abort()
+
+    def advance(self, n: int, *, rollable: bool) -> None:
+        """``n`` tokens of this sequence were decoded by its :class:`LlamaBatch` (a verify block,
+        ``rollable``, or a prompt chunk, not) in a shared pass: account for them as a decode would."""
+        self._room(n)
+        self._advance(n, rollable=rollable)
 
     def close(self) -> None:
+        if self.shared:
+            return  # the batch owns the context
         self.ctx.close()
         release = getattr(self, "_release", None)
         if release is not None:
@@ -446,6 +468,105 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     path.write_text(json.dumps({"digest": target.capabilities.digest, "n_threads": n_threads,
                                 "one_token_s": seconds[0], "relative": relative}))
     return relative
+
+
+class LlamaBatch:
+    """Several sequences on one llama.cpp context (``n_seq_max`` = ``n``, one KV stream per sequence,
+    llama.cpp's default), each a :class:`LlamaTarget`; :meth:`decode_batch` decodes every sequence's
+    tokens of a round in one ``llama_decode`` (:class:`power_core.runtime.BatchRuntime`)."""
+
+    def __init__(self, model: _llama.Model, ctx: _llama.Context, targets: tuple[LlamaTarget, ...]) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.sequences = targets
+        self.passes = 0
+
+    @property
+    def token_budget(self) -> int:
+        """The most tokens one pass takes (the context's ``n_batch``)."""
+        return self.ctx.n_batch
+
+    def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
+        index = {id(t): t for t in self.sequences}
+        seen: set[int] = set()
+        parts, pos, seq, out = [], [], [], []
+        for item in items:
+            target = index.get(id(item.target))
+            if target is None or id(target) in seen:
+                raise ConfigError("decode_batch", item.target, "each a distinct sequence of this batch")
+            seen.add(id(target))
+            toks = np.ascontiguousarray(item.tokens, dtype=np.int32)
+            n = toks.shape[0]
+            if n == 0:
+                raise CapacityError("decode_batch: an item without tokens")
+            target._room(n)
+            parts.append(toks)
+            pos.append(np.arange(target.n_past, target.n_past + n, dtype=np.int32))
+            seq.append(np.full(n, target.seq_id, dtype=np.int32))
+            flags = np.zeros(n, dtype=np.uint8)
+            if item.rows == "all":
+                flags[:] = 1
+            elif item.rows == "last":
+                flags[-1] = 1
+            out.append(flags)
+        rows = self.ctx.decode_multi(np.concatenate(parts), np.concatenate(pos), np.concatenate(seq),
+                                     np.concatenate(out))
+        self.passes += 1
+        results, at = [], 0
+        for item, toks, flags in zip(items, parts, out, strict=True):
+            k = int(flags.sum())
+            target = index[id(item.target)]
+            target.advance(toks.shape[0], rollable=item.rows == "all")
+            results.append(DecodeResult(tokens=toks, logits=rows[at:at + k]))
+            at += k
+        return results
+
+    def close(self) -> None:
+        self.ctx.close()
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
+
+
+def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
+    """The ``llama`` backend's batch: ``n`` sequences of ``req.model`` on one context whose passes
+    hold every active request's verify block (and prompt chunks)."""
+    if req.features:
+        raise ConfigError("parallel", n, "independent slots for this strategy",
+                          f"it reads hidden-state taps ({', '.join(sorted(req.features))}) that a shared pass "
+                          "does not give per sequence")
+    path = resolve_model(req.model)
+    digest = file_digest(path).sha256
+    cfg = req.config
+    _numerics.acquire(cfg.numerics)
+    try:
+        model = load_model(path, repack=cfg.numerics == "stock", rpc_servers=cfg.rpc_servers)
+        if model.is_recurrent or model.is_hybrid:
+            raise ConfigError("parallel", n, "independent slots for a recurrent or hybrid target",
+                              "the shared pass keeps attention KV per sequence; recurrent state runs per slot")
+        n_batch = max(PREFILL_BATCH, n * req.max_block)
+        ctx = _llama.Context(model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
+                             n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False)
+        targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, numerics=cfg.numerics,
+                                    seq_id=i, shared=True) for i in range(n))
+        batch = LlamaBatch(model, ctx, targets)
+    except BaseException:
+        _numerics.release(cfg.numerics)
+        raise
+    batch._release = weakref.finalize(batch, _numerics.release, cfg.numerics)
+    if req.verify_cost:
+        relative = verify_cost_curve(targets[0], n_threads=cfg.n_threads or os.cpu_count() or 1)
+        for t in targets:
+            t.set_verify_cost(relative)
+    info = dict(build_info())
+    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), arch=model.arch,
+                desc=model.desc, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, n_rs_seq=0,
+                n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=False,
+                verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
+    tokenizer = LlamaTokenizer(model)
+    models = tuple(OpenedModel(target=t, tokenizer=tokenizer, model_path=str(path), artifacts={"target": digest},
+                               backend_info={**info, "seq_id": t.seq_id}) for t in targets)
+    return OpenedBatch(runtime=batch, models=models, close=batch.close)
 
 
 def open_llama(req: OpenRequest) -> OpenedModel:

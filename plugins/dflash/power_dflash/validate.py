@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
     Verified,
     check_dflash_backbone,
@@ -25,7 +26,6 @@ from power_core.artifacts.contracts import (
     mtp_evidence,
     reject,
 )
-from power_core.artifacts.view import ArtifactView
 
 __all__ = ["validate_dflash"]
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
     DFLASH2_MARKER,
     Verified,
@@ -31,7 +32,6 @@ from power_core.artifacts.contracts import (
     need_tensor,
     reject,
 )
-from power_core.artifacts.view import ArtifactView
 from power_core.errors import ConfigError
 
 __all__ = ["validate_dflash2"]

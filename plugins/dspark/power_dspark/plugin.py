@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from power_core.plugins import ProposerRequest, Strategy, hookimpl, package_version
+from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
 from power_dspark.validate import validate_dspark
 
 

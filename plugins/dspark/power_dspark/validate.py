@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
     DSPARK_MARKER,
     Verified,
@@ -26,7 +27,6 @@ from power_core.artifacts.contracts import (
     need_tensor,
     reject,
 )
-from power_core.artifacts.view import ArtifactView
 
 __all__ = ["validate_dspark"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from power_core.plugins import ProposerRequest, Strategy, hookimpl, package_version
+from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
 from power_mtp.validate import validate_mtp
 
 

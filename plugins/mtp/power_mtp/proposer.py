@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from power_core.errors import ArtifactMismatch, StrategyNotFound
-from power_core.plugins import ProposerRequest
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.spec import ProposerRequest
 
 __all__ = ["MtpProposer", "make_mtp_proposer", "TARGET_FEATURES"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
     MTP_ARCHS,
     MTP_CHAINED_ARCHS,
@@ -31,7 +32,6 @@ from power_core.artifacts.contracts import (
     need_tensor,
     reject,
 )
-from power_core.artifacts.view import ArtifactView
 
 __all__ = ["validate_mtp"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from power_core.plugins import ProposerRequest, Strategy, hookimpl, package_version
+from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
 
 #: without an explicit --draft-max a round may draft this far (copying pays only for long drafts;
 #: the scheduler's cost-aware width decides how much of it is verified)

@@ -1,0 +1,234 @@
+"""The round driver on the reference backend: every request's output equals its solo run whatever
+the schedule (arrivals, concurrency, lengths, seeds, a prompt longer than a pass); a request's
+cancel or fault leaves the others unchanged; a failed shared pass restores every round of it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from power_core.config import PowerConfig
+from power_core.engine import Engine
+from power_core.errors import AdapterFault, Cancelled, RuntimeFault
+from power_core.session import Session
+from tests.helpers import core_plugins
+
+MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
+
+
+def _config(mode: str, **kw) -> PowerConfig:
+    return PowerConfig(spec_mode=mode, n_ctx=512, **kw)
+
+
+def _solo(mode: str, prompt: list[int], **kw) -> tuple[int, ...]:
+    sampling = {k: kw.pop(k) for k in ("temperature", "seed") if k in kw}
+    with Session.open(_config(mode), model=MODEL, plugins=core_plugins()) as s:
+        return s.start(prompt, sampling=sampling, **kw).run().tokens
+
+
+def _engine(mode: str, n: int, **kw) -> Engine:
+    return Engine.open(n, _config(mode), model=MODEL, plugins=core_plugins(), **kw)
+
+
+def _run_all(engine: Engine, jobs: list[dict], delays: list[float]) -> list:
+    out: list = [None] * len(jobs)
+
+    def go(i: int) -> None:
+        time.sleep(delays[i])
+        job = dict(jobs[i])
+        prompt = job.pop("prompt")
+        sampling = {k: job.pop(k) for k in ("temperature", "seed") if k in job}
+        gen = engine.submit(prompt, sampling=sampling, **job)
+        try:
+            out[i] = engine.run(gen)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            out[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+job_strategy = st.fixed_dictionaries({
+    "prompt": st.lists(st.integers(0, 255), min_size=1, max_size=90),
+    "max_tokens": st.integers(1, 40),
+    "temperature": st.sampled_from([0.0, 0.0, 0.8]),
+    "seed": st.integers(0, 5),
+})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(["off", "ref-draft"]),
+       jobs=st.lists(job_strategy, min_size=1, max_size=8),
+       delays=st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.005, 0.02]), min_size=8, max_size=8),
+       slots=st.integers(1, 4), budget=st.sampled_from([None, 70, 100]))
+def test_every_request_equals_its_solo_run_on_any_schedule(mode, jobs, delays, slots, budget):
+    kw = {} if budget is None else {"token_budget": budget}
+    with _engine(mode, slots, **kw) as engine:
+        results = _run_all(engine, jobs, delays)
+    for job, res in zip(jobs, results, strict=True):
+        assert not isinstance(res, BaseException), res
+        expect = _solo(mode, job["prompt"], max_tokens=job["max_tokens"], temperature=job["temperature"],
+                       seed=job["seed"])
+        assert res.tokens == expect
+        assert res.receipt.status == "completed"
+        assert res.receipt.backend["batch"]["n_seq"] == slots
+
+
+class _Slow:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode_batch(self, items):
+        time.sleep(0.01)
+        return self.inner.decode_batch(items)
+
+
+def test_a_long_prompt_is_chunked_and_does_not_stall_the_others():
+    long_prompt = list(np.random.default_rng(1).integers(0, 256, 400))
+    with _engine("off", 2, token_budget=66) as engine:
+        engine.batch.runtime = _Slow(engine.batch.runtime)  # passes of 10 ms: both requests join in time
+        long_gen = engine.submit(long_prompt, max_tokens=5)
+        short = engine.submit([5, 6, 7], max_tokens=3)
+        order: list[str] = []
+
+        def run(gen, name: str) -> None:
+            engine.run(gen)
+            order.append(name)
+
+        threads = [threading.Thread(target=run, args=(long_gen, "long")),
+                   threading.Thread(target=run, args=(short, "short"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert order == ["short", "long"]  # the short request decoded while the long prompt was prefilled
+    assert long_gen.tokens == _solo("off", long_prompt, max_tokens=5)
+    assert short.tokens == _solo("off", [5, 6, 7], max_tokens=3)
+    batch = long_gen.receipt.backend["batch"]
+    assert batch["shared_passes"] >= 400 // 66  # the prompt took several passes
+    assert batch["peak_concurrent"] == 2
+
+
+def test_cancel_of_one_request_leaves_the_others_unchanged():
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with _engine("ref-draft", 3) as engine:
+        engine.batch.runtime = _Slow(engine.batch.runtime)
+        gens = [engine.submit(p, max_tokens=60) for p in prompts]
+        victim = gens[1]
+        results: list = [None, None, None]
+
+        def go(i: int) -> None:
+            try:
+                for k, _ in enumerate(engine.rounds(gens[i])):
+                    if i == 1 and k == 3:
+                        victim.cancel.cancel()
+                results[i] = gens[i].result()
+            except Cancelled as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert isinstance(results[1], Cancelled)
+    assert victim.receipt.status == "cancelled" and 0 < len(victim.tokens) < 60
+    solo_victim = _solo("ref-draft", prompts[1], max_tokens=60)
+    assert victim.tokens == solo_victim[: len(victim.tokens)]  # what it committed is its solo prefix
+    for i in (0, 2):
+        assert results[i].tokens == _solo("ref-draft", prompts[i], max_tokens=60)
+
+
+class _Flaky:
+    """A proposer whose n-th propose raises (a foreign exception: the core makes it an AdapterFault)."""
+
+    def __init__(self, inner, fail_at: int) -> None:
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, ctx):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ValueError("boom")
+        return self.inner.propose(ctx)
+
+
+def test_a_proposer_fault_fails_only_its_request():
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with _engine("ref-draft", 3) as engine:
+        gens = [engine.submit(p, max_tokens=40) for p in prompts]
+        session = gens[2].session
+        session.proposer = _Flaky(session.proposer, fail_at=4)
+        results: list = [None] * 3
+
+        def go(i: int) -> None:
+            try:
+                results[i] = engine.run(gens[i])
+            except AdapterFault as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert isinstance(results[2], AdapterFault) and gens[2].receipt.status == "failed"
+    for i in (0, 1):
+        assert results[i].tokens == _solo("ref-draft", prompts[i], max_tokens=40)
+
+
+def test_a_failed_shared_pass_restores_its_rounds_and_the_engine_keeps_serving():
+    with _engine("off", 2) as engine:
+        engine.batch.runtime.fail_on = 5  # type: ignore[attr-defined]
+        a, b = engine.submit([1, 2], max_tokens=20), engine.submit([3, 4], max_tokens=20)
+        errors: list = []
+
+        def go(g) -> None:
+            try:
+                engine.run(g)
+            except RuntimeFault as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=go, args=(g,)) for g in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors and all(g.receipt.status in ("failed", "completed") for g in (a, b))
+        for g in (a, b):  # what each committed before the failure is its solo prefix
+            assert g.tokens == _solo("off", list(g.prompt), max_tokens=20)[: len(g.tokens)]
+        after = engine.run(engine.submit([9, 9, 9], max_tokens=10))
+    assert after.tokens == _solo("off", [9, 9, 9], max_tokens=10)
+
+
+def test_reading_stops_early_cancels_and_frees_the_slot():
+    with _engine("off", 1) as engine:
+        engine.batch.runtime = _Slow(engine.batch.runtime)
+        gen = engine.submit([1, 2, 3], max_tokens=200)
+        rounds = engine.rounds(gen)
+        next(rounds)
+        rounds.close()
+        assert gen.receipt is not None and gen.receipt.status == "cancelled"
+        again = engine.run(engine.submit([1, 2, 3], max_tokens=5))  # the only slot is free again
+    assert again.tokens == _solo("off", [1, 2, 3], max_tokens=5)
+
+
+def test_open_batch_refuses_a_backend_without_shared_passes():
+    from power_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="parallel"):
+        Session.open_batch(0, _config("off"), model=MODEL, plugins=core_plugins())
