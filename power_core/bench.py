@@ -339,7 +339,7 @@ def _bench_prompt(spec: BenchSpec, text: str, modes: Sequence[str], peers: list[
     return out
 
 
-def _numerics_probe(cell: _PowerCell, prompt: str, off_tokens: list[int], d: int,
+def _numerics_probe(cell: _PowerCell, prompt: str | Sequence[int], off_tokens: list[int], d: int,
                     rounds: list[tuple[list[int], int]]) -> dict[str, Any]:
     """Do the target's own batch numerics explain a divergence at emitted token ``d``?
 

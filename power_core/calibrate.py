@@ -176,9 +176,9 @@ def load_tasks(path: Path) -> tuple[Task, ...]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
+        at = raw[:exc.start].count(b"\n") + 1
         raise ConfigError("tasks", str(path), "a UTF-8 JSONL file",
-                          f"line {line}: byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason})") from None
+                          f"line {at}: byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason})") from None
     tasks: list[Task] = []
     seen: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):

@@ -234,6 +234,15 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
         assert report is not None
         out = {"model": session.opened.model_path, "backend": session.backend.name, "numerics": config.numerics,
                **report.to_dict()}
+    batch = None
+    if args.batch:
+        from power_core.numerics import batch_probe
+
+        if args.batch < 2:
+            raise UsageError(f"power selftest: --batch needs at least 2 sequences, not {args.batch}")
+        with Session.open_batch(args.batch, config, model=args.model, backend=args.backend) as sessions:
+            batch = batch_probe(sessions.runtime)
+        out["batch"] = batch.to_dict()
     if args.json:
         print(json.dumps(out))
     else:
@@ -241,7 +250,9 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
         for p in report.probes:
             print(f"  context {p['context']:>4} width {p['width']:>2}: {p['rows_differing']} rows differ, "
                   f"max |diff| {p['max_abs_diff']:.4g}, argmax flips {p['argmax_flips']}")
-    return 0 if report.identical else 3
+        if batch is not None:
+            print(f"  shared passes: {batch.reason()}")
+    return 0 if report.identical and (batch is None or batch.identical) else 3
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -434,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", help="force a backend (llama, reference)")
     t.add_argument("--threads", type=int)
     t.add_argument("--n-ctx", type=int, default=512)
+    t.add_argument("--batch", type=int, metavar="N",
+                   help="also probe shared passes of N sequences: a sequence's rows beside others' vs alone")
     _numerics_flag(t)
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.set_defaults(func=_cmd_selftest)

@@ -31,8 +31,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from power_core.errors import Cancelled, PowerError, SessionBusy
+from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy
 from power_core.logs import get_logger
+from power_core.numerics import BatchProbeReport, batch_probe
 from power_core.runtime import BatchItem, DecodeResult
 from power_core.session import Generation, Prompt, Result, Session, SessionBatch
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, Transaction
@@ -74,6 +75,14 @@ class Engine:
             raise PowerError(f"a pass budget of {budget} tokens cannot hold {len(self.sessions)} verify blocks of "
                              f"{max_block}")
         self.token_budget = budget
+        #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
+        self.probe: BatchProbeReport | None = batch_probe(batch.runtime) if len(self.sessions) > 1 else None
+        if self.probe is not None:
+            log.info("engine.batch_probe", identical=self.probe.identical, reason=self.probe.reason())
+        config = self.sessions[0].config
+        if self.probe is not None and not self.probe.identical and config.require_identical:
+            raise ConfigError("parallel", len(self.sessions), "independent slots on this target",
+                              f"require_identical: {self.probe.reason()}")
         self._cv = threading.Condition()
         self._free: collections.deque[Session] = collections.deque(self.sessions)
         self._joining: collections.deque[_Active] = collections.deque()
@@ -193,7 +202,8 @@ class Engine:
         gen = a.gen
         gen._batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
                       "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
-                      "n_seq": len(self.sessions), "token_budget": self.token_budget}
+                      "n_seq": len(self.sessions), "token_budget": self.token_budget,
+                      "rows_identical_to_solo": self.probe.identical if self.probe is not None else True}
         try:
             gen._end_attempt(failure)
         finally:

@@ -22,9 +22,9 @@ import attrs
 import numpy as np
 
 from power_core.errors import CapacityError
-from power_core.runtime import TargetRuntime
+from power_core.runtime import BatchItem, BatchRuntime, TargetRuntime
 
-__all__ = ["SelftestReport", "selftest", "DEFAULT_CONTEXTS", "DEFAULT_WIDTHS"]
+__all__ = ["BatchProbeReport", "SelftestReport", "batch_probe", "selftest", "DEFAULT_CONTEXTS", "DEFAULT_WIDTHS"]
 
 #: prefix lengths probed: short, a block crossing the 256-cell padding, and past it
 DEFAULT_CONTEXTS = (20, 250, 300)
@@ -109,3 +109,98 @@ def selftest(target: TargetRuntime, *, contexts: Sequence[int] = DEFAULT_CONTEXT
     identical = all(p["rows_differing"] == 0 for p in probes)
     return SelftestReport(identical=identical, max_abs_diff=worst, first_argmax_diff=first, probes=tuple(probes),
                           seconds=time.perf_counter() - t0)
+
+
+@attrs.frozen
+class BatchProbeReport:
+    """Whether one sequence's rows in a shared multi-sequence pass equal its solo rows, bit for bit."""
+
+    identical: bool
+    sequences: int
+    rows_compared: int
+    rows_differing: int
+    max_abs_diff: float
+    argmax_flips: int
+    #: where the first difference was: (pass index, row) or None
+    first_difference: tuple[int, int] | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        out["first_difference"] = list(self.first_difference) if self.first_difference else None
+        return out
+
+    def reason(self) -> str:
+        if self.identical:
+            return (f"rows of a sequence in shared passes of {self.sequences} sequences are bit-identical to its "
+                    f"solo rows ({self.rows_compared} rows)")
+        return (f"{self.rows_differing} of {self.rows_compared} rows of a sequence in shared passes differ from its "
+                f"solo rows (max |diff| {self.max_abs_diff:.4g}, {self.argmax_flips} argmax flips; first at pass "
+                f"{self.first_difference})")
+
+
+def batch_probe(runtime: BatchRuntime, *, prompts: Sequence[int] = (37, 300, 5),
+                widths: Sequence[int] = (1, 4, 8, 3, 2), seed: int = 0) -> BatchProbeReport:
+    """Decode sequence 0 in shared passes with the runtime's other sequences (their prompts and
+    verify blocks of other widths beside it), then alone, and compare its rows bit for bit.
+
+    Every sequence is reset before and after. ``prompts`` are prompt lengths (sequence ``i`` gets
+    ``prompts[i % len]``; the 300-token one crosses llama.cpp's 256-cell KV padding), ``widths`` the
+    verify block widths of sequence 0, round after round (the others use rotated widths)."""
+    t0 = time.perf_counter()
+    seqs = list(runtime.sequences)
+    if not seqs:
+        raise CapacityError("batch probe: the runtime has no sequences")
+    caps = seqs[0].capabilities
+    rng = np.random.default_rng(seed)
+    n = len(seqs)
+    lengths = [min(prompts[i % len(prompts)], caps.n_ctx - sum(widths) - 2) for i in range(n)]
+    width = [min(w, caps.max_block) for w in widths]
+    toks = [rng.integers(0, caps.n_vocab, lengths[i]).astype(np.int32) for i in range(n)]
+    blocks = [[rng.integers(0, caps.n_vocab, width[(r + i) % len(width)]).astype(np.int32)
+               for r in range(len(width))] for i in range(n)]
+
+    def passes(members: list[int]) -> list[np.ndarray]:
+        for i in members:
+            seqs[i].reset()
+        rows = []
+        budget = runtime.token_budget
+        pending = {i: toks[i] for i in members}
+        while pending:  # prompts in chunks under the pass budget; sequence 0's last row is compared
+            items, taken = [], 0
+            for i, rest in list(pending.items()):
+                k = min(len(rest), max(0, budget - taken))
+                if k == 0:
+                    continue
+                items.append((i, BatchItem(seqs[i], rest[:k], "last" if k == len(rest) else "none")))
+                taken += k
+            for (i, _), res in zip(items, runtime.decode_batch([it for _, it in items]), strict=True):
+                if i == 0 and res.logits.shape[0]:
+                    rows.append(np.array(res.logits))
+                pending[i] = pending[i][len(res.tokens):]
+                if not len(pending[i]):
+                    del pending[i]
+        for r in range(len(width)):
+            results = runtime.decode_batch([BatchItem(seqs[i], blocks[i][r], "all") for i in members])
+            rows.append(np.array(results[0].logits))
+        for i in members:
+            seqs[i].reset()
+        return rows
+
+    shared = passes(list(range(n)))
+    solo = passes([0])
+    compared = differing = flips = 0
+    worst = 0.0
+    first: tuple[int, int] | None = None
+    for p, (a, b) in enumerate(zip(shared, solo, strict=True)):
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64)).max(axis=1)
+        compared += a.shape[0]
+        bad = np.flatnonzero(diff != 0)
+        differing += bad.size
+        flips += int((a.argmax(axis=1) != b.argmax(axis=1)).sum())
+        worst = max(worst, float(diff.max()))
+        if bad.size and first is None:
+            first = (p, int(bad[0]))
+    return BatchProbeReport(identical=differing == 0, sequences=n, rows_compared=compared, rows_differing=differing,
+                            max_abs_diff=worst, argmax_flips=flips, first_difference=first,
+                            seconds=time.perf_counter() - t0)

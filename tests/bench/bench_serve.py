@@ -26,6 +26,12 @@ does): a server that learns across requests (llama.cpp's ``ngram-mod`` pool, ``n
 per-session acceptance model) would otherwise copy the previous run's identical answer. Within a run
 the order of the cells alternates (A, B, ... then ..., B, A), so drift on a shared machine hits all.
 
+On a shared machine every measurement also records the CPU share other processes took while it ran
+(``foreign_cpu``: busy CPU time from ``/proc/stat`` minus this bench's and its children's, over wall
+time x cores). Before each measurement the bench waits (up to ``--quiet-wait`` s) for a quiet machine,
+and a measurement that other processes disturbed by more than ``--max-foreign`` is taken again (up
+to ``--retries`` times; the last attempt is kept, and flagged in the report).
+
 Writes ``report.json`` and ``report.md`` under ``--out`` (default ``evidence/bench_serve/``).
 """
 
@@ -37,6 +43,7 @@ import math
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,6 +79,57 @@ def percentile(xs: list[float], q: float) -> float:
     """The nearest-rank percentile (``q`` in 0..100): with few samples p99 is the slowest request."""
     s = sorted(xs)
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+# -- contention on a shared machine ---------------------------------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu() -> tuple[float, float, float]:
+    """(wall, machine busy CPU s, this process's and its waited-for children's CPU s)."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    busy = (sum(f[:8]) - f[3] - f[4]) / _TICK  # all but idle and iowait
+    own = sum(getattr(resource.getrusage(who), k) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for k in ("ru_utime", "ru_stime"))
+    return time.perf_counter(), busy, own
+
+
+def foreign_share(start: tuple[float, float, float]) -> float:
+    """The share of the machine's CPU that other processes used since ``start`` (0: none, 1: all cores)."""
+    end = _cpu()
+    wall = end[0] - start[0]
+    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (wall * (os.cpu_count() or 1))) if wall > 0 else 0.0
+
+
+class Quiet:
+    """Waits for a quiet machine before a measurement and takes it again when others disturbed it."""
+
+    def __init__(self, max_foreign: float, wait_s: float, retries: int) -> None:
+        self.max_foreign, self.wait_s, self.retries = max_foreign, wait_s, retries
+        self.waited_s = 0.0
+        self.retaken = 0
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            start = _cpu()
+            time.sleep(2.0)
+            self.waited_s += 2.0
+            if foreign_share(start) <= self.max_foreign:
+                return
+
+    def measure(self, fn: Any) -> dict[str, Any]:
+        for attempt in range(self.retries + 1):
+            self.wait()
+            start = _cpu()
+            r = fn()
+            share = foreign_share(start)
+            if share <= self.max_foreign or attempt == self.retries:
+                r["foreign_cpu"], r["attempts"] = share, attempt + 1
+                return r
+            self.retaken += 1
+        raise AssertionError("unreachable")
 
 
 def peer_bin_dir() -> tuple[Path, dict[str, Any]]:
@@ -167,28 +225,32 @@ def llama_server_once(peer_bin: Path, model: str, spec_type: str, text: str, tok
 
 
 # -- a: server vs power run, b: vs llama-server n-gram types (one client) --------------------------------
-def bench_prompt(args: argparse.Namespace, peer_bin: Path, model: str, path: Path) -> dict[str, Any]:
+def bench_prompt(args: argparse.Namespace, peer_bin: Path, model: str, path: Path, quiet: Quiet) -> dict[str, Any]:
     text = read_prompt(path)
     off = power_run(model, "off", text, args.tokens, args.threads, args.n_ctx)  # the reference text and count
     n_ref = off["n"]
     cells = ["power-serve", "power-run", *args.types]
     raw: dict[str, list[dict[str, Any]]] = {c: [] for c in cells}
+
+    def one(cell: str) -> dict[str, Any]:
+        if cell == "power-serve":
+            return power_serve_once(model, args.mode, text, args.tokens, args.threads, args.n_ctx)
+        if cell == "power-run":
+            return power_run(model, args.mode, text, args.tokens, args.threads, args.n_ctx)
+        return llama_server_once(peer_bin, model, cell, text, args.tokens, args.threads, args.n_ctx, args.peer_numerics)
+
     for i in range(args.runs):
         order = cells if i % 2 == 0 else cells[::-1]
         for cell in order:
-            if cell == "power-serve":
-                r = power_serve_once(model, args.mode, text, args.tokens, args.threads, args.n_ctx)
-            elif cell == "power-run":
-                r = power_run(model, args.mode, text, args.tokens, args.threads, args.n_ctx)
-            else:
-                r = llama_server_once(peer_bin, model, cell, text, args.tokens, args.threads, args.n_ctx,
-                                      args.peer_numerics)
-            raw[cell].append(r)
+            raw[cell].append(quiet.measure(lambda cell=cell: one(cell)))
         serve, run = raw["power-serve"][-1], raw["power-run"][-1]
         line = " ".join(f"{c}={raw[c][-1]['decode_tok_s']:.1f}" for c in cells)
         print(f"  {path.name} run {i + 1}/{args.runs}: {line} tok/s; serve/run x{serve['decode_tok_s'] / run['decode_tok_s']:.3f}",
               flush=True)
-    out: dict[str, Any] = {"tokens": n_ref, "off_sha256": off["sha256"], "off_finish_n": n_ref}
+    every = [r for runs in raw.values() for r in runs]
+    out: dict[str, Any] = {"tokens": n_ref, "off_sha256": off["sha256"],
+                           "foreign_cpu": stats([r["foreign_cpu"] for r in every]),
+                           "disturbed": sum(r["foreign_cpu"] > args.max_foreign for r in every)}
     serve, run = raw["power-serve"], raw["power-run"]
     out["power_serve"] = {
         "decode_tok_s": stats([r["decode_tok_s"] for r in serve]), "wall_tok_s": stats([r["wall_tok_s"] for r in serve]),
@@ -261,23 +323,25 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
 
 
 def bench_concurrency(args: argparse.Namespace, peer_bin: Path, model: str, texts: dict[str, str],
-                      refs: dict[str, dict[str, Any]], best: str) -> dict[str, Any]:
+                      refs: dict[str, dict[str, Any]], best: str, quiet: Quiet) -> dict[str, Any]:
     names = list(texts)
     raw: dict[str, list[dict[str, Any]]] = {"power-serve": [], "llama-server": []}
+
+    def one(side: str) -> dict[str, Any]:
+        if side == "power-serve":
+            with listening(power_serve_cmd(model, args.mode, args.threads, args.n_ctx, args.clients)) as s:
+                name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
+                return _clients(s.url, [_power_body(name, texts[n], args.tokens) for n in names], args.clients,
+                                _power_result)
+        env, extra = peer_launch(args.peer_numerics)
+        cmd = llama_server_cmd(peer_bin, model, best, args.threads, args.n_ctx, args.clients, extra)
+        with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s:
+            return _clients(s.url, [_llama_body(texts[n], args.tokens) for n in names], args.clients, _llama_result)
+
     for i in range(args.c4_runs):
         order = ["power-serve", "llama-server"] if i % 2 == 0 else ["llama-server", "power-serve"]
         for side in order:
-            if side == "power-serve":
-                with listening(power_serve_cmd(model, args.mode, args.threads, args.n_ctx, args.clients)) as s:
-                    name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
-                    bodies = [_power_body(name, texts[n], args.tokens) for n in names]
-                    res = _clients(s.url, bodies, args.clients, _power_result)
-            else:
-                env, extra = peer_launch(args.peer_numerics)
-                cmd = llama_server_cmd(peer_bin, model, best, args.threads, args.n_ctx, args.clients, extra)
-                with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s:
-                    bodies = [_llama_body(texts[n], args.tokens) for n in names]
-                    res = _clients(s.url, bodies, args.clients, _llama_result)
+            res = quiet.measure(lambda side=side: one(side))
             # each client's results are in prompt order
             for j, r in enumerate(res["results"]):
                 ref = refs[names[j % len(names)]]
@@ -293,7 +357,8 @@ def bench_concurrency(args: argparse.Namespace, peer_bin: Path, model: str, text
                      "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
                      "latency_max_s": max(lat), "requests": len(lat),
                      "per_request_decode_tok_s": stats([r["decode_tok_s"] for run in runs for r in run["results"]]),
-                     "same_text": all(r["same_text"] for run in runs for r in run["results"])}
+                     "same_text": all(r["same_text"] for run in runs for r in run["results"]),
+                     "foreign_cpu": stats([r["foreign_cpu"] for r in runs])}
     out["power_over_llama_aggregate"] = stats([a["aggregate_tok_s"] / b["aggregate_tok_s"]
                                                for a, b in zip(raw["power-serve"], raw["llama-server"], strict=True)])
     return out
@@ -318,6 +383,10 @@ def main() -> int:
     ap.add_argument("--peer-numerics", choices=("exact", "stock"), default="exact")
     ap.add_argument("--peer-bin", type=Path, default=None, help="default: the build the installed power-native runs on")
     ap.add_argument("--out", type=Path, default=ROOT / "evidence" / "bench_serve")
+    ap.add_argument("--max-foreign", type=float, default=0.15,
+                    help="CPU share (0..1) other processes may take during a measurement before it is taken again")
+    ap.add_argument("--quiet-wait", type=float, default=120.0, help="seconds to wait for a quiet machine per measurement")
+    ap.add_argument("--retries", type=int, default=2, help="times a disturbed measurement is taken again")
     args = ap.parse_args()
     args.types = [t for t in args.types.split(",") if t]
     args.c4_runs = args.runs if args.c4_runs is None else args.c4_runs
@@ -334,13 +403,15 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "loadavg_start": os.getloadavg()},
         "goals": {"serve_over_run": SERVE_GOAL, "serve_over_best_ngram": PEER_GOAL}, "models": {}}
+    quiet = Quiet(args.max_foreign, args.quiet_wait, args.retries)
+    report["contention"] = {"max_foreign": args.max_foreign, "quiet_wait_s": args.quiet_wait, "retries": args.retries}
     for alias in args.models.split(","):
         model = str(resolve_model(None if alias in ("", "default") else alias))
         print(f"{alias}: {model}", flush=True)
         entry: dict[str, Any] = {"model_path": model, "prompts": {}}
         report["models"][alias] = entry
         for path in args.prompts:
-            entry["prompts"][path.name] = bench_prompt(args, peer_bin, model, path)
+            entry["prompts"][path.name] = bench_prompt(args, peer_bin, model, path, quiet)
         if args.c4_runs:
             texts = {p.name: read_prompt(p) for p in args.prompts}
             refs = {}
@@ -350,7 +421,8 @@ def main() -> int:
             ok = [t for t in args.types if all(t not in pr["peers_other_workload"] for pr in entry["prompts"].values())]
             best = max(ok or args.types, key=lambda t: _geomean(
                 [pr["llama_server"][t]["decode_tok_s"]["median"] for pr in entry["prompts"].values()]))
-            entry["concurrency"] = bench_concurrency(args, peer_bin, model, texts, refs, best)
+            entry["concurrency"] = bench_concurrency(args, peer_bin, model, texts, refs, best, quiet)
+        report["contention"].update(waited_s=quiet.waited_s, retaken=quiet.retaken)
         _write(args.out, report)  # after each model, so a long run leaves evidence behind
     report["machine"]["loadavg_end"] = os.getloadavg()
     _write(args.out, report)
@@ -400,6 +472,8 @@ def _markdown(report: dict[str, Any]) -> str:
                 sb = p["serve_over_best_type"]
                 lines.append(f"- b. server / best llama-server n-gram type ({p['best_type']}): decode x{_fmt(sb['decode'], 3)}, "
                              f"wall x{_fmt(sb['wall'], 3)} (goal >= {sb['goal']}: {'met' if sb['met'] else 'NOT met'})")
+            lines.append(f"- other processes' CPU share during the measurements: {_fmt(p['foreign_cpu'], 2)}; "
+                         f"measurements kept above --max-foreign: {p['disturbed']}")
             if p["peers_other_workload"]:
                 lines.append(f"- not the same workload (text or count differs from `--mode off`): "
                              f"{', '.join(p['peers_other_workload'])}")
@@ -416,7 +490,14 @@ def _markdown(report: dict[str, Any]) -> str:
                              f"{x['latency_p50_s']:.2f} | {x['latency_p99_s']:.2f} | {_fmt(x['per_request_decode_tok_s'])} "
                              f"| {_yes(x['same_text'])} |")
             lines += ["", f"- power / llama-server aggregate: x{_fmt(c['power_over_llama_aggregate'], 3)} "
-                          f"({c['power-serve']['requests']} requests per side, latency percentiles pooled over the runs)", ""]
+                          f"({c['power-serve']['requests']} requests per side, latency percentiles pooled over the runs; "
+                          f"other processes' CPU share: power {_fmt(c['power-serve']['foreign_cpu'], 2)}, "
+                          f"llama-server {_fmt(c['llama-server']['foreign_cpu'], 2)})", ""]
+    q = report.get("contention") or {}
+    if q:
+        lines.append(f"Shared machine: each measurement waited for a quiet machine (up to {q['quiet_wait_s']:.0f} s) and was "
+                     f"taken again (up to {q['retries']}x) when other processes took > {q['max_foreign']:.0%} of the CPU; "
+                     f"waited {q.get('waited_s', 0):.0f} s, {q.get('retaken', 0)} measurements taken again.\n")
     b = report.get("build") or {}
     lines.append(f"Build: llama.cpp {b.get('llama_cpp_commit')} ({b.get('build')}), patches {b.get('patches')}; "
                  f"machine {report['machine']}.")

@@ -1,0 +1,65 @@
+"""The round driver on llama.cpp: requests sharing target passes (one sequence each, per-sequence
+KV streams) give exactly their solo outputs on SmolLM2 and Gemma-3, greedy and seeded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from power_core import PowerConfig, Session
+from power_core.engine import Engine
+from power_core.errors import ConfigError
+from power_core.numerics import batch_probe
+
+pytestmark = [pytest.mark.native, pytest.mark.model, pytest.mark.slow]
+
+QUESTIONS = ["Name three primary colors.", "What is 12 times 12?", "Write a haiku about the sea.",
+             "List the days of the week.", "Give two synonyms for 'fast'."]
+
+
+def _jobs() -> list[tuple[str, dict]]:
+    return [(q, {"temperature": 0.8, "seed": 5} if i % 2 else {}) for i, q in enumerate(QUESTIONS)]
+
+
+@pytest.mark.parametrize("model, mode", [(None, "off"), (None, "suffix"), (None, "draft-model"),
+                                         ("gemma3-270m", "suffix")])
+def test_shared_passes_give_every_request_its_solo_output(model, mode):
+    cfg = PowerConfig(spec_mode=mode, n_threads=2, max_tokens=40, n_ctx=1024)
+    with Session.open(cfg, model=model) as s:
+        solo = [s.start(s.chat_prompt([{"role": "user", "content": q}]), sampling=kw).run().tokens
+                for q, kw in _jobs()]
+    with Engine.open(3, cfg, model=model) as engine:
+        assert engine.probe is not None and engine.probe.identical, engine.probe
+        out: list = [None] * len(QUESTIONS)
+
+        def go(i: int) -> None:
+            q, kw = _jobs()[i]
+            gen = engine.submit(engine.sessions[0].chat_prompt([{"role": "user", "content": q}]), sampling=kw)
+            out[i] = engine.run(gen)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(QUESTIONS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    for i, res in enumerate(out):
+        assert res.tokens == solo[i], (i, QUESTIONS[i])
+        batch = res.receipt.backend["batch"]
+        assert batch["rows_identical_to_solo"] is True and batch["n_seq"] == 3
+    assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
+
+
+@pytest.mark.parametrize("model", [None, "gemma3-270m"])
+def test_batch_probe_exact_numerics_is_bit_identical(model):
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=1024)
+    with Session.open_batch(3, cfg, model=model) as batch:
+        report = batch_probe(batch.runtime)
+    assert report.identical, report.reason()
+    assert report.rows_compared >= 19
+
+
+def test_strategies_reading_taps_or_recurrent_targets_do_not_share_passes(tiny_qwen35):
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=256)
+    with pytest.raises(ConfigError, match="parallel"):
+        Session.open_batch(2, cfg, model=str(tiny_qwen35))
