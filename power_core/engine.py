@@ -35,6 +35,7 @@ from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport, batch_probe
 from power_core.runtime import BatchItem, DecodeResult
+from power_core.scheduler import PassLoad
 from power_core.session import Generation, Prompt, Result, Session, SessionBatch
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, Transaction
 
@@ -87,7 +88,8 @@ class Engine:
         self._free: collections.deque[Session] = collections.deque(self.sessions)
         self._joining: collections.deque[_Active] = collections.deque()
         self._active: list[_Active] = []
-        self._rr = 0  # round-robin start among prefilling requests
+        self._rr = 0  # round-robin start among prefilling requests (and among decoding ones' width turns)
+        self._last_prefill = 0  # prompt tokens in the previous pass
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="power-engine", daemon=True)
         self._thread.start()
@@ -249,7 +251,15 @@ class Engine:
         prefilling = [a for a in active if a.prefilling]
         items: list[BatchItem] = []
         rounds: list[tuple[_Active, PendingRound]] = []
-        for a in decoding:
+        if len(decoding) > 1:  # who chooses its width first rotates, so no request always sees the lightest pass
+            turn = self._rr % len(decoding)
+            decoding = decoding[turn:] + decoding[:turn]
+        for j, a in enumerate(decoding):
+            # the pass so far: the blocks opened before this one, at least the anchor of each one after,
+            # and the prompt chunks joining it (the cost-aware width weighs the whole pass)
+            others = sum(int(i.tokens.shape[0]) for i in items) + (len(decoding) - j - 1)
+            a.txn.load = PassLoad(tokens=others + self._last_prefill, requests=len(decoding) - 1) \
+                if len(active) > 1 else None
             try:
                 pending = a.txn.open_round()
             except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
@@ -280,6 +290,7 @@ class Engine:
                 items.append(BatchItem(a.txn.target, a.remaining[:n], "last" if final else "none"))
                 chunks.append((a, n))
                 budget -= n
+        self._last_prefill = sum(n for _, n in chunks)
         if not items:
             return
         t0 = time.perf_counter()

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RoundPlan", "RoundOutcome", "Scheduler"]
+__all__ = ["PassLoad", "RoundPlan", "RoundOutcome", "Scheduler"]
 
 
 @attrs.frozen
@@ -41,6 +41,15 @@ class RoundPlan:
 
     k: int
     reason: str
+
+
+@attrs.frozen
+class PassLoad:
+    """What a shared target pass already holds when a request chooses its width: other requests'
+    tokens and how many requests (each yields at least one token)."""
+
+    tokens: int
+    requests: int
 
 
 @attrs.frozen
@@ -122,22 +131,42 @@ class Scheduler:
                              "wide" if self.wide_open else "narrow")
         return RoundPlan(self.k_max, "guarded" if self.guarded else "balanced")
 
-    def choose_width(self, confidence: Any, offered: int) -> tuple[int, dict[str, Any]]:
-        """The verified prefix of ``offered`` proposals that maximizes expected tokens per cost."""
+    def choose_width(self, confidence: Any, offered: int, load: PassLoad | None = None) -> tuple[int, dict[str, Any]]:
+        """The verified prefix of ``offered`` proposals that maximizes expected tokens per cost.
+
+        Alone, a round's pass of ``1 + w`` tokens costs ``costs[w]`` one-token passes and yields the
+        expected ``1 + p1 + p1 p2 + ...`` tokens. In a pass shared with other requests (``load``: the
+        tokens and requests already in it), the pass happens anyway, so the width is chosen for the
+        whole pass's yield: the others' tokens plus this request's, over the cost of the pass with
+        this request's block in it — a wide block that a solo pass would take can cost the shared
+        pass more than it adds, and is then narrowed (down to target-only)."""
         costs = self.costs
         p = [float(x) for x in confidence][:offered]
+        base_tokens = load.tokens if load is not None else 0
+        base_yield = float(load.requests) if load is not None else 0.0
         w_max = min(len(p), len(costs) - 1) if costs else 0
-        best_w, best_e, best_gain = 0, 1.0, 1.0 / costs[0] if costs else 1.0
+
+        def cost(w: int) -> float:  # a pass of base + 1 + w tokens, in one-token passes (extrapolated linearly)
+            assert costs is not None
+            b = base_tokens + w
+            if b < len(costs):
+                return costs[b]
+            slope = costs[-1] - costs[-2] if len(costs) > 1 else costs[0]  # the widest passes' marginal cost
+            return costs[-1] + slope * (b - len(costs) + 1)
+
+        best_w, best_e = 0, 1.0
+        best_gain = (base_yield + 1.0) / cost(0) if costs else 1.0
         expected, run = 1.0, 1.0
         for w in range(1, w_max + 1):
             run *= min(max(p[w - 1], 0.0), 1.0)
             expected += run
-            assert costs is not None
-            gain = expected / costs[w]
+            gain = (base_yield + expected) / cost(w)
             if gain > best_gain:
                 best_w, best_e, best_gain = w, expected, gain
-        info = {"offered": offered, "chosen": best_w, "expected_tokens": round(best_e, 4),
-                "relative_cost": round(costs[best_w], 4) if costs else 1.0, "gain": round(best_gain, 4)}
+        info: dict[str, Any] = {"offered": offered, "chosen": best_w, "expected_tokens": round(best_e, 4),
+                "relative_cost": round(cost(best_w), 4) if costs else 1.0, "gain": round(best_gain, 4)}
+        if load is not None:
+            info["shared_pass"] = {"tokens": load.tokens, "requests": load.requests}
         return best_w, info
 
     def record(self, plan: RoundPlan, outcome: RoundOutcome) -> None:

@@ -38,7 +38,7 @@ from power_core.errors import AdapterFault, Cancelled, CapacityError, PluginErro
 from power_core.logs import get_logger
 from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
 from power_core.sampling import TargetSampler
-from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
+from power_core.scheduler import PassLoad, RoundOutcome, RoundPlan, Scheduler
 
 __all__ = ["PHASES", "CancelToken", "PendingRound", "RoundRecord", "TokenLogprob", "Transaction"]
 
@@ -171,6 +171,9 @@ class Transaction:
     stop_text: Callable[[Sequence[int], list[int]], int | None] | None = None
     #: record a :class:`TokenLogprob` with this many alternatives for every emitted token (None: off)
     top_logprobs: int | None = None
+    #: set by a round driver before :meth:`open_round`: what the shared pass already holds, so the
+    #: cost-aware width weighs this request's block against the whole pass (None: a solo pass)
+    load: PassLoad | None = None
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -365,7 +368,7 @@ class Transaction:
         conf = getattr(self.proposer, "confidence", None)
         if conf is None or len(conf) != props.shape[0]:
             return props, None
-        w, info = self.scheduler.choose_width(conf, props.shape[0])
+        w, info = self.scheduler.choose_width(conf, props.shape[0], self.load)
         return props[:w], info
 
     def _verify(self, block: TokenArray, res: DecodeResult | None = None) -> DecodeResult:

@@ -193,7 +193,7 @@ def test_a_proposer_fault_fails_only_its_request():
 
 def test_a_failed_shared_pass_restores_its_rounds_and_the_engine_keeps_serving():
     with _engine("off", 2) as engine:
-        engine.batch.runtime.fail_on = 5  # type: ignore[attr-defined]
+        engine.batch.runtime.fail_on = engine.batch.runtime.passes + 5  # type: ignore[attr-defined]
         a, b = engine.submit([1, 2], max_tokens=20), engine.submit([3, 4], max_tokens=20)
         errors: list = []
 

@@ -200,3 +200,22 @@ def test_choose_width_zero_when_nothing_pays_then_backs_off():
 def test_choose_width_without_costs_keeps_everything():
     s = _cost_aware(None)
     assert s.costs is None
+
+
+def test_width_under_load_weighs_the_whole_shared_pass():
+    from power_core.scheduler import PassLoad, Scheduler
+
+    # a CPU-like curve: flat while memory-bound, then one token's cost per token
+    costs = (1.0, 1.05, 1.1, 1.15, 1.2, 2.2, 3.2, 4.2)
+    sched = Scheduler(k_max=7, window=None, costs=costs)
+    conf = [0.6] * 7
+    solo, info = sched.choose_width(conf, 7)
+    assert solo == 4 and "shared_pass" not in info
+    loaded, info = sched.choose_width(conf, 7, PassLoad(tokens=20, requests=5))
+    assert loaded == 1 and info["shared_pass"] == {"tokens": 20, "requests": 5}
+    # a pass that only holds one other anchor is still nearly flat: speculation still pays
+    light, _ = sched.choose_width(conf, 7, PassLoad(tokens=1, requests=1))
+    assert 1 <= light <= solo
+    # hopeless proposals are not verified under load
+    none, _ = sched.choose_width([0.05] * 7, 7, PassLoad(tokens=20, requests=5))
+    assert none == 0
