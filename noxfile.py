@@ -156,3 +156,12 @@ def bench_suffix(session: nox.Session) -> None:
     """The suffix proposer's own cost per round at 512 and 4096 tokens of history."""
     session.install("-e", ".", "-e", "plugins/suffix")
     session.run("python", "tests/bench/bench_suffix.py", *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_engine(session: nox.Session) -> None:
+    """Shared target passes (Engine) vs independent sessions at 4 and 8 concurrent requests, paired:
+    aggregate tok/s, TTFT, identical outputs, peak RSS; SmolLM2 and Gemma-3, off and suffix."""
+    install_all(session)
+    session.run("python", "tests/bench/bench_engine.py", "--rss", "--out", str(ROOT / "evidence" / "bench_engine.json"),
+                *session.posargs)
