@@ -303,3 +303,16 @@ def test_request_sampling_is_validated_like_config():
         assert gen.config.temperature == 0.5 and gen.config.seed == 3 and s.config.temperature == 0.0
         gen.run()
         assert len(gen.logprobs) == len(gen.tokens) and all(len(lp.top) == 2 for lp in gen.logprobs)
+
+
+def test_receipts_say_whether_requests_shared_target_passes(server, client, model_name):
+    got = client.completions.create(model=model_name, prompt="shared?", max_tokens=8)
+    batch = httpx.get(f"{server.url}/v1/receipts/{got.id}").json()["receipt"]["backend"]["batch"]
+    assert batch["n_seq"] == 2 and batch["rows_identical_to_solo"] is True and batch["shared_passes"] >= 1
+    with served(*MODE, "--parallel", "2", "--no-batch") as s:
+        c = openai.OpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        r = c.completions.create(model=model_name, prompt="shared?", max_tokens=8)
+        assert r.model_extra["power"]["output_sha256"] == got.model_extra["power"]["output_sha256"]
+        batch = httpx.get(f"{s.url}/v1/receipts/{r.id}").json()["receipt"]["backend"]["batch"]
+        assert batch == {"shared_passes": 0, "independent_because": "--no-batch"}
+        assert "independent: --no-batch" in s.stderr()

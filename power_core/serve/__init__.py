@@ -63,6 +63,9 @@ def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, **o
         for s in sessions:
             s.close()
         raise
+    if parallel > 1:  # every receipt says why its request did not share target passes
+        for s in sessions:
+            s.opened.backend_info["batch"] = {"shared_passes": 0, "independent_because": why}
     return Slots(sessions=tuple(sessions), why=why)
 
 
