@@ -86,8 +86,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def typecheck(session: nox.Session) -> None:
+    """mypy over the core, power-native's Python modules (the extension through ``_llama.pyi``) and every
+    plugin package, checked from their sources: nothing native is built here."""
     session.install("-e", ".", "mypy>=1.10")
-    session.run("mypy", "power_core")
+    plugins = [f"{p}/power_{Path(p).name}" for p in PLUGINS]
+    session.run("mypy", "power_core", "native/src/power_native", *plugins)
 
 
 @nox.session(python=PY)

@@ -264,7 +264,8 @@ def run_calibrate(spec: CalibrateSpec, *, progress: bool = True, plugins: Any = 
         "tasks_file": Path(spec.tasks).name, "tasks_sha256": _sha256(Path(spec.tasks).read_bytes()),
         "chat_template": ({"file": Path(spec.chat_template).name, "sha256": _sha256(template.encode())}
                           if spec.chat_template is not None and template is not None else "the model's"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "loadavg_start": _loadavg()},
     }
     cells: dict[str, _PowerCell] = {}
     try:
@@ -292,8 +293,17 @@ def run_calibrate(spec: CalibrateSpec, *, progress: bool = True, plugins: Any = 
     finally:
         for c in cells.values():
             c.close()
+    report["machine"]["loadavg_end"] = _loadavg()
     write_evidence(spec.out, report, _markdown, _plot, "calibration.png")
     return report
+
+
+def _loadavg() -> list[float] | None:
+    """The 1/5/15-minute load averages (None where the platform has none): tok/s on a busy machine is noisy."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def _render(session: Any, task: Task, template: str | None) -> list[int]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-__all__ = ["SCHEMA", "Receipt", "token_digest"]
+__all__ = ["SCHEMA", "Receipt", "proposer_stats", "token_digest"]
 
 SCHEMA = "power.receipt/1"
 
@@ -25,6 +25,31 @@ SCHEMA = "power.receipt/1"
 def token_digest(tokens: Sequence[int]) -> str:
     """sha256 over the token ids as int32 little-endian."""
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
+
+
+def proposer_stats(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The proposer's statistics over a request, in one shape for every proposer, from the rounds
+    alone (llama.cpp keeps the same counts for each of its drafters): ``drafts`` (rounds in which
+    the proposer offered tokens), ``drafted`` (tokens it offered: ``width.offered`` where a
+    cost-aware width verified only a prefix, else ``proposed``), ``accepted`` (proposals the target
+    accepted) and ``accepted_per_position`` (``[i]``: drafts whose proposal ``i`` was accepted; one
+    entry per position ever offered)."""
+    drafts = drafted = accepted = 0
+    per_position: list[int] = []
+    for r in rounds:
+        width = r.get("width") or {}
+        offered = int(width.get("offered", r["proposed"]))
+        if offered <= 0:
+            continue
+        drafts += 1
+        drafted += offered
+        n = int(r["accepted"])
+        accepted += n
+        if len(per_position) < offered:
+            per_position.extend([0] * (offered - len(per_position)))
+        for i in range(n):
+            per_position[i] += 1
+    return {"drafts": drafts, "drafted": drafted, "accepted": accepted, "accepted_per_position": per_position}
 
 
 @attrs.frozen
@@ -72,6 +97,11 @@ class Receipt:
         return (sum(r["emitted"] for r in self.rounds) / len(self.rounds)) if self.rounds else None
 
     @property
+    def proposer(self) -> dict[str, Any]:
+        """The proposer's statistics (:func:`proposer_stats`), computed from :attr:`rounds`."""
+        return proposer_stats(self.rounds)
+
+    @property
     def replays(self) -> int:
         return sum(1 for r in self.rounds if r["replayed"])
 
@@ -88,6 +118,7 @@ class Receipt:
 
     def _body(self, with_timings: bool) -> dict[str, Any]:
         body = attrs.asdict(self)
+        body["proposer"] = self.proposer
         body["summary"] = self.summary()
         if not with_timings:
             body.pop("timings")

@@ -16,7 +16,7 @@ calls (``include/llama.h``):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -26,9 +26,14 @@ __all__ = [
     "TokenArray",
     "TargetCapabilities",
     "DecodeResult",
+    "DecodeKind",
     "TargetRuntime",
+    "PrefixKeepingRuntime",
+    "InterruptibleRuntime",
     "ProposalContext",
     "Proposer",
+    "ConfidentProposer",
+    "ClosableProposer",
     "BatchItem",
     "BatchRuntime",
     "CountingRuntime",
@@ -64,17 +69,26 @@ class TargetCapabilities:
         return depth == 0 or self.rollback_window is None or depth <= self.rollback_window
 
 
+#: what a target pass was: a chunk of the prompt (``"prompt"``: no logits rows, or only the last
+#: token's) or a verify pass of ``[anchor, proposals...]`` (``"verify"``: one row per token)
+DecodeKind = Literal["prompt", "verify"]
+
+
 @attrs.frozen
 class DecodeResult:
     """Rows of one target pass: ``logits[i]`` predicts the token after ``tokens[i]``.
 
     Arrays may be zero-copy views into runtime buffers; they are valid until the next call on the
-    same runtime. ``features`` carries hidden-state taps requested by the proposer.
+    same runtime. ``features`` carries hidden-state taps requested by the proposer. ``kind`` says
+    what the pass was (:data:`DecodeKind`): the runtime that makes the result sets it (``prefill``
+    chunks are ``"prompt"``, ``decode`` passes ``"verify"``), so a proposer never infers it from
+    the number of logits rows.
     """
 
     tokens: TokenArray
     logits: npt.NDArray[np.float32]
     features: Mapping[str, npt.NDArray[np.float32]] = attrs.field(factory=dict)
+    kind: DecodeKind = attrs.field(default="verify", validator=attrs.validators.in_(("prompt", "verify")))
 
 
 @runtime_checkable
@@ -134,6 +148,25 @@ class CountingRuntime(Protocol):
     difference in its receipt (``backend.rollback``), never the running totals."""
 
     def counters(self) -> Mapping[str, int]: ...
+
+
+@runtime_checkable
+class PrefixKeepingRuntime(Protocol):
+    """Optional capability of a target runtime: keep the first ``n`` tokens of its memory and drop
+    the rest (prompt reuse, config ``cache_prompt``). Returns False when it cannot (the core then
+    resets and prefills the whole prompt)."""
+
+    def keep_prefix(self, n: int) -> bool: ...
+
+
+@runtime_checkable
+class InterruptibleRuntime(Protocol):
+    """Optional capability of a target runtime: stop a decode in flight. ``cancel`` (from any thread)
+    makes the running or next decode abort; ``clear_abort`` withdraws it for the next request."""
+
+    def cancel(self) -> None: ...
+
+    def clear_abort(self) -> None: ...
 
 
 def runtime_counters(target: object) -> dict[str, int]:
@@ -208,12 +241,15 @@ class Proposer(Protocol):
     (the verify pass of ``[anchor, proposals...]``) → ``commit``; on failure or cancel ``restore``
     with the round's checkpoint instead of (or after) ``commit``. A foreign exception from any
     method becomes :class:`~power_core.errors.AdapterFault`. Token arrays are 1-D ``int32``;
-    ``ctx.history`` is a read-only view, valid during the call.
+    ``ctx.history`` is a read-only view, valid during the call. ``DecodeResult.kind`` tells a
+    prefill chunk (``"prompt"``) from a verify pass (``"verify"``).
 
-    Optional attribute ``confidence``, read right after ``propose``: per proposal, the probability
-    that it is accepted given that the previous one was (``None``: no estimate). Cost-aware
+    Optional attribute ``confidence`` (:class:`ConfidentProposer`), read right after ``propose``:
+    per proposal, the probability that it is accepted given that the previous one was (``None``:
+    no estimate). Cost-aware
     strategies (``Strategy.cost_aware``) use it to choose how much of the proposal to verify;
-    ``observe`` then shows the proposer the block actually verified.
+    ``observe`` then shows the proposer the block actually verified. Optional ``close()``
+    (:class:`ClosableProposer`) runs when the session closes.
     """
 
     #: hidden-state taps this proposer needs from the target's verify pass (may be empty)
@@ -239,3 +275,20 @@ class Proposer(Protocol):
         ...
 
     def restore(self, checkpoint: Any) -> None: ...
+
+
+@runtime_checkable
+class ConfidentProposer(Protocol):
+    """Optional capability of a :class:`Proposer`: ``confidence``, read right after ``propose`` —
+    per proposal, the probability that it is accepted given that the previous one was (``None``:
+    no estimate for this round)."""
+
+    confidence: Sequence[float] | None
+
+
+@runtime_checkable
+class ClosableProposer(Protocol):
+    """Optional capability of a :class:`Proposer`: ``close()`` releases what it holds (a draft
+    context); the session calls it once, when it closes."""
+
+    def close(self) -> None: ...

@@ -47,7 +47,7 @@ class Selection:
 
     strategy: Strategy
     reason: str
-    verified: Any = None
+    verified: VerifiedArtifacts | None = None
     draft: str | None = None
     artifacts: dict[str, str] = attrs.field(factory=dict)
 

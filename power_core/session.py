@@ -42,7 +42,7 @@ from power_core.logs import get_logger
 from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
 from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
 from power_core.receipt import Receipt, token_digest
-from power_core.runtime import BatchRuntime, Proposer, runtime_counters
+from power_core.runtime import BatchRuntime, ClosableProposer, InterruptibleRuntime, Proposer, runtime_counters
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.selection import Selection, select
@@ -255,11 +255,11 @@ class Session:
             self._resident = None  # no Session <-> Generation cycle: the model goes when the session does
         if owner is not None and owner._stream is not None:
             owner._stream.close()  # an unfinished stream of this thread ends as cancelled
-        close = getattr(self.proposer, "close", None)
+        proposer = self.proposer
         try:
-            if close is not None:
+            if isinstance(proposer, ClosableProposer):
                 try:
-                    close()
+                    proposer.close()
                 except PowerError:
                     raise
                 except Exception as exc:
@@ -429,9 +429,9 @@ class Generation:
         check_observers_only(s.plugins.pm)  # also when a host registered a plugin after loading
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
-        interrupt, withdraw = (getattr(s.opened.target, name, None) for name in ("cancel", "clear_abort"))
-        if callable(interrupt) and callable(withdraw):  # the runtime can stop a decode in flight
-            self.cancel.subscribe(interrupt, withdraw)
+        target = s.opened.target
+        if isinstance(target, InterruptibleRuntime):  # the runtime can stop a decode in flight
+            self.cancel.subscribe(target.cancel, target.clear_abort)
         caps = s.opened.target.capabilities
         scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=s.proposer is not None,
                                           costs=caps.verify_cost if s.selection.strategy.cost_aware else None)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from importlib import metadata
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
 import pluggy
 
 from power_core.config import MODE_NAME_RE, PowerConfig
-from power_core.errors import PluginError
+from power_core.errors import ArtifactMismatch, PluginError
 from power_core.runtime import BatchRuntime, Proposer, TargetRuntime, TokenArray
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "ProposerRequest",
     "RequestInfo",
     "Strategy",
+    "Validation",
     "Tokenizer",
     "hookimpl",
     "package_version",
@@ -77,7 +78,7 @@ class OpenRequest:
     """What a backend needs to open a target: the model, the request shape and the taps."""
 
     model: str | None
-    config: Any  # PowerConfig
+    config: PowerConfig
     max_block: int  # anchor + K
     snapshots: int  # S requested; the runtime reports what it got
     features: frozenset[str] = frozenset()
@@ -107,14 +108,43 @@ class OpenedBatch:
     close: Callable[[], None] = lambda: None
 
 
+_R = TypeVar("_R")
+
+
+class Validation(Protocol):
+    """What selection proved about the files of one selection
+    (:class:`power_core.artifacts.VerifiedArtifacts`): the mode, and ``result``, the strategy
+    validator's own typed result (``None`` for a strategy without a validator)."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def result(self) -> object: ...
+
+
 @attrs.frozen
 class ProposerRequest:
-    """What a strategy's factory receives to build its proposer for one loaded target."""
+    """What a strategy's factory receives to build its proposer for one loaded target.
+
+    ``verified`` is what selection proved (:class:`Validation`); :meth:`validated` hands the
+    strategy validator's result back as the type the validator returned, e.g.
+    ``req.validated(Verified).backbone.target_layers``."""
 
     opened: OpenedModel
-    config: Any  # PowerConfig
+    config: PowerConfig
     draft: str | None = None
-    verified: Any = None  # the strategy validator's result, when it has one
+    verified: Validation | None = None
+
+    def validated(self, kind: type[_R]) -> _R:
+        """The strategy validator's result, checked to be a ``kind``; raises
+        :class:`~power_core.errors.ArtifactMismatch` when the validator did not run or returned
+        something else."""
+        result = self.verified.result if self.verified is not None else None
+        if not isinstance(result, kind):
+            raise ArtifactMismatch(f"the strategy's validator result is {type(result).__name__}, expected "
+                                   f"{kind.__name__} (did selection verify the artifacts?)", evidence="validator")
+        return result
 
 
 def _check_name(inst: Any, attr: attrs.Attribute, value: Any) -> None:
@@ -155,7 +185,7 @@ class Strategy:
     #: proposer's ``confidence`` (the backend measures the curve once per model)
     cost_aware: bool = False
 
-    def features_for(self, verified: Any) -> frozenset[str]:
+    def features_for(self, verified: Validation | None) -> frozenset[str]:
         """The target features for this selection (``verified``: the validator's result, or None)."""
         tf = self.target_features
         return frozenset(tf(verified) if callable(tf) else tf)

@@ -36,7 +36,15 @@ import numpy as np
 
 from power_core.errors import AdapterFault, Cancelled, CapacityError, PluginError, PowerError, RuntimeFault
 from power_core.logs import get_logger
-from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
+from power_core.runtime import (
+    ConfidentProposer,
+    DecodeResult,
+    PrefixKeepingRuntime,
+    ProposalContext,
+    Proposer,
+    TargetRuntime,
+    TokenArray,
+)
 from power_core.sampling import TargetSampler
 from power_core.scheduler import PassLoad, RoundOutcome, RoundPlan, Scheduler
 
@@ -217,8 +225,7 @@ class Transaction:
             n = min(resident.shape[0], tokens.shape[0] - 1)  # the last prompt token is decoded for its row
             differ = np.flatnonzero(resident[:n] != tokens[:n])
             keep = int(differ[0]) if differ.size else n
-            keep_prefix = getattr(self.target, "keep_prefix", None)
-            if keep and (keep_prefix is None or not keep_prefix(keep)):
+            if keep and (not isinstance(self.target, PrefixKeepingRuntime) or not self.target.keep_prefix(keep)):
                 keep = 0
         if keep == 0:
             self.target.reset()
@@ -260,14 +267,15 @@ class Transaction:
         """The prompt is in the target's memory and ``row`` is its last token's logits row: round 0
         can run. (A round driver that decodes prompt chunks itself calls this after the last one.)"""
         tokens = self._prompt
-        self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1))
+        self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1), kind="prompt")
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
         self._n_hist = tokens.shape[0]
         self.anchor = int(tokens[-1])
 
     def _observe_prefill(self, res: DecodeResult) -> None:
-        self._call("observe", res)
+        # a prompt chunk, whatever the runtime said (a third-party runtime may not set ``kind``)
+        self._call("observe", res if res.kind == "prompt" else attrs.evolve(res, kind="prompt"))
 
     # -- the one door into the proposer ---------------------------------------------------------------
     def _call(self, method: str, *args: Any) -> Any:
@@ -365,7 +373,7 @@ class Transaction:
         """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
         if self.scheduler.costs is None or props.shape[0] == 0:
             return props, None
-        conf = getattr(self.proposer, "confidence", None)
+        conf = self.proposer.confidence if isinstance(self.proposer, ConfidentProposer) else None
         if conf is None or len(conf) != props.shape[0]:
             return props, None
         w, info = self.scheduler.choose_width(conf, props.shape[0], self.load)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,3 +130,42 @@ def test_runtime_counters_are_optional():
 
     assert runtime_counters(Plain()) == {}
     assert runtime_counters(Counting()) == {"decodes": 3} and type(runtime_counters(Counting())["decodes"]) is int
+
+
+def check_proposer_stats(receipt: Any) -> dict[str, Any]:
+    """The receipt's ``proposer`` section: one shape for every proposer, consistent with its rounds."""
+    d = receipt.to_dict()
+    p = d["proposer"]
+    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position"}, p
+    rounds = d["rounds"]
+    assert p["drafts"] == sum(1 for r in rounds if (r.get("width") or {}).get("offered", r["proposed"]) > 0)
+    assert p["accepted"] == d["summary"]["accepted"] and p["drafted"] >= d["summary"]["proposed"]
+    per = p["accepted_per_position"]
+    assert sum(per) == p["accepted"] and all(a >= b for a, b in zip(per, per[1:], strict=False))
+    assert not per or per[0] <= p["drafts"]
+    assert p == receipt.proposer
+    return p
+
+
+@pytest.mark.parametrize("mode,draft", [("off", None), ("ref-draft", "reference:accept=0.5"),
+                                        ("ref-draft", "reference:accept=1.0")])
+def test_proposer_statistics_in_every_receipt(mode, draft):
+    model = "reference:seed=4,vocab=60,dim=8"
+    res = run(model, [1, 2, 3], mode, draft, max_tokens=25, spec_draft_max=4)
+    p = check_proposer_stats(res.receipt)
+    if mode == "off":
+        assert p == {"drafts": 0, "drafted": 0, "accepted": 0, "accepted_per_position": []}
+        return
+    assert p["drafts"] > 0 and p["drafted"] == res.receipt.proposed
+    assert len(p["accepted_per_position"]) <= 4
+    if draft.endswith("1.0"):  # every proposal accepted: each position counts every draft that offered it
+        assert p["accepted"] == p["drafted"] and p["accepted_per_position"][0] == p["drafts"]
+
+
+def test_proposer_statistics_from_rounds():
+    from power_core.receipt import proposer_stats
+
+    rounds = [{"proposed": 0, "accepted": 0}, {"proposed": 3, "accepted": 1},
+              {"proposed": 2, "accepted": 2, "width": {"offered": 4, "chosen": 2}},
+              {"proposed": 0, "accepted": 0, "width": {"offered": 2, "chosen": 0}}]
+    assert proposer_stats(rounds) == {"drafts": 3, "drafted": 9, "accepted": 3, "accepted_per_position": [2, 1, 0, 0]}

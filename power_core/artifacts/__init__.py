@@ -16,7 +16,7 @@ from power_core.artifacts.binding import (
     register_draft,
     write_binding,
 )
-from power_core.artifacts.contracts import Verified, classify_draft, mtp_evidence
+from power_core.artifacts.contracts import Verified, classify_draft, discriminate_draft, mtp_evidence
 from power_core.artifacts.identity import Digest, file_digest, sha256_file, vocab_digest
 from power_core.artifacts.reader import Limits
 from power_core.artifacts.target import check_architecture, check_target
@@ -29,6 +29,6 @@ __all__ = [
     "Digest", "file_digest", "sha256_file", "vocab_digest",
     "Binding", "ManifestEntry", "BINDING_KEY", "BINDING_FORMAT", "MODEL_FORMAT",
     "read_binding", "check_binding", "write_binding", "read_model_manifest", "register_draft",
-    "VocabMatch", "compare_vocab", "Verified", "classify_draft", "mtp_evidence",
+    "VocabMatch", "compare_vocab", "Verified", "classify_draft", "discriminate_draft", "mtp_evidence",
     "VerifiedArtifacts", "verify_artifacts", "check_target", "check_architecture", "LLAMA_ARCHS",
 ]

@@ -23,7 +23,8 @@ from power_core.errors import ArtifactError, ArtifactMismatch
 
 __all__ = [
     "Verified", "MTP_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "DFLASH_ARCH",
-    "DSPARK_MARKER", "DFLASH2_MARKER", "dflash2_evidence", "dspark_evidence", "classify_draft",
+    "DSPARK_MARKER", "DFLASH2_MARKER", "BLOCK_CONTRACTS", "dflash2_evidence", "dspark_evidence", "classify_draft",
+    "discriminate_draft",
     "mtp_evidence", "reject", "need_int", "need_tensor", "opt_bool", "trunk_layers", "DFlashBackbone",
     "check_dflash_backbone",
 ]
@@ -31,14 +32,30 @@ __all__ = [
 
 @attrs.frozen
 class Verified:
-    """A validator's result: the contract, the largest K it supports, and the facts it proved."""
+    """A validator's result: the contract, the largest K it supports, and the facts it proved.
+
+    ``backbone`` is the typed :class:`DFlashBackbone` of a ``dflash``-arch draft (DFlash v1, DFlash2,
+    DSpark): what their proposer reads, as attributes. A validator passes the one
+    :func:`check_dflash_backbone` returned; one that only flattened it into ``facts`` gets it
+    rebuilt from them (``None`` when ``facts`` hold no backbone)."""
 
     mode: str
     max_k: int | None = None
     facts: Mapping[str, Any] = attrs.field(factory=dict)
+    backbone: DFlashBackbone | None = attrs.field(
+        default=attrs.Factory(lambda self: _backbone_from_facts(self.facts), takes_self=True))
 
 
-#: architectures with an ``LLM_GRAPH_TYPE_DECODER_MTP`` graph (notes §4)
+def _backbone_from_facts(facts: Mapping[str, Any]) -> DFlashBackbone | None:
+    names = [f.name for f in attrs.fields(DFlashBackbone)]
+    if not all(n in facts for n in names):
+        return None
+    values = {n: facts[n] for n in names}
+    values["target_layers"] = tuple(int(x) for x in values["target_layers"])
+    return DFlashBackbone(**values)
+
+
+#: architectures with an ``LLM_GRAPH_TYPE_DECODER_MTP`` graph in the pinned llama.cpp
 MTP_ARCHS = frozenset({
     "qwen3next", "qwen35", "qwen35moe", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32",
     "deepseek4", "mimo2", "step35", "bailingmoe3", "cohere2moe", "hy_v3", "nemotron_h_moe",
@@ -151,24 +168,75 @@ def mtp_evidence(view: ArtifactView) -> str | None:
     return next((t for t in view.tensors if ".nextn." in t or t.startswith("nextn.")), None)
 
 
-def classify_draft(view: ArtifactView) -> tuple[str, str]:
-    """(contract, evidence) of a draft file: ``dspark``, ``dflash2`` or ``dflash``; mixed files are rejected."""
-    if view.architecture != DFLASH_ARCH:
+#: the block-draft contracts of ``dflash``-arch files, with the names their messages use
+BLOCK_CONTRACTS = {"dflash": "DFlash v1", "dflash2": "DFlash2", "dspark": "DSpark"}
+
+
+def discriminate_draft(view: ArtifactView | None, expect: str | None = None) -> tuple[str, str]:
+    """The one contract discriminator of ``dflash``-arch drafts: (contract, evidence).
+
+    ``expect=None`` classifies a file (``auto``): the architecture must be ``dflash``; a file with
+    both a DSpark head and DFlash2 parts, or with MTP layers, is rejected; otherwise DSpark evidence
+    makes it ``dspark``, DFlash2 evidence ``dflash2``, and anything else ``dflash``.
+
+    ``expect`` in :data:`BLOCK_CONTRACTS` is the opening check of that contract's validator: a
+    draft is given [``draft_missing``]; the file is no other contract [``contract_is_dspark``,
+    ``contract_is_dflash2``, ``contract_is_dflash_v1``] and carries its contract's marker
+    (``selector_hidden.weight`` for DFlash2 [``dflash2_tensor_missing``], ``markov_w1.weight`` for
+    DSpark); no second mechanism [``draft_mixed_mechanisms``]. The architecture itself is left to
+    :func:`check_dflash_backbone`."""
+    if expect is not None and expect not in BLOCK_CONTRACTS:
+        raise ValueError(f"unknown block-draft contract {expect!r}")
+    if view is None:
+        assert expect is not None
+        raise reject(None, f"spec_mode '{expect}' needs a {BLOCK_CONTRACTS[expect]} draft file", "draft_missing",
+                     "draft", mismatch=True)
+    if expect is None and view.architecture != DFLASH_ARCH:
         raise reject(view, f"general.architecture is {view.architecture!r}; draft files must be 'dflash' "
                      "(DFlash v1, DFlash2, DSpark)", "draft_unknown_contract", "general.architecture")
     sp, d2 = dspark_evidence(view), dflash2_evidence(view)
+    found, ev = ("dspark", sp) if sp else ("dflash2", d2) if d2 else ("dflash", "general.architecture")
+    if expect is not None:
+        _check_expected(view, expect, found, ev, d2)
     if sp and d2:
-        raise reject(view, f"the draft carries both a DSpark head ({sp}) and DFlash2 parts ({d2}); two draft "
-                     "mechanisms in one file are not a contract Power runs", "draft_mixed_mechanisms", d2)
+        if expect is None:
+            raise reject(view, f"the draft carries both a DSpark head ({sp}) and DFlash2 parts ({d2}); two draft "
+                         "mechanisms in one file are not a contract Power runs", "draft_mixed_mechanisms", d2)
+        raise reject(view, f"the draft carries both the DSpark Markov head and DFlash2 parts ({d2}); two draft "
+                     "mechanisms in one file", "draft_mixed_mechanisms", d2)
     mt = mtp_evidence(view)
     if mt:
         raise reject(view, f"the draft also declares MTP layers ({mt}); two draft mechanisms at once",
                      "draft_mixed_mechanisms", mt)
-    if sp:
-        return "dspark", sp
-    if d2:
-        return "dflash2", d2
-    return "dflash", "general.architecture"
+    return found, ev
+
+
+def _check_expected(view: ArtifactView, expect: str, found: str, ev: str, d2: str | None) -> None:
+    """Reject a file whose evidence (``found``/``ev``) or missing marker says it is not ``expect``."""
+    want = BLOCK_CONTRACTS[expect]
+    if expect == "dspark":
+        if view.has(DSPARK_MARKER):
+            return
+        if d2 is not None:
+            raise reject(view, f"this is a DFlash2 draft ({d2} is present, {DSPARK_MARKER} is absent), not DSpark; "
+                         "use spec_mode 'dflash2'", "contract_is_dflash2", DSPARK_MARKER)
+        raise reject(view, f"this is a DFlash v1 draft ({DSPARK_MARKER} is absent), not DSpark; use spec_mode "
+                     "'dflash'", "contract_is_dflash_v1", DSPARK_MARKER)
+    if found != expect and found != "dflash":
+        raise reject(view, f"this is a {BLOCK_CONTRACTS[found]} draft ({ev} is present), not {want}; use spec_mode "
+                     f"'{found}'", f"contract_is_{found}", ev)
+    if expect == "dflash2" and not view.has(DFLASH2_MARKER):
+        if found == "dflash":
+            raise reject(view, f"this is a DFlash v1 draft ({DFLASH2_MARKER} is absent and no selector/conv part is "
+                         "present), not DFlash2; use spec_mode 'dflash'", "contract_is_dflash_v1", DFLASH2_MARKER)
+        raise reject(view, f"the draft has DFlash2 parts ({ev}) but not the selector tensor {DFLASH2_MARKER}",
+                     "dflash2_tensor_missing", DFLASH2_MARKER)
+
+
+def classify_draft(view: ArtifactView) -> tuple[str, str]:
+    """(contract, evidence) of a draft file: ``dspark``, ``dflash2`` or ``dflash``; mixed files are rejected
+    (:func:`discriminate_draft` without an expected contract)."""
+    return discriminate_draft(view)
 
 
 # -- the dflash backbone ----------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def target_spec(*, mtp: bool = True, arch: str = "qwen35", n_layer: int = 2, n_n
     a = arch
     kv: dict[str, tuple[str, Any]] = {
         **_hparams(a, n_all, n_embd),
-        # per-layer flags, trunk block 0 recurrent, the rest (incl. MTP blocks) attention (notes §7.2)
+        # per-layer flags, trunk block 0 recurrent, the rest (incl. MTP blocks) attention
         f"{a}.attention.recurrent_layers": ("arr:u8", [1] + [0] * (n_all - 1)),
     }
     if mtp:

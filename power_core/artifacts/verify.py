@@ -30,7 +30,7 @@ class VerifiedArtifacts:
     """Everything proven about the files of one selection."""
 
     mode: str
-    result: Any  # the strategy validator's result (e.g. contracts.Verified), None without a validator
+    result: object  # the strategy validator's own typed result (e.g. contracts.Verified), None without a validator
     target_sha256: str
     draft_sha256: str | None = None
     vocab: VocabMatch | None = None

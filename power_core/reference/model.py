@@ -204,7 +204,7 @@ class ReferenceTarget:
         self._rolled = False
         self.decoded_tokens += n
         self.stats["decodes"] += 1
-        return DecodeResult(tokens=tokens, logits=logits, features={"hidden": hidden})
+        return DecodeResult(tokens=tokens, logits=logits, features={"hidden": hidden}, kind="verify")
 
     def prefill(self, tokens: TokenArray,
                 observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32]:
@@ -212,7 +212,7 @@ class ReferenceTarget:
         for start in range(0, tokens.shape[0], self.max_block):
             res = self.decode(tokens[start:start + self.max_block])
             if observe is not None:
-                observe(DecodeResult(tokens=res.tokens, logits=res.logits[:0], features=res.features))
+                observe(DecodeResult(tokens=res.tokens, logits=res.logits[:0], features=res.features, kind="prompt"))
         return res.logits[-1]
 
     def keep_prefix(self, n: int) -> bool:

@@ -116,7 +116,7 @@ class ReferenceBatch:
             row = target.prefill(item.tokens)
             logits = np.asarray(row).reshape(1, -1) if item.rows == "last" else np.zeros((0, target.model.vocab),
                                                                                         dtype=np.float32)
-            out.append(DecodeResult(tokens=np.asarray(item.tokens, dtype=np.int32), logits=logits))
+            out.append(DecodeResult(tokens=np.asarray(item.tokens, dtype=np.int32), logits=logits, kind="prompt"))
         return out
 
     def close(self) -> None:

@@ -399,6 +399,7 @@ def main() -> int:
         "schema": "power.bench_serve/1", "mode": args.mode, "runs": args.runs, "c4_runs": args.c4_runs,
         "tokens": args.tokens, "threads": args.threads, "n_ctx": args.n_ctx, "numerics": "exact",
         "peer_numerics": args.peer_numerics, "types": args.types, "peer_bin": str(peer_bin),
+        "power_load_plugins": os.environ.get("POWER_LOAD_PLUGINS"),
         "build": {k: build.get(k) for k in ("llama_cpp_commit", "sdist_sha256", "flags", "patches", "build")},
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "loadavg_start": os.getloadavg()},

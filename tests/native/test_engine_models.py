@@ -26,16 +26,19 @@ def _jobs() -> list[tuple[str, dict]]:
                                          ("gemma3-270m", "suffix")])
 def test_shared_passes_give_every_request_its_solo_output(model, mode):
     cfg = PowerConfig(spec_mode=mode, n_threads=2, max_tokens=40, n_ctx=1024)
+
+    def prompt(session: Session, q: str):  # Gemma-3's GGUF ships no chat template: plain text there
+        return session.chat_prompt([{"role": "user", "content": q}]) if model is None else session.encode(q)
+
     with Session.open(cfg, model=model) as s:
-        solo = [s.start(s.chat_prompt([{"role": "user", "content": q}]), sampling=kw).run().tokens
-                for q, kw in _jobs()]
+        solo = [s.start(prompt(s, q), sampling=kw).run().tokens for q, kw in _jobs()]
     with Engine.open(3, cfg, model=model) as engine:
         assert engine.probe is not None and engine.probe.identical, engine.probe
         out: list = [None] * len(QUESTIONS)
 
         def go(i: int) -> None:
             q, kw = _jobs()[i]
-            gen = engine.submit(engine.sessions[0].chat_prompt([{"role": "user", "content": q}]), sampling=kw)
+            gen = engine.submit(prompt(engine.sessions[0], q), sampling=kw)
             out[i] = engine.run(gen)
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(len(QUESTIONS))]
@@ -52,7 +55,7 @@ def test_shared_passes_give_every_request_its_solo_output(model, mode):
 
 @pytest.mark.parametrize("model", [None, "gemma3-270m"])
 def test_batch_probe_exact_numerics_is_bit_identical(model):
-    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=1024)
+    cfg = PowerConfig(spec_mode="suffix", n_threads=2, n_ctx=1024)  # verify blocks up to 33 tokens
     with Session.open_batch(3, cfg, model=model) as batch:
         report = batch_probe(batch.runtime)
     assert report.identical, report.reason()

@@ -121,9 +121,9 @@ cdef class BatchExt:
             for i in range(n):
                 rc = self.add_token_c(toks[i], pos0 + <int32_t>i, base + i * width if base != NULL else NULL,
                                       width, outs[i])
-                if rc < 0:
+                if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
-        if rc < 0:
+        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
             self._fail(rc, width, start)
         return n
 
@@ -139,9 +139,9 @@ cdef class BatchExt:
         with nogil:
             for i in range(n):
                 rc = self.add_embd_c(&rows[i, 0], width, pos0 + <int32_t>i, outs[i])
-                if rc < 0:
+                if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
-        if rc < 0:
+        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
             self._fail(rc, width, start)
         return n
 
@@ -162,14 +162,9 @@ cdef class BatchExt:
         return mask
 
     cdef int _fail(self, int32_t rc, size_t width, int32_t start) except -1:
-        self.clear_c()  # nothing partial: the whole batch is dropped
-        if rc == -6:
-            raise CapacityError(f"batch: more output rows than n_outputs_max={self.ctx.n_outputs_max} "
-                                "(llama.cpp would abort)")
-        if rc == -4:
-            raise CapacityError(f"batch: llama.cpp rejected an embedding row of width {width} for this context "
-                                f"(entry {start}); an MTP context takes n_embd_out, others n_embd_inp")
-        if rc == -1:
-            raise CapacityError(f"batch: full at {self.capacity} entries")
-        raise RuntimeFault(f"batch: llama_batch_ext refused entry {start} (code {rc})")
+        """Drop the whole batch (nothing partial) and raise for the code ``add_token_c``/``add_embd_c``
+        returned at entry ``start`` (:func:`rc_raise`)."""
+        self.clear_c()
+        return rc_raise(RC_OP_BATCH, rc, f"batch entry {start} (row width {width}, capacity {self.capacity}, "
+                        f"n_outputs_max={self.ctx.n_outputs_max})")
 

@@ -68,11 +68,10 @@ cdef class BlockDraft:
             with nogil:
                 for i in range(chunk):
                     rc = self.batch.add_embd_c(&self.feats[i, 0], self.width, self.n_kv + <int32_t>i, False)
-                    if rc < 0:
+                    if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                         break
-            if rc < 0:
-                self.batch.clear_c()
-                raise RuntimeFault(f"draft: llama.cpp refused an injected feature row of width {self.width} (code {rc})")
+            if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                self.batch._fail(rc, self.width, <int32_t>i)
             self.ctx.process_c(self.batch, False)
             self.n_kv += <int>chunk
         return n
@@ -93,11 +92,10 @@ cdef class BlockDraft:
         with nogil:
             for i in range(n_block):
                 rc = self.batch.add_token_c(anchor if i == 0 else self.mask_id, self.n_kv + i, NULL, 0, outputs)
-                if rc < 0:
+                if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
-        if rc < 0:
-            self.batch.clear_c()
-            raise RuntimeFault(f"draft: the noise block refused entry {i} (code {rc})")
+        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+            self.batch._fail(rc, 0, i)
         self.ctx.process_c(self.batch, False)
 
     def trim(self, int n_kv) -> None:

@@ -95,7 +95,7 @@ cdef class Context:
         with nogil:
             ctx = llama_init_from_model(model.ptr, p)
         if ctx == NULL:
-            _check("context", -1)
+            rc_raise(RC_OP_CONTEXT, -1, None)
         self.ptr = ctx
         self._owner.ptr = ctx
         self._owner.model = model
@@ -191,9 +191,9 @@ cdef class Context:
             finally:
                 self._inflight -= 1
         self.n_outputs = 0
-        if rc == 2:
+        if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
             self.abort_flag[0] = 0  # consumed: the next decode runs
-        _check("decode", rc)
+        rc_raise(RC_OP_DECODE, rc, None)
         self.n_outputs = n_out
         self._last_n_tokens = n
         return n_out
@@ -253,9 +253,9 @@ cdef class Context:
             finally:
                 self._inflight -= 1
         self.n_outputs = 0
-        if rc == 2:
+        if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
             self.abort_flag[0] = 0
-        _check("decode", rc)
+        rc_raise(RC_OP_DECODE, rc, None)
         self.n_outputs = n_out
         self._last_n_tokens = n
         if n_out == 0:
@@ -311,11 +311,11 @@ cdef class Context:
                     rc = llama_process(ctx, kind, batch.ptr)
             finally:
                 self._inflight -= 1
-        if rc == 2:
+        if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
             self.abort_flag[0] = 0
         n_out = batch.n_outputs
         batch.clear_c()
-        _check("decode", rc)
+        rc_raise(RC_OP_DECODE, rc, None)
         self.n_outputs = n_out
         self._last_n_tokens = n
         return 0
@@ -422,7 +422,7 @@ cdef class Context:
         with nogil:
             got = llama_state_seq_get_data_ext(self.ptr, dst, size, seq_id, flags)
         if got != size:
-            _check("state_get", <long>got)
+            rc_raise(RC_OP_STATE_GET, <long>got, None)
         return out
 
     def state_set(self, bytes data, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> None:
@@ -434,7 +434,7 @@ cdef class Context:
         with nogil:
             got = llama_state_seq_set_data_ext(self.ptr, src, size, seq_id, flags)
         if got == 0:
-            _check("state_set", -1)
+            rc_raise(RC_OP_STATE_SET, -1, None)
 
     # -- hidden-state taps (llama-ext.h) -------------------------------------------------------------------
     def set_embeddings_nextn(self, bint value, bint masked=False) -> None:

@@ -8,6 +8,43 @@ from power_native.llama cimport (gguf_context, llama_batch, llama_batch_ext, lla
                                   llama_model, llama_vocab)
 
 
+# -- return codes: the one translation of every native path ------------------------------------------
+# GIL-free code records what failed in an ``rc_status`` (or keeps the raw code) and, once it holds the
+# GIL again, hands it to ``rc_raise``, which raises the typed exception (nothing when ``rc_translate``
+# says ``RC_OK``). ``rc_translate`` is the table; it needs no GIL.
+
+cdef enum rc_op:
+    RC_OP_DECODE      # llama_decode / llama_process: 0 ok, 1 no memory slot, 2 aborted, -1 invalid, else fatal
+    RC_OP_BATCH       # BatchExt.add_token_c / add_embd_c: >= 0 the entry index, -1 full, -4 embedding width
+                      # rejected, -6 more outputs than n_outputs_max, else refused
+    RC_OP_OUTPUT      # a decode's output row (logits / hidden): 0 present, else missing
+    RC_OP_STATE_GET   # llama_state_seq_get_data_ext: the short byte count (called only when short)
+    RC_OP_STATE_SET   # llama_state_seq_set_data_ext: 0 ok, else not loaded
+    RC_OP_MODEL_LOAD  # llama_model_load_from_file: 0 ok, else NULL
+    RC_OP_CONTEXT     # llama_init_from_model: 0 ok, else NULL
+
+cdef enum rc_kind:
+    RC_OK
+    RC_NO_SLOT        # CapacityError
+    RC_CANCELLED      # Cancelled
+    RC_INVALID        # RuntimeFault
+    RC_FATAL          # RuntimeFault
+    RC_BATCH_FULL     # CapacityError
+    RC_BATCH_WIDTH    # CapacityError
+    RC_BATCH_OUTPUTS  # CapacityError
+    RC_NO_OUTPUT      # RuntimeFault
+    RC_STATE_LOST     # StateLost
+    RC_LOAD_FAILED    # ArtifactError
+    RC_NO_CONTEXT     # CapacityError
+
+cdef struct rc_status:
+    rc_op op
+    long rc
+
+cdef rc_kind rc_translate(rc_op op, long rc) noexcept nogil
+cdef int rc_raise(rc_op op, long rc, str what) except -1
+
+
 cdef class Model:
     cdef llama_model * ptr
     cdef const llama_vocab * vocab

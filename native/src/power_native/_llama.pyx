@@ -2,7 +2,7 @@
 # distutils: language = c++
 """Owning wrappers over the pinned llama.cpp: :class:`Model`, :class:`Context` (with its reusable
 batch), llama.cpp logging routed to structlog, and the one place where return codes become
-typed exceptions (:func:`_check`).
+typed exceptions (:func:`rc_translate`, GIL-free, and :func:`rc_raise`).
 
 Every ``GGML_ASSERT`` reachable through these wrappers is pre-checked here: batch larger than
 ``n_batch``, outputs above ``n_outputs_max``, ``n_ubatch <= n_rs_seq+1`` on recurrent memory, token
@@ -88,32 +88,83 @@ LAYER_INP_FINAL_ARCHS = _archs.FINAL_TAP_ARCHS
 _log = get_logger("power_native.llama")  # stdlib logging: the host decides
 include "_log.pxi"
 
-cdef int _check(str op, long rc) except -1:
-    """Translate a llama.cpp return code of ``op`` into a typed exception (0 = success)."""
+cdef rc_kind rc_translate(rc_op op, long rc) noexcept nogil:
+    """Map a return code of ``op`` to its kind (``RC_OK`` = success); GIL-free, so a ``nogil`` loop
+    can tell success from failure by the same table :func:`rc_raise` raises from."""
+    if op == RC_OP_BATCH:
+        if rc >= 0:
+            return RC_OK
+        if rc == -1:
+            return RC_BATCH_FULL
+        if rc == -4:
+            return RC_BATCH_WIDTH
+        if rc == -6:
+            return RC_BATCH_OUTPUTS
+        return RC_INVALID
+    if op == RC_OP_STATE_GET:
+        return RC_STATE_LOST
     if rc == 0:
+        return RC_OK
+    if op == RC_OP_DECODE:
+        if rc == 1:
+            return RC_NO_SLOT
+        if rc == 2:
+            return RC_CANCELLED
+        if rc == -1:
+            return RC_INVALID
+        return RC_FATAL
+    if op == RC_OP_OUTPUT:
+        return RC_NO_OUTPUT
+    if op == RC_OP_STATE_SET:
+        return RC_STATE_LOST
+    if op == RC_OP_MODEL_LOAD:
+        return RC_LOAD_FAILED
+    if op == RC_OP_CONTEXT:
+        return RC_NO_CONTEXT
+    return RC_FATAL
+
+
+cdef int rc_raise(rc_op op, long rc, str what) except -1:
+    """Raise the typed exception for a return code of ``op`` (nothing for success); ``what`` names the
+    failing step (prefixed to the message) or is None. Every native path translates through here,
+    the GIL-free ones after leaving ``nogil``."""
+    cdef rc_kind kind = rc_translate(op, rc)
+    if kind == RC_OK:
         return 0
     detail = "; llama.cpp said: " + " | ".join(list(_errors)[-2:]) if _errors else ""
-    if op == "decode":
-        if rc == 1:
-            raise CapacityError(f"llama_decode: no memory slot for the batch (rc=1); raise n_ctx or "
-                                f"shorten the request{detail}")
-        if rc == 2:
-            raise Cancelled("llama_decode was aborted through the cancel callback (rc=2); processed "
-                            "micro-batches remain in memory and the runtime restores its checkpoint")
-        if rc == -1:
-            raise RuntimeFault(f"llama_decode rejected the batch as invalid (rc=-1){detail}")
-        raise RuntimeFault(f"llama_decode failed fatally (rc={rc}); the context may hold a partial "
+    at = f"{what}: " if what else ""
+    if kind == RC_NO_SLOT:
+        raise CapacityError(f"{at}llama_decode: no memory slot for the batch (rc=1); raise n_ctx or "
+                            f"shorten the request{detail}")
+    if kind == RC_CANCELLED:
+        raise Cancelled(f"{at}llama_decode was aborted through the cancel callback (rc=2); processed "
+                        "micro-batches remain in memory and the runtime restores its checkpoint")
+    if kind == RC_INVALID and op == RC_OP_DECODE:
+        raise RuntimeFault(f"{at}llama_decode rejected the batch as invalid (rc=-1){detail}")
+    if kind == RC_FATAL and op == RC_OP_DECODE:
+        raise RuntimeFault(f"{at}llama_decode failed fatally (rc={rc}); the context may hold a partial "
                            f"batch{detail}")
-    if op == "state_set":
-        raise StateLost(f"llama_state_seq_set_data_ext could not load the saved sequence state{detail}")
-    if op == "state_get":
-        raise StateLost(f"llama_state_seq_get_data_ext wrote {rc} bytes; expected the full state{detail}")
-    if op == "model_load":
-        raise ArtifactError(f"llama_model_load_from_file returned NULL{detail}", reason="gguf_load_failed")
-    if op == "context":
-        raise CapacityError(f"llama_init_from_model returned NULL (out of memory or unsupported "
+    if kind == RC_BATCH_FULL:
+        raise CapacityError(f"{at}the batch is full")
+    if kind == RC_BATCH_WIDTH:
+        raise CapacityError(f"{at}llama.cpp rejected the embedding row's width for this context; an MTP "
+                            "context takes n_embd_out, others n_embd_inp")
+    if kind == RC_BATCH_OUTPUTS:
+        raise CapacityError(f"{at}more output rows than the context's n_outputs_max (llama.cpp would abort)")
+    if kind == RC_INVALID and op == RC_OP_BATCH:
+        raise RuntimeFault(f"{at}llama_batch_ext refused the entry (code {rc})")
+    if kind == RC_NO_OUTPUT:
+        raise RuntimeFault(f"{at}llama.cpp returned no output row for the decode{detail}")
+    if kind == RC_STATE_LOST and op == RC_OP_STATE_SET:
+        raise StateLost(f"{at}llama_state_seq_set_data_ext could not load the saved sequence state{detail}")
+    if kind == RC_STATE_LOST:
+        raise StateLost(f"{at}llama_state_seq_get_data_ext wrote {rc} bytes; expected the full state{detail}")
+    if kind == RC_LOAD_FAILED:
+        raise ArtifactError(f"{at}llama_model_load_from_file returned NULL{detail}", reason="gguf_load_failed")
+    if kind == RC_NO_CONTEXT:
+        raise CapacityError(f"{at}llama_init_from_model returned NULL (out of memory or unsupported "
                             f"parameters){detail}")
-    raise RuntimeFault(f"{op} failed (rc={rc}){detail}")
+    raise RuntimeFault(f"{at}failed (rc={rc}){detail}")
 
 
 include "_model.pxi"

@@ -94,7 +94,7 @@ cdef class Model:
     @staticmethod
     def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True,
              rpc_servers=()):
-        """Load a GGUF file. The caller validates the header first (``power_native.gguf_check``);
+        """Load a GGUF file. The caller validates the header first (:func:`power_native.target.load_model`);
         a NULL model from llama.cpp is still an :class:`ArtifactError`.
 
         ``rpc_servers`` (``"host:port"``, already probed by :mod:`power_native.rpc`): the model's
@@ -121,7 +121,7 @@ cdef class Model:
         finally:
             free(devices)  # llama.cpp copied the list
         if ptr == NULL:
-            _check("model_load", -1)
+            rc_raise(RC_OP_MODEL_LOAD, -1, None)
         cdef Model m = Model.__new__(Model)
         m._bind(ptr, os.fsdecode(path), load_mtp)
         return m

@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-from power_core.errors import ArtifactMismatch, StrategyNotFound
+from power_core.artifacts.contracts import Verified
+from power_core.errors import ArtifactMismatch
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
-from power_native import _llama
-from power_native.target import layer_feature, load_model
+
+if TYPE_CHECKING:  # the extension loads when a proposer opens, not when a plugin registers
+    from power_native import _llama
 
 __all__ = ["BlockRows", "Readout", "BlockDraftProposer", "open_block_draft", "target_features"]
 
@@ -69,8 +71,11 @@ class Readout(Protocol):
 
 def target_features(verified: Any) -> frozenset[str]:
     """``Strategy.target_features`` of the three plugins: the inputs of the draft's target layers."""
-    facts = verified.result.facts if verified is not None else {}
-    layers = facts.get("target_layers")
+    from power_native.target import layer_feature
+
+    result = verified.result if verified is not None else None
+    backbone = result.backbone if isinstance(result, Verified) else None
+    layers = backbone.target_layers if backbone is not None else ()
     if not layers:
         raise ArtifactMismatch("the draft's target_layers are unknown (the validator did not run)",
                                evidence="dflash.target_layers")
@@ -82,6 +87,8 @@ class BlockDraftProposer:
 
     def __init__(self, draft: _llama.BlockDraft, readout: Readout, *, target_layers: tuple[int, ...],
                  n_max: int) -> None:
+        from power_native.target import layer_feature
+
         self.draft = draft
         self.readout = readout
         self.layers = tuple(layer_feature(lid) for lid in target_layers)
@@ -92,7 +99,6 @@ class BlockDraftProposer:
         self._rows = 0  # tokens of the last observed batch
         self._prefill = True
         self._staged: list[np.ndarray] | None = None  # a verify pass's layer rows, injected at commit
-        self.stats = {"drafted": 0, "noise_blocks": 0}
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
@@ -116,8 +122,6 @@ class BlockDraftProposer:
             props = np.asarray(self.readout(rows, min(ctx.k, self.n_max)), dtype=np.int32)
         finally:
             self.draft.trim(pos0)  # the noise block never stays in the draft KV
-        self.stats["noise_blocks"] += 1
-        self.stats["drafted"] += int(props.shape[0])
         return props
 
     def observe(self, result: DecodeResult) -> None:
@@ -128,7 +132,7 @@ class BlockDraftProposer:
                                    "strategy's target features", evidence=str(exc.args[0])) from None
         self._start = int(self.draft.n_kv)
         self._rows = int(result.tokens.shape[0])
-        self._prefill = result.logits.shape[0] == 0
+        self._prefill = result.kind == "prompt"
         if self._prefill:
             self.draft.inject(layers)
         else:  # copies: a replay decode may overwrite the target's buffers before commit
@@ -154,24 +158,26 @@ class BlockDraftProposer:
 def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model, Any], Readout]) -> BlockDraftProposer:
     """Load ``req.draft`` on the target's llama.cpp context and wrap it with the contract's readout.
 
-    ``req.verified`` is the contract validator's result (target layers, block size, causality,
-    sample_from_anchor); the loaded model is cross-checked against it before any decode."""
-    target = req.opened.target
-    tmodel, tctx = getattr(target, "model", None), getattr(target, "ctx", None)
-    if not isinstance(tmodel, _llama.Model) or not isinstance(tctx, _llama.Context):
-        raise StrategyNotFound(f"block drafters run on the llama backend (power-native); this target is "
-                               f"{type(target).__name__}")
+    ``req.validated(Verified).backbone`` is the contract validator's typed result (target layers,
+    block size, causality, sample_from_anchor); the loaded model is cross-checked against it before
+    any decode."""
+    from power_native import _llama
+    from power_native.target import llama_target, load_model
+
+    tctx = llama_target(req.opened.target, "block drafters run").ctx
     if req.draft is None or req.verified is None:
         raise ArtifactMismatch("a DFlash-family strategy needs a verified draft file (--draft)", evidence="draft")
-    facts = req.verified.result.facts
-    layers = tuple(int(x) for x in facts["target_layers"])
+    backbone = req.validated(Verified).backbone
+    if backbone is None:
+        raise ArtifactMismatch("the validator proved no dflash backbone for this draft", evidence="dflash.target_layers")
+    layers = backbone.target_layers
     model = load_model(req.draft, role="draft")
     if model.arch != "dflash" or tuple(model.target_layer_ids()) != layers:
         raise ArtifactMismatch(f"{req.draft}: llama.cpp loaded arch {model.arch!r} with target layers "
                                f"{tuple(model.target_layer_ids())}; the validator proved 'dflash' with {layers}",
                                evidence="dflash.target_layers")
     readout = make_readout(model, req)
-    block = int(facts["block_size"])
+    block = backbone.block_size
     anchor_first = bool(readout.anchor_first)
     limit = block if anchor_first else block - 1
     n_max = min(req.config.draft_max, limit)
@@ -181,9 +187,10 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
                          n_threads=req.config.n_threads or os.cpu_count())
     try:
         ctx.set_embeddings_nextn(True, readout.outputs)  # masked rows follow the outputs; DFlash2: all rows
-        ctx.set_causal_attn(bool(facts.get("causal", False)))
+        ctx.set_causal_attn(backbone.causal)
         draft = _llama.BlockDraft(ctx, len(layers), model.mask)
         return BlockDraftProposer(draft, readout, target_layers=layers, n_max=n_max)
     except BaseException:
         ctx.close()
         raise
+

@@ -17,7 +17,7 @@ from power_core.errors import ArtifactMismatch, CapacityError
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
-from power_native.target import PREFILL_BATCH, load_model
+from power_native.target import PREFILL_BATCH, llama_target, load_model
 
 __all__ = ["DraftModelProposer", "make_draft_proposer"]
 
@@ -37,7 +37,6 @@ class DraftModelProposer:
         self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
         self._row_ready = False  # the context holds the logits row of the last token in memory
         self._history: list[int] = []  # committed tokens incl. the anchor
-        self.stats = {"drafted": 0, "draft_passes": 0}
 
     # -- protocol -------------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
@@ -66,7 +65,6 @@ class DraftModelProposer:
             out[i] = tok
             if i + 1 < k:
                 self._decode([tok], last_logits=True)
-        self.stats["drafted"] += k
         return out
 
     def observe(self, result: DecodeResult) -> None:
@@ -109,7 +107,6 @@ class DraftModelProposer:
         self.ctx.decode(np.asarray(tokens, dtype=np.int32), len(self._kv), all_outputs=False)
         self._kv.extend(tokens)
         self._row_ready = True  # a decode always outputs its last row
-        self.stats["draft_passes"] += 1
 
     def close(self) -> None:
         self.ctx.close()
@@ -119,7 +116,7 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
     """Strategy factory. Selection has already inspected both files, compared their complete
     vocabularies and bound the pair (``req.verified``); ``req.draft`` is the draft GGUF (the target
     file itself when none was given)."""
-    target = req.opened.target
+    target = llama_target(req.opened.target, "draft-model runs")
     path = req.draft or req.opened.model_path
     if path is None:
         raise ArtifactMismatch("draft-model needs a draft GGUF (--draft PATH)", evidence="draft")

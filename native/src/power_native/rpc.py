@@ -58,8 +58,8 @@ def probe(endpoint: str, timeout: float | None = None) -> tuple[int, int, int]:
     timeout = float(os.environ.get("POWER_RPC_TIMEOUT", PROBE_TIMEOUT_S)) if timeout is None else timeout
     try:
         # IPv4, as ggml-rpc's client resolves (gethostbyname): an IPv6-only name must fail here
-        addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
-        with socket.create_connection(addr, timeout=timeout) as sock:
+        addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]  # (ip, port)
+        with socket.create_connection((str(addr[0]), int(addr[1])), timeout=timeout) as sock:
             sock.settimeout(timeout)
             sock.sendall(struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS))
             (size,) = struct.unpack("<Q", _recv(sock, 8))

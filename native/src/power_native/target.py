@@ -18,20 +18,21 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
 
 from power_core.artifacts import ArtifactView, check_architecture, file_digest
 from power_core.config import NUMERICS
-from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost
+from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost, StrategyNotFound
 from power_core.logs import get_logger
 from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
 from power_core.spec import OpenedBatch, OpenedModel, OpenRequest
 from power_native import _llama, build_info
 from power_native.models import resolve_model
 
-__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "layer_feature",
+__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "layer_feature", "llama_target",
            "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS"]
 
 log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
@@ -177,6 +178,9 @@ class LlamaTarget:
     """The authoritative model on one llama.cpp context: its sequence ``seq_id`` (0 for a context of
     its own; a :class:`LlamaBatch` gives each of its sequences one ``LlamaTarget`` with ``shared``)."""
 
+    #: set by :func:`open_target`: releases the numerics mode once (absent on targets it did not open)
+    _release: weakref.finalize
+
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
                  shared: bool = False) -> None:
@@ -233,7 +237,7 @@ class LlamaTarget:
         if n <= step:
             self.ctx.decode(toks, self._n_past, seq_id=self.seq_id)
             self._advance(n, rollable=True)
-            return DecodeResult(tokens=toks, logits=self.ctx.logits(), features=self._features())
+            return DecodeResult(tokens=toks, logits=self.ctx.logits(), features=self._features(), kind="verify")
         rows, feats = [], []  # longer than one output buffer: several calls, rows copied
         for s in range(0, n, step):
             part = toks[s:s + step]
@@ -242,7 +246,7 @@ class LlamaTarget:
             rows.append(np.array(self.ctx.logits()))
             feats.append({k: np.array(v) for k, v in self._features().items()})
         features = {k: np.concatenate([f[k] for f in feats]) for k in feats[0]}
-        return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features)
+        return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
 
     def _features(self) -> dict[str, np.ndarray]:
         """The hidden-state taps of the last decode (zero-copy views, one row per token)."""
@@ -263,7 +267,7 @@ class LlamaTarget:
             self.ctx.decode(part, self._n_past, seq_id=self.seq_id, all_outputs=False)
             self._advance(part.shape[0], rollable=False)
             if observe is not None:
-                observe(DecodeResult(tokens=part, logits=no_rows, features=self._features()))
+                observe(DecodeResult(tokens=part, logits=no_rows, features=self._features(), kind="prompt"))
         return self.ctx.logits()[-1]
 
     def checkpoint(self) -> LlamaCheckpoint:
@@ -395,7 +399,16 @@ class LlamaTarget:
         self.stats["decodes"] += 1
 
 
-def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) -> dict[str, int]:
+def llama_target(target: object, what: str) -> LlamaTarget:
+    """``target`` as the llama runtime a native proposer builds on (its model and context are what a
+    draft context shares). Any other runtime raises :class:`~power_core.errors.StrategyNotFound`
+    (the strategy has no execution path there); ``what`` says who needs it, e.g. ``"block drafters run"``."""
+    if not isinstance(target, LlamaTarget):
+        raise StrategyNotFound(f"{what} on the llama backend (power-native); this target is {type(target).__name__}")
+    return target
+
+
+def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) -> dict[str, Any]:
     n_rs = snapshots if recurrent else 0
     need = max(max_block, n_rs + 2)  # llama.cpp asserts n_ubatch > n_rs_seq + 1
     n_batch = max(min(PREFILL_BATCH, n_ctx), need)
@@ -475,6 +488,9 @@ class LlamaBatch:
     llama.cpp's default), each a :class:`LlamaTarget`; :meth:`decode_batch` decodes every sequence's
     tokens of a round in one ``llama_decode`` (:class:`power_core.runtime.BatchRuntime`)."""
 
+    #: set by :func:`open_llama_batch`: releases the numerics mode once
+    _release: weakref.finalize
+
     def __init__(self, model: _llama.Model, ctx: _llama.Context, targets: tuple[LlamaTarget, ...]) -> None:
         self.model = model
         self.ctx = ctx
@@ -517,7 +533,8 @@ class LlamaBatch:
             k = int(flags.sum())
             target = index[id(item.target)]
             target.advance(toks.shape[0], rollable=item.rows == "all")
-            results.append(DecodeResult(tokens=toks, logits=rows[at:at + k]))
+            results.append(DecodeResult(tokens=toks, logits=rows[at:at + k],
+                                        kind="verify" if item.rows == "all" else "prompt"))
             at += k
         return results
 

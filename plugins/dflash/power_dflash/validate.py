@@ -21,9 +21,7 @@ from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
     Verified,
     check_dflash_backbone,
-    dflash2_evidence,
-    dspark_evidence,
-    mtp_evidence,
+    discriminate_draft,
     reject,
 )
 
@@ -32,17 +30,8 @@ __all__ = ["validate_dflash"]
 
 def validate_dflash(target: ArtifactView, draft: ArtifactView | None, config: Any = None) -> Verified:
     """Prove ``draft`` is a DFlash v1 draft for ``target``; raise ArtifactError with a reason code otherwise."""
-    if draft is None:
-        raise reject(None, "spec_mode 'dflash' needs a DFlash v1 draft file", "draft_missing", "draft", mismatch=True)
-    if (ev := dspark_evidence(draft)) is not None:
-        raise reject(draft, f"this is a DSpark draft ({ev} is present), not DFlash v1; use spec_mode 'dspark'",
-                     "contract_is_dspark", ev)
-    if (ev := dflash2_evidence(draft)) is not None:
-        raise reject(draft, f"this is a DFlash2 draft ({ev} is present), not DFlash v1; use spec_mode 'dflash2'",
-                     "contract_is_dflash2", ev)
-    if (ev := mtp_evidence(draft)) is not None:
-        raise reject(draft, f"the draft also declares MTP layers ({ev}); two draft mechanisms at once",
-                     "draft_mixed_mechanisms", ev)
+    discriminate_draft(draft, "dflash")
+    assert draft is not None
     bb = check_dflash_backbone(target, draft, "dflash")
     if bb.block_size < 2:
         raise reject(draft, f"dflash.block_size={bb.block_size}: DFlash v1 proposes block_size-1 tokens, so it must "

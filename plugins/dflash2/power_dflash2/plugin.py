@@ -9,29 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
+from power_core.blockdraft import block_strategy
+from power_core.spec import Strategy, hookimpl, package_version
 from power_dflash2.validate import validate_dflash2
 
 
-def _proposer(req: ProposerRequest) -> Any:
-    from power_native.block import open_block_draft
-
+def _readout(model: Any, req: Any) -> Any:
     from power_dflash2.readout import LatticeReadout
 
-    return open_block_draft(req, lambda model, r: LatticeReadout(top_k=model.dflash_selector_top_k(),
-                                                                 p_min=r.config.spec_draft_p_min))
-
-
-def _target_features(verified: Any) -> frozenset[str]:
-    from power_native.block import target_features
-
-    return target_features(verified)
+    return LatticeReadout(top_k=model.dflash_selector_top_k(), p_min=req.config.spec_draft_p_min)
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
-    register(Strategy(
-        name="dflash2", version=package_version("power-dflash2"), package="power-dflash2", kind="model-backed", needs_draft=True,
+    register(block_strategy(
+        name="dflash2", version=package_version("power-dflash2"), package="power-dflash2", validate=validate_dflash2,
+        make_readout=_readout,
         summary="DFlash2 block drafts through llama.cpp's dflash graph: the selector-lattice walk over one forward.",
-        validate=validate_dflash2, proposer=_proposer, backends=frozenset({"llama"}), target_features=_target_features,
     ))

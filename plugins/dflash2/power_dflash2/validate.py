@@ -1,6 +1,6 @@
 """The DFlash2 contract: the ``dflash`` backbone plus a selector lattice and per-layer convolutions.
 
-Rules (reason codes in brackets; notes §3.2): no DSpark tensor [``contract_is_dspark``]; the
+Rules (reason codes in brackets): no DSpark tensor [``contract_is_dspark``]; the
 marker ``selector_hidden.weight`` is present — a file with no DFlash2 part at all is a v1 draft
 [``contract_is_dflash_v1``], one with some parts but no marker is broken [``dflash2_tensor_missing``];
 no MTP layers [``draft_mixed_mechanisms``]; the shared backbone (``dflash2_*`` codes); keys
@@ -22,12 +22,9 @@ import attrs
 
 from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
-    DFLASH2_MARKER,
     Verified,
     check_dflash_backbone,
-    dflash2_evidence,
-    dspark_evidence,
-    mtp_evidence,
+    discriminate_draft,
     need_int,
     need_tensor,
     reject,
@@ -39,21 +36,8 @@ __all__ = ["validate_dflash2"]
 
 def validate_dflash2(target: ArtifactView, draft: ArtifactView | None, config: Any = None) -> Verified:
     """Prove ``draft`` is a DFlash2 draft for ``target``; raise ArtifactError with a reason code otherwise."""
-    if draft is None:
-        raise reject(None, "spec_mode 'dflash2' needs a DFlash2 draft file", "draft_missing", "draft", mismatch=True)
-    if (ev := dspark_evidence(draft)) is not None:
-        raise reject(draft, f"this is a DSpark draft ({ev} is present), not DFlash2; use spec_mode 'dspark'",
-                     "contract_is_dspark", ev)
-    if not draft.has(DFLASH2_MARKER):
-        ev = dflash2_evidence(draft)
-        if ev is None:
-            raise reject(draft, f"this is a DFlash v1 draft ({DFLASH2_MARKER} is absent and no selector/conv part is "
-                         "present), not DFlash2; use spec_mode 'dflash'", "contract_is_dflash_v1", DFLASH2_MARKER)
-        raise reject(draft, f"the draft has DFlash2 parts ({ev}) but not the selector tensor {DFLASH2_MARKER}",
-                     "dflash2_tensor_missing", DFLASH2_MARKER)
-    if (ev := mtp_evidence(draft)) is not None:
-        raise reject(draft, f"the draft also declares MTP layers ({ev}); two draft mechanisms at once",
-                     "draft_mixed_mechanisms", ev)
+    discriminate_draft(draft, "dflash2")
+    assert draft is not None
     bb = check_dflash_backbone(target, draft, "dflash2")
     p = "dflash2"
     rank = need_int(draft, "dflash.selector_rank", p)

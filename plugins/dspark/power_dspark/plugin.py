@@ -9,30 +9,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
+from power_core.blockdraft import block_strategy
+from power_core.spec import Strategy, hookimpl, package_version
 from power_dspark.validate import validate_dspark
 
 
-def _proposer(req: ProposerRequest) -> Any:
-    from power_native.block import open_block_draft
-
+def _readout(model: Any, req: Any) -> Any:
     from power_dspark.readout import DSparkReadout
 
-    return open_block_draft(
-        req, lambda model, r: DSparkReadout(anchor_first=bool(r.verified.result.facts["sample_from_anchor"]),
-                                            p_min=r.config.spec_draft_p_min))
-
-
-def _target_features(verified: Any) -> frozenset[str]:
-    from power_native.block import target_features
-
-    return target_features(verified)
+    return DSparkReadout(anchor_first=bool(req.verified.result.facts["sample_from_anchor"]),
+                         p_min=req.config.spec_draft_p_min)
 
 
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
-    register(Strategy(
-        name="dspark", version=package_version("power-dspark"), package="power-dspark", kind="model-backed", needs_draft=True,
+    register(block_strategy(
+        name="dspark", version=package_version("power-dspark"), package="power-dspark", validate=validate_dspark,
+        make_readout=_readout,
         summary="DSpark block drafts through llama.cpp's dflash graph: anchor-first block, in-graph Markov head, confidence cut.",
-        validate=validate_dspark, proposer=_proposer, backends=frozenset({"llama"}), target_features=_target_features,
     ))

@@ -1,6 +1,6 @@
 """The DSpark contract: the ``dflash`` backbone plus a Markov head (and optionally a confidence head).
 
-Rules (reason codes in brackets; notes §3.3, §2.5): the marker ``markov_w1.weight`` is present —
+Rules (reason codes in brackets): the marker ``markov_w1.weight`` is present —
 otherwise the file is DFlash2 [``contract_is_dflash2``] or DFlash v1 [``contract_is_dflash_v1``];
 no DFlash2 part and no MTP layers [``draft_mixed_mechanisms``]; the shared backbone (``dspark_*``
 codes); ``markov_w1.weight {rank, n_vocab_target}`` and ``markov_w2.weight {rank, n_vocab_draft}``
@@ -19,11 +19,9 @@ import attrs
 
 from power_core.artifacts import ArtifactView
 from power_core.artifacts.contracts import (
-    DSPARK_MARKER,
     Verified,
     check_dflash_backbone,
-    dflash2_evidence,
-    mtp_evidence,
+    discriminate_draft,
     need_tensor,
     reject,
 )
@@ -33,21 +31,8 @@ __all__ = ["validate_dspark"]
 
 def validate_dspark(target: ArtifactView, draft: ArtifactView | None, config: Any = None) -> Verified:
     """Prove ``draft`` is a DSpark draft for ``target``; raise ArtifactError with a reason code otherwise."""
-    if draft is None:
-        raise reject(None, "spec_mode 'dspark' needs a DSpark draft file", "draft_missing", "draft", mismatch=True)
-    d2 = dflash2_evidence(draft)
-    if not draft.has(DSPARK_MARKER):
-        if d2 is not None:
-            raise reject(draft, f"this is a DFlash2 draft ({d2} is present, {DSPARK_MARKER} is absent), not DSpark; "
-                         "use spec_mode 'dflash2'", "contract_is_dflash2", DSPARK_MARKER)
-        raise reject(draft, f"this is a DFlash v1 draft ({DSPARK_MARKER} is absent), not DSpark; use spec_mode "
-                     "'dflash'", "contract_is_dflash_v1", DSPARK_MARKER)
-    if d2 is not None:
-        raise reject(draft, f"the draft carries both the DSpark Markov head and DFlash2 parts ({d2}); two draft "
-                     "mechanisms in one file", "draft_mixed_mechanisms", d2)
-    if (ev := mtp_evidence(draft)) is not None:
-        raise reject(draft, f"the draft also declares MTP layers ({ev}); two draft mechanisms at once",
-                     "draft_mixed_mechanisms", ev)
+    discriminate_draft(draft, "dspark")
+    assert draft is not None
     bb = check_dflash_backbone(target, draft, "dspark")
     p = "dspark"
     n_vocab_t = target.n_vocab or bb.n_vocab

@@ -17,11 +17,12 @@ cimport numpy as cnp
 from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_memory_seq_rm,
                                  llama_process)
 from power_native.llama_ext cimport llama_get_embeddings_nextn_ith
-from power_native._llama cimport BatchExt, Context
+from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt,
+                                  Context, rc_raise, rc_status, rc_translate)
 
 import numpy as np
 
-from power_core.errors import CapacityError, Cancelled, RuntimeFault
+from power_core.errors import CapacityError, RuntimeFault
 
 cnp.import_array()
 
@@ -111,11 +112,10 @@ cdef class MtpHead:
                 else:
                     src = &self.rows[k - 1, 0]
                 rc = self.batch.add_token_c(self.toks[k], self.start + k, src, w, False)
-                if rc < 0:
+                if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
-        if rc < 0:
-            self.batch.clear_c()
-            raise RuntimeFault(f"MTP: the batch refused entry {k} (code {rc})")
+        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+            self.batch._fail(rc, w, k)
         self.ctx.process_c(self.batch, False)
         self.n_kv = self.start + m
         with nogil:
@@ -169,6 +169,10 @@ cdef class MtpHead:
         if anchor < 0 or anchor >= self.n_vocab:
             raise CapacityError(f"MTP draft: anchor {anchor} outside [0, {self.n_vocab})")
         cdef int32_t rc = 0, tok = anchor, fr = self.fr
+        cdef rc_status st
+        cdef bint ok
+        st.op = RC_OP_DECODE
+        st.rc = 0
         cdef const float * h = &self.pending[0]
         cdef const float * row
         cdef float v
@@ -179,18 +183,21 @@ cdef class MtpHead:
                 for i in range(k):
                     self.batch.clear_c()
                     rc = self.batch.add_token_c(tok, pos0 + i, h, w, True)
-                    if rc < 0:
+                    if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                        st.op = RC_OP_BATCH
+                        st.rc = rc
                         break
                     if abort_flag[0]:
-                        rc = 2
+                        st.rc = 2  # as llama.cpp reports an abort
                         break
-                    rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
-                    if rc != 0:
+                    st.rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
+                    if rc_translate(st.op, st.rc) != RC_OK:
                         break
                     row = llama_get_logits_ith(self.ctx.ptr, 0)
                     h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
                     if row == NULL or h == NULL:
-                        rc = -100
+                        st.op = RC_OP_OUTPUT
+                        st.rc = -1
                         break
                     best = 0
                     v = row[0]
@@ -200,13 +207,12 @@ cdef class MtpHead:
                             best = j
                     tok = best
                     out[i] = tok
-            self.passes += i + (rc == 0)
-            if rc == 2:
-                abort_flag[0] = 0
-            if rc != 0:
-                if rc == 2:
-                    raise Cancelled("the MTP draft pass was aborted")
-                raise RuntimeFault(f"MTP draft pass {i} failed (code {rc})")
+            ok = rc_translate(st.op, st.rc) == RC_OK
+            self.passes += i + ok
+            if not ok:
+                if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
+                    abort_flag[0] = 0
+                rc_raise(st.op, st.rc, f"MTP draft pass {i}")
         finally:
             self.batch.clear_c()
             llama_memory_seq_rm(self.ctx.mem, 0, pos0, -1)  # the draft chain never stays in the KV

@@ -41,8 +41,7 @@ class MtpProposer:
 
     def __init__(self, head: Any) -> None:
         self.head = head
-        self._prefill = True  # the last observed batch was a prompt chunk (no logits rows), not a verify pass
-        self.stats = {"drafted": 0}
+        self._prefill = True  # the last observed batch was a prompt chunk, not a verify pass
 
     def begin(self, prompt: TokenArray) -> None:
         self.head.reset()
@@ -55,7 +54,6 @@ class MtpProposer:
         if ctx.k <= 0:
             return _EMPTY
         props = self.head.draft(ctx.anchor, ctx.k)
-        self.stats["drafted"] += int(props.shape[0])
         return props
 
     def observe(self, result: DecodeResult) -> None:
@@ -64,7 +62,7 @@ class MtpProposer:
         except KeyError:
             raise ArtifactMismatch("the target publishes no h_nextn rows; it must be opened with the mtp strategy's "
                                    "target features", evidence="h_nextn") from None
-        self._prefill = result.logits.shape[0] == 0
+        self._prefill = result.kind == "prompt"
         # prompt chunks go into the MTP KV at once; a verify pass waits for commit (kept rows only)
         self.head.observe(result.tokens, h, not self._prefill)
 
@@ -84,14 +82,12 @@ class MtpProposer:
 def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
     """Strategy factory: an MTP context on the target's loaded model (``ctx_other`` = the target)."""
     from power_native import _llama
+    from power_native.target import llama_target
 
     from power_mtp._mtp import MtpHead
 
-    target = req.opened.target
-    model, tctx = getattr(target, "model", None), getattr(target, "ctx", None)
-    if not isinstance(model, _llama.Model) or not isinstance(tctx, _llama.Context):
-        raise StrategyNotFound("spec_mode 'mtp' runs on the llama backend (power-native); this target is "
-                               f"{type(target).__name__}")
+    target = llama_target(req.opened.target, "spec_mode 'mtp' runs")
+    model, tctx = target.model, target.ctx
     if not model.load_mtp or model.n_layer_nextn < 1:
         raise ArtifactMismatch(f"{model.path}: the target was not loaded with its MTP blocks", evidence="load_mtp")
     if model.n_layer_nextn > 1:

@@ -116,7 +116,7 @@ class SuffixIndex:
             prev = self._prev[L]
             at = prev[n - 1]  # the current suffix is the most recent entry of its chain; the one before it
             if at >= 0:
-                found = []
+                found: list[int] = []
                 while at >= 0 and len(found) < MAX_CANDIDATES:
                     found.append(at)
                     at = prev[at]

@@ -60,7 +60,6 @@ class SuffixProposer:
         self._round: tuple[int, int] | None = None  # (bucket, proposals verified) of the current round
         self._offered: tuple[int, int] | None = None
         self.confidence: np.ndarray | None = None
-        self.stats = {"lookups": 0, "matched": 0}
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
@@ -82,7 +81,6 @@ class SuffixProposer:
         self._offered = None
         if ctx.k <= 0:
             return _EMPTY
-        self.stats["lookups"] += 1
         m = self.index.match(ctx.k)
         if m is None or m.tokens.size == 0:
             return _EMPTY
@@ -90,7 +88,6 @@ class SuffixProposer:
         n = min(ctx.k, ALPHA * m.length, agreed)
         if n <= 0:
             return _EMPTY
-        self.stats["matched"] += 1
         b = _bucket(m.length)
         q = self._succ[b] / (self._succ[b] + self._fail[b])
         self.confidence = q * m.share[:n]
@@ -98,7 +95,7 @@ class SuffixProposer:
         return m.tokens[:n].copy()
 
     def observe(self, result: DecodeResult) -> None:
-        if self._offered is not None and result.logits.shape[0] > 0:
+        if self._offered is not None and result.kind == "verify":
             # the scheduler may have verified fewer than offered: learn only from what was verified
             self._round = (self._offered[0], int(result.tokens.shape[0]) - 1)
 
