@@ -268,6 +268,7 @@ def run_calibrate(spec: CalibrateSpec, *, progress: bool = True, plugins: Any = 
                     "loadavg_start": _loadavg()},
     }
     cells: dict[str, _PowerCell] = {}
+    cpu = _cpu()
     try:
         cells["off"] = _PowerCell(bench, "off", plugins)
         session = cells["off"].session
@@ -293,7 +294,7 @@ def run_calibrate(spec: CalibrateSpec, *, progress: bool = True, plugins: Any = 
     finally:
         for c in cells.values():
             c.close()
-    report["machine"]["loadavg_end"] = _loadavg()
+    report["machine"].update(loadavg_end=_loadavg(), foreign_cpu=_foreign_share(cpu))
     write_evidence(spec.out, report, _markdown, _plot, "calibration.png")
     return report
 
@@ -304,6 +305,30 @@ def _loadavg() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):
         return None
+
+
+def _cpu() -> tuple[float, float, float] | None:
+    """(wall s, the machine's busy CPU s, this process's CPU s), or None without /proc/stat (not Linux)."""
+    import resource
+    import time
+
+    try:
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), busy, own.ru_utime + own.ru_stime
+
+
+def _foreign_share(start: tuple[float, float, float] | None) -> float | None:
+    """The share of the machine's CPU other processes used since ``start`` (0: none, 1: every core)."""
+    end = _cpu()
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    share = ((end[1] - start[1]) - (end[2] - start[2])) / ((end[0] - start[0]) * (os.cpu_count() or 1))
+    return round(min(1.0, max(0.0, share)), 3)
 
 
 def _render(session: Any, task: Task, template: str | None) -> list[int]:
@@ -501,6 +526,13 @@ def _markdown(report: dict[str, Any]) -> str:
     if unstable:
         lines += ["**Not repeatable** (a mode's outputs differ between its own orders): "
                   + "; ".join(f"{m}: {', '.join(ids)}" for m, ids in unstable.items()) + ".", ""]
+    machine = report["machine"]
+    if machine.get("foreign_cpu") is not None:
+        start, end = machine.get("loadavg_start"), machine.get("loadavg_end")
+        load = f" (1-minute load average {start[0]} at the start, {end[0]} at the end)" if start and end else ""
+        lines += [f"Shared machine: other processes used {machine['foreign_cpu']:.0%} of its {machine['cpus']} CPUs "
+                  f"during the run{load}; the modes ran interleaved, so contention reached each alike, but absolute "
+                  "tok/s are only as good as the machine was quiet.", ""]
     lines += ["## Answers", "",
               "✓ correct, ✗ wrong; *≠ off*: the answer differs from off's; *output ≠ off*: same answer, other output; "
               "*cut*: truncated at max_tokens.", "",
