@@ -66,3 +66,15 @@ def test_strategies_reading_taps_or_recurrent_targets_do_not_share_passes(tiny_q
     cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=256)
     with pytest.raises(ConfigError, match="parallel"):
         Session.open_batch(2, cfg, model=str(tiny_qwen35))
+
+
+def test_each_sequence_gets_the_configured_context():
+    # llama.cpp splits a non-unified context between its sequences: the batch asks for n x n_ctx
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=512, max_tokens=4)
+    with Session.open(cfg) as s:
+        prompt = s.encode("word " * 400)
+        solo = s.generate(prompt).tokens
+    assert 380 < len(prompt) < 500
+    with Engine.open(4, cfg) as engine:
+        assert all(x.opened.target.capabilities.n_ctx == 512 for x in engine.sessions)
+        assert engine.run(engine.submit(prompt)).tokens == solo

@@ -183,7 +183,7 @@ class LlamaTarget:
 
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
-                 shared: bool = False) -> None:
+                 shared: bool = False, n_ctx: int | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.numerics = numerics
@@ -195,7 +195,7 @@ class LlamaTarget:
                               "hidden-state taps read whole-batch rows; run such strategies on a context of their own")
         recurrent = model.is_recurrent or model.is_hybrid
         self._caps = TargetCapabilities(
-            name="llama", n_vocab=model.n_vocab, n_ctx=ctx.n_ctx, max_block=max_block,
+            name="llama", n_vocab=model.n_vocab, n_ctx=ctx.n_ctx if n_ctx is None else n_ctx, max_block=max_block,
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
             features=frozenset(features), digest=digest)
         self._recurrent = recurrent
@@ -562,10 +562,13 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
             raise ConfigError("parallel", n, "independent slots for a recurrent or hybrid target",
                               "the shared pass keeps attention KV per sequence; recurrent state runs per slot")
         n_batch = max(PREFILL_BATCH, n * req.max_block)
-        ctx = _llama.Context(model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
+        # one KV stream per sequence: llama.cpp gives each n_ctx / n_seq_max cells, so each request
+        # gets the configured context, as a session of its own would
+        ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
                              n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False)
+        per_seq = ctx.n_ctx // n
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, numerics=cfg.numerics,
-                                    seq_id=i, shared=True) for i in range(n))
+                                    seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
         batch = LlamaBatch(model, ctx, targets)
     except BaseException:
         _numerics.release(cfg.numerics)
@@ -577,7 +580,7 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
             t.set_verify_cost(relative)
     info = dict(build_info())
     info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), arch=model.arch,
-                desc=model.desc, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, n_rs_seq=0,
+                desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, n_rs_seq=0,
                 n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=False,
                 verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
     tokenizer = LlamaTokenizer(model)
