@@ -35,24 +35,13 @@ class Verified:
     """A validator's result: the contract, the largest K it supports, and the facts it proved.
 
     ``backbone`` is the typed :class:`DFlashBackbone` of a ``dflash``-arch draft (DFlash v1, DFlash2,
-    DSpark): what their proposer reads, as attributes. A validator passes the one
-    :func:`check_dflash_backbone` returned; one that only flattened it into ``facts`` gets it
-    rebuilt from them (``None`` when ``facts`` hold no backbone)."""
+    DSpark) as :func:`check_dflash_backbone` returned it: what their proposer reads, as attributes
+    (``facts`` is the evidence the receipt shows)."""
 
     mode: str
     max_k: int | None = None
     facts: Mapping[str, Any] = attrs.field(factory=dict)
-    backbone: DFlashBackbone | None = attrs.field(
-        default=attrs.Factory(lambda self: _backbone_from_facts(self.facts), takes_self=True))
-
-
-def _backbone_from_facts(facts: Mapping[str, Any]) -> DFlashBackbone | None:
-    names = [f.name for f in attrs.fields(DFlashBackbone)]
-    if not all(n in facts for n in names):
-        return None
-    values = {n: facts[n] for n in names}
-    values["target_layers"] = tuple(int(x) for x in values["target_layers"])
-    return DFlashBackbone(**values)
+    backbone: DFlashBackbone | None = None
 
 
 #: architectures with an ``LLM_GRAPH_TYPE_DECODER_MTP`` graph in the pinned llama.cpp

@@ -36,4 +36,4 @@ def validate_dflash(target: ArtifactView, draft: ArtifactView | None, config: An
     if bb.block_size < 2:
         raise reject(draft, f"dflash.block_size={bb.block_size}: DFlash v1 proposes block_size-1 tokens, so it must "
                      "be >= 2", "dflash_key_invalid", "dflash.block_size")
-    return Verified(mode="dflash", max_k=bb.block_size - 1, facts=attrs.asdict(bb))
+    return Verified(mode="dflash", max_k=bb.block_size - 1, facts=attrs.asdict(bb), backbone=bb)

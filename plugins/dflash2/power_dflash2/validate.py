@@ -70,4 +70,4 @@ def validate_dflash2(target: ArtifactView, draft: ArtifactView | None, config: A
                           "evidence (the seed) and is not offered")
     facts = attrs.asdict(bb) | {"selector_rank": rank, "selector_top_k": top_k, "conv_kernel_size": kernel,
                                 "conv_group_size": group}
-    return Verified(mode="dflash2", max_k=block - 1, facts=facts)
+    return Verified(mode="dflash2", max_k=block - 1, facts=facts, backbone=bb)

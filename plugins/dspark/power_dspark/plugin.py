@@ -9,16 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from power_core.artifacts.contracts import Verified
 from power_core.blockdraft import block_strategy
-from power_core.spec import Strategy, hookimpl, package_version
+from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
 from power_dspark.validate import validate_dspark
 
 
-def _readout(model: Any, req: Any) -> Any:
+def _readout(model: Any, req: ProposerRequest) -> Any:
     from power_dspark.readout import DSparkReadout
 
-    return DSparkReadout(anchor_first=bool(req.verified.result.facts["sample_from_anchor"]),
-                         p_min=req.config.spec_draft_p_min)
+    backbone = req.validated(Verified).backbone
+    assert backbone is not None  # the DSpark validator always proves the dflash backbone
+    return DSparkReadout(anchor_first=backbone.sample_from_anchor, p_min=req.config.spec_draft_p_min)
 
 
 @hookimpl

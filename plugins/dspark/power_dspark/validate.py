@@ -66,4 +66,4 @@ def validate_dspark(target: ArtifactView, draft: ArtifactView | None, config: An
         raise reject(draft, f"dflash.block_size={bb.block_size} leaves no proposal per round", "dspark_key_invalid",
                      "dflash.block_size")
     facts = attrs.asdict(bb) | {"markov_rank": rank, "confidence_head": has_w}
-    return Verified(mode="dspark", max_k=max_k, facts=facts)
+    return Verified(mode="dspark", max_k=max_k, facts=facts, backbone=bb)
