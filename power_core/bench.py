@@ -474,6 +474,8 @@ class BarPanel:
     ylabel: str
     #: a horizontal reference line (e.g. 1.0 for ratios to off), or None
     reference: float | None = None
+    #: the y axis' range (None: matplotlib's choice)
+    ylim: tuple[float, float] | None = None
 
 
 def plot_bars(path: Path, panels: Sequence[BarPanel], title: str) -> None:
@@ -495,6 +497,8 @@ def plot_bars(path: Path, panels: Sequence[BarPanel], title: str) -> None:
             ax.axhline(panel.reference, color="black", linewidth=0.8)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(n)], list(panel.groups))
         ax.set_ylabel(panel.ylabel)
+        if panel.ylim is not None:
+            ax.set_ylim(*panel.ylim)
         if len(panel.series) > 1:
             ax.legend(fontsize=7)
     fig.suptitle(title)

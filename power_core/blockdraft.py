@@ -21,19 +21,19 @@ __all__ = ["block_strategy"]
 
 
 def block_strategy(*, name: str, version: str, package: str, summary: str, validate: Callable[..., Any],
-                   make_readout: Callable[[Any, ProposerRequest], Any]) -> Strategy:
+                   make_readout: Callable[[Any, ProposerRequest], Any],
+                   driver: Callable[[], Any]) -> Strategy:
     """The Strategy of one DFlash-family plugin. ``make_readout(draft_model, request)`` builds the
-    contract's :class:`power_native.block.Readout` once the draft model is loaded."""
+    contract's :class:`power_native.block.Readout` once the draft model is loaded; ``driver()``
+    returns power-native's block module (the plugin imports it lazily: the core never imports
+    power-native)."""
 
     def proposer(req: ProposerRequest) -> Proposer:
-        from power_native.block import open_block_draft
-
-        return open_block_draft(req, make_readout)
+        proposer_: Proposer = driver().open_block_draft(req, make_readout)
+        return proposer_
 
     def target_features(verified: Any) -> frozenset[str]:
-        from power_native.block import target_features
-
-        return target_features(verified)
+        return frozenset(driver().target_features(verified))
 
     return Strategy(name=name, version=version, package=package, kind="model-backed", needs_draft=True,
                     summary=summary, validate=validate, proposer=proposer, backends=frozenset({"llama"}),

@@ -438,7 +438,7 @@ def _mode_summary(m: str, tasks: Sequence[Task], raw: Mapping[str, Mapping[str, 
         "unstable": [t for t, c in cells.items() if not c["stable"]],
         "request_tok_s": _stats([x for x in totals if x is not None]),
         "ratio_to_off": _stats(ratios), "ratio_tasks": len(same),
-        "acceptance": accepted / proposed if proposed else None,
+        "proposed": proposed, "accepted": accepted, "acceptance": accepted / proposed if proposed else None,
     }
 
 
@@ -473,7 +473,7 @@ def _markdown(report: dict[str, Any]) -> str:
     lines = [f"# power calibrate: {name}", "",
              f"{len(tasks)} tasks from `{report['tasks_file']}` (sha256 {report['tasks_sha256'][:12]}…), greedy, at most "
              f"{report['max_tokens']} tokens{stop}; numerics {report['numerics']}; chat template {template_text}; "
-             f"{report['threads']} threads, backend {report.get('backend')}. Every mode answers every task in "
+             f"{report['threads']} thread{'' if report['threads'] == 1 else 's'}, backend {report.get('backend')}. Every mode answers every task in "
              f"{report['orders']} rotated orders, interleaved per task, each run in a fresh session.", "",
              "*score*: extracted answers equal to the expected one; *answers = off* / *outputs = off*: the extracted "
              "answer / the complete output (token digest) equals `--mode off`'s in every order; *truncated*: outputs "
@@ -484,7 +484,8 @@ def _markdown(report: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for m in modes:
         s = report["summary"][m]
-        acc = "—" if s["acceptance"] is None else f"{s['acceptance']:.2f}"
+        acc = ("—" if m == "off" else "— (nothing proposed)") if s["acceptance"] is None else (
+            f"{s['acceptance']:.2f} ({s['accepted']}/{s['proposed']})")
         lines.append(f"| {m} | {_score(s)} | {s['answers_equal_off']}/{s['tasks']} | {s['outputs_equal_off']}/"
                      f"{s['tasks']} | {len(s['truncated'])} | {_fmt(s['request_tok_s'])} | "
                      f"{_fmt(s['ratio_to_off'], 3)} | {acc} |")
@@ -569,6 +570,6 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     scores = [summary[m]["score"] for m in modes]
     rates = [summary[m]["request_tok_s"]["median"] if summary[m]["request_tok_s"] else float("nan") for m in modes]
     name = Path(report.get("model_path") or report["model"] or "embedded model").name
-    plot_bars(path, [BarPanel(modes, {"score": scores}, "score (answers equal to the expected one)"),
+    plot_bars(path, [BarPanel(modes, {"score": scores}, "score (answers equal to the expected one)", ylim=(0.0, 1.0)),
                      BarPanel(modes, {"request tok/s": rates}, "request tok/s (median over orders)")],
               f"power calibrate: {name}, {report['numerics']} numerics")

@@ -46,6 +46,7 @@ PLUGIN_FACADES = frozenset({
     "power_core.logs",                 # get_logger: Power's structured logging
     "power_core.artifacts",            # GGUF inspection, identity, binding (ArtifactView, ...)
     "power_core.artifacts.contracts",  # the validators' toolkit (Verified, reject, need_tensor, ...)
+    "power_core.blockdraft",  # the DFlash family's one Strategy factory
     "power_core.testing",              # the conformance kit
 })
 #: power-native compiles against the pinned llama.cpp and shares its architecture table with the core

@@ -20,10 +20,16 @@ def _readout(model: Any, req: Any) -> Any:
     return V1Readout(p_min=req.config.spec_draft_p_min)
 
 
+def _driver() -> Any:
+    import power_native.block  # on first use: registering the strategy must not need power-native
+
+    return power_native.block
+
+
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(block_strategy(
         name="dflash", version=package_version("power-dflash"), package="power-dflash", validate=validate_dflash,
-        make_readout=_readout,
+        driver=_driver, make_readout=_readout,
         summary="DFlash v1 block drafts through llama.cpp's dflash graph: proposals from one forward of the noise block.",
     ))

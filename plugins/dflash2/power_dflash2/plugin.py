@@ -20,10 +20,16 @@ def _readout(model: Any, req: Any) -> Any:
     return LatticeReadout(top_k=model.dflash_selector_top_k(), p_min=req.config.spec_draft_p_min)
 
 
+def _driver() -> Any:
+    import power_native.block  # on first use: registering the strategy must not need power-native
+
+    return power_native.block
+
+
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(block_strategy(
         name="dflash2", version=package_version("power-dflash2"), package="power-dflash2", validate=validate_dflash2,
-        make_readout=_readout,
+        driver=_driver, make_readout=_readout,
         summary="DFlash2 block drafts through llama.cpp's dflash graph: the selector-lattice walk over one forward.",
     ))

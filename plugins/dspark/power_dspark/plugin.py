@@ -23,10 +23,16 @@ def _readout(model: Any, req: ProposerRequest) -> Any:
     return DSparkReadout(anchor_first=backbone.sample_from_anchor, p_min=req.config.spec_draft_p_min)
 
 
+def _driver() -> Any:
+    import power_native.block  # on first use: registering the strategy must not need power-native
+
+    return power_native.block
+
+
 @hookimpl
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(block_strategy(
         name="dspark", version=package_version("power-dspark"), package="power-dspark", validate=validate_dspark,
-        make_readout=_readout,
+        driver=_driver, make_readout=_readout,
         summary="DSpark block drafts through llama.cpp's dflash graph: anchor-first block, in-graph Markov head, confidence cut.",
     ))
