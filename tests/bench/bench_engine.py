@@ -35,14 +35,16 @@ def _prompts(session: Session, n: int) -> list:
     return [session.chat_prompt([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]) for i in range(n)]
 
 
-def _sessions_run(sessions: list[Session], prompts: list) -> tuple[float, list, list[float]]:
+def _concurrent(prompts: list, start, rounds) -> tuple[float, list, list[float]]:
+    """Run every prompt in its own thread: ``start(i, prompt)`` makes the request, ``rounds(gen)``
+    runs it; returns wall seconds, results and each request's time to its first round."""
     out: list = [None] * len(prompts)
     ttft: list[float] = [0.0] * len(prompts)
     t0 = time.perf_counter()
 
     def go(i: int) -> None:
-        gen = sessions[i].start(prompts[i])
-        for k, _ in enumerate(gen.rounds()):
+        gen = start(i, prompts[i])
+        for k, _ in enumerate(rounds(gen)):
             if k == 0:
                 ttft[i] = time.perf_counter() - t0
         out[i] = gen.result()
@@ -53,26 +55,14 @@ def _sessions_run(sessions: list[Session], prompts: list) -> tuple[float, list, 
     for t in threads:
         t.join()
     return time.perf_counter() - t0, out, ttft
+
+
+def _sessions_run(sessions: list[Session], prompts: list) -> tuple[float, list, list[float]]:
+    return _concurrent(prompts, lambda i, p: sessions[i].start(p), lambda gen: gen.rounds())
 
 
 def _engine_run(engine: Engine, prompts: list) -> tuple[float, list, list[float]]:
-    out: list = [None] * len(prompts)
-    ttft: list[float] = [0.0] * len(prompts)
-    t0 = time.perf_counter()
-
-    def go(i: int) -> None:
-        gen = engine.submit(prompts[i])
-        for k, _ in enumerate(engine.rounds(gen)):
-            if k == 0:
-                ttft[i] = time.perf_counter() - t0
-        out[i] = gen.result()
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0, out, ttft
+    return _concurrent(prompts, lambda i, p: engine.submit(p), engine.rounds)
 
 
 def _q(xs: list[float], q: float) -> float:
