@@ -11,6 +11,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from power_core.bench import peer_launch
+
 N_VOCAB = 128
 MOE_ARCHS = frozenset({"qwen3next", "qwen35moe", "glm4moe"})
 
@@ -280,13 +282,18 @@ _ACCEPT = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spec_type: str,
                 draft: Path | None = None, n_ctx: int = 256) -> list[tuple[list[int], int, int]]:
     """Per round of ``llama-speculative-simple --spec-type T --spec-draft-n-max K -lv 5``:
-    (draft ids as logged, drafted count, accepted count). DFlash2 logs no ids, only the counts."""
+    (draft ids as logged, drafted count, accepted count). DFlash2 logs no ids, only the counts.
+
+    The peer runs with Power's default (``exact``) numerics, as Power's side of every comparison does:
+    with stock kernels the two sides' tokens may part on another CPU (a near-tie of the tiny random
+    models' logits resolved differently), which says nothing about the proposals."""
+    env, numerics_args = peer_launch("exact")
     cmd = [str(peer_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", spec_type,
            "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "-c", str(n_ctx),
-           "-t", "2", "-lv", "5"]
+           "-t", "2", "-lv", "5", *numerics_args]
     if draft is not None:
         cmd[3:3] = ["-md", str(draft)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rounds, ids = [], []
     for line in proc.stderr.splitlines():
