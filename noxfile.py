@@ -9,6 +9,7 @@ Benchmarks (``bench_core``, ``bench_native``, ``bench_serve``, ...) write eviden
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -52,6 +53,26 @@ def tests(session: nox.Session) -> None:
     install_all(session)
     session.install(TUTORIAL)  # the docs' third-party adapter runs the conformance kit like an outsider
     session.run("pytest", "tests", *PLUGINS, f"{TUTORIAL}/tests", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=PY)
+def dist(session: nox.Session) -> None:
+    """Wheels of every distribution into ``dist/``: power-core, the pure-Python plugins, power-native with
+    the llama.cpp shared libraries inside (built for ``POWER_NATIVE_MARCH``, default ``x86-64-v3``: AVX2/FMA/F16C,
+    not this machine's ISA), and power-mtp built in build isolation against the power-native wheel (resolved
+    from ``dist/``). Then ``tests/dist/check_wheels.py`` installs them into a fresh virtual
+    environment with no source tree and no build cache and runs the Quick start and an MTP run."""
+    out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    pure = [str(ROOT), *(str(ROOT / p) for p in PLUGINS if p not in NATIVE_PLUGINS)]
+    # the llama.cpp inside the power-native wheel targets a portable ISA level, not this machine's
+    env = {"POWER_NATIVE_MARCH": os.environ.get("POWER_NATIVE_MARCH", "x86-64-v3")}
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), *pure, str(ROOT / "native"),
+                env=env)
+    for plugin in NATIVE_PLUGINS:
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(out), "--wheel-dir", str(out),
+                    str(ROOT / plugin), env=env)
+    session.run("python", "tests/dist/check_wheels.py", str(out), "--out", str(ROOT / "evidence" / "dist.json"))
 
 
 @nox.session(python=PY)

@@ -51,6 +51,13 @@ MUTANTS: dict[str, tuple[str, str, set[str], str]] = {
         {"test_requests_are_independent"},
         "state leaked from an earlier request",
     ),
+    "one-instance-for-every-sequence": (
+        "    return LookupProposer(n_vocab=request.opened.target.capabilities.n_vocab)",
+        "    global _ONE\n    _ONE = globals().get('_ONE') or LookupProposer(n_vocab=request.opened.target.capabilities.n_vocab)\n"
+        "    return _ONE  # cached: every session gets the same instance",
+        {"test_shared_passes_parity"},
+        "the proposer's state is shared with another sequence's",
+    ),
 }
 
 KIT = '''

@@ -20,7 +20,8 @@ source and build cache keys and is recorded in ``power-build.json`` (and so in e
 Each patch is inert until a Power call switches it on, so the peers built from the same tree
 behave as stock llama.cpp.
 Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``,
-``POWER_NATIVE_RPC=1`` (the same as the flags; ``pip install ./native`` passes them through).
+``POWER_NATIVE_RPC=1`` (the same as the flags; ``pip install ./native`` passes them through),
+``POWER_NATIVE_MARCH`` (the ``-march`` level; default ``native``).
 """
 
 from __future__ import annotations
@@ -61,10 +62,16 @@ BASE_FLAGS = (
     # sandbox does not execute (SIGILL in ggml's AMX q4_1 kernel on SmolLM2); ggml's own flags
     # (AVX2/FMA/F16C, added after these) only add to -march=native
     "-DGGML_NATIVE=OFF",
-    "-DCMAKE_C_FLAGS=-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
-    "-DCMAKE_CXX_FLAGS=-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
-    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
 )
+
+
+def _isa_flags() -> tuple[str, ...]:
+    """``-march`` of the build: ``POWER_NATIVE_MARCH`` (default ``native``, this machine's ISA minus AMX).
+    Wheels meant for other machines (``nox -s dist``) set a portable level, e.g. ``x86-64-v3``
+    (AVX2/FMA/F16C: every x86-64 CPU since 2013-2015); the level is part of the cache key."""
+    march = os.environ.get("POWER_NATIVE_MARCH", "native")
+    cflags = f"-march={march} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    return (f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON")
 # "native" needs a GPU at configure time; POWER_NATIVE_CUDA_ARCHS (e.g. "90") builds on a machine without one
 CUDA_FLAGS = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('POWER_NATIVE_CUDA_ARCHS', 'native')}")
 RPC_FLAGS = ("-DGGML_RPC=ON",)
@@ -150,7 +157,7 @@ def source_dir(root: Path | None = None) -> Path:
 
 def build_flags(cuda: bool, rpc: bool | None = None) -> tuple[str, ...]:
     rpc = _env_rpc() if rpc is None else rpc
-    return BASE_FLAGS + (CUDA_FLAGS if cuda else ()) + (RPC_FLAGS if rpc else ())
+    return BASE_FLAGS + _isa_flags() + (CUDA_FLAGS if cuda else ()) + (RPC_FLAGS if rpc else ())
 
 
 def build_dir(cuda: bool, root: Path | None = None, rpc: bool | None = None) -> Path:

@@ -245,6 +245,16 @@ class AdapterConformance:
 
         return self._memo(("uninterrupted", tuple(prompt)), make)
 
+    def fresh_at(self, prompt: list[int]) -> tuple[Result, dict[int, tuple[int, list[int]]]]:
+        """A fresh session's run of ``prompt`` to ``max_tokens`` and what it offered, keyed by the
+        history length each round started from (:attr:`Recorder.at`)."""
+
+        def make() -> tuple[Result, dict[int, tuple[int, list[int]]]]:
+            with self.open(self.name(), wrap=Recorder, stop_ids=NO_STOP) as s:
+                return s.generate(prompt), dict(getattr(s.proposer, "at", {}))
+
+        return self._memo(("fresh-at", tuple(prompt)), make)
+
     def n_vocab(self) -> int:
         def make() -> int:
             with self.open("off") as s:
@@ -549,12 +559,6 @@ class AdapterConformance:
         v = self.n_vocab()
         a, b = self.proposing_prompt(11, v), self.proposing_prompt(12, v)
 
-        def fresh(prompt: list[int]) -> tuple[Result, dict[int, tuple[int, list[int]]]]:
-            def make() -> tuple[Result, dict[int, tuple[int, list[int]]]]:
-                with self.open(self.name(), wrap=Recorder, stop_ids=NO_STOP) as s:
-                    return s.generate(prompt), dict(getattr(s.proposer, "at", {}))
-            return self._memo(("fresh-at", tuple(prompt)), make)
-
         with self.open(self.name(), wrap=Recorder, stop_ids=NO_STOP) as s:
             recorder = s.proposer
             previous = "the session opened"
@@ -562,7 +566,7 @@ class AdapterConformance:
                 if isinstance(recorder, Recorder):
                     recorder.at = {}
                 res = s.generate(prompt)
-                want_res, want_at = fresh(prompt)
+                want_res, want_at = self.fresh_at(prompt)
                 assert res.tokens == want_res.tokens, f"request {label} after {previous}: parity broken"
                 got_at = dict(getattr(recorder, "at", {}))
                 common = sorted(set(got_at) & set(want_at))
@@ -573,6 +577,90 @@ class AdapterConformance:
                         f"(k, ids) but the same request in a fresh session offered {want_at[n]}: state leaked "
                         "from an earlier request")
                 previous = f"request {label}"
+
+    @pytest.mark.power_conformance
+    def test_shared_passes_parity(self) -> None:
+        """Requests that share target passes (:class:`~power_core.engine.Engine`, three sequences of one
+        target) emit what each emits alone and offer what each offers alone: first three greedy
+        requests on :meth:`proposing_prompt`, one per sequence, whose proposals must equal a fresh
+        session's at every history length and width both reach; then six requests — greedy and seeded
+        stochastic, prompts of different lengths — over the three sequences, so requests join and
+        leave between rounds and passes mix prompt chunks and verify blocks.
+
+        Troubleshooting: the engine opens one proposer per sequence (``make_proposer`` once per
+        sequence) and runs their rounds interleaved; a proposer that shares state between instances
+        (a module-level cache, a class attribute, one instance handed out twice) offers another
+        request's continuation here. A :class:`ConfigError` naming ``parallel`` means the backend or
+        the strategy cannot share passes: opt out with ``xfail(reason=...)`` saying why (its requests
+        then run as independent slots)."""
+        import threading
+
+        from power_core.engine import Engine
+
+        v = self.n_vocab()
+        base: dict[str, Any] = dict(spec_mode=self.name(), spec_draft_max=self.k, max_tokens=self.max_tokens,
+                                    n_ctx=256)
+        with Engine.open(3, PowerConfig(**base), model=self.model, draft=self.draft, plugins=self.plugins(),
+                         stop_ids=frozenset(NO_STOP)) as engine:
+            for session in engine.sessions:
+                if session.proposer is not None:
+                    session.proposer = Recorder(session.proposer)
+
+            def concurrently(jobs: list[Callable[[], Result]]) -> list[Result]:
+                out: list[Result | BaseException | None] = [None] * len(jobs)
+
+                def one(i: int) -> None:
+                    try:
+                        out[i] = jobs[i]()
+                    except BaseException as exc:  # reported below, with the request it belongs to
+                        out[i] = exc
+
+                threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                for i, res in enumerate(out):
+                    if not isinstance(res, Result):
+                        raise AssertionError(f"request {i} in shared passes failed: {res!r}")
+                return [res for res in out if isinstance(res, Result)]
+
+            # 1. proposals: one proposing request per sequence, all three decoding in the same passes
+            prompts = [self.proposing_prompt(s, v) for s in (11, 12, 13)]
+            sessions = [engine.acquire() for _ in prompts]
+            for session in sessions:
+                if isinstance(session.proposer, Recorder):
+                    session.proposer.at = {}
+            gens = [session.start(prompt) for session, prompt in zip(sessions, prompts, strict=True)]
+            results = concurrently([lambda gen=gen: engine.run(gen) for gen in gens])
+            compared = 0
+            for i, (session, prompt, res) in enumerate(zip(sessions, prompts, results, strict=True)):
+                want_res, want_at = self.fresh_at(prompt)
+                assert res.tokens == want_res.tokens, (
+                    f"proposing_prompt(seed={11 + i}) in shared passes emitted {list(res.tokens)} but alone "
+                    f"{list(want_res.tokens)}; {_first_diff(res.tokens, want_res.tokens)}")
+                got_at = dict(getattr(session.proposer, "at", {}))
+                for n in sorted(set(got_at) & set(want_at)):
+                    if got_at[n][0] != want_at[n][0]:
+                        continue  # another width this round (the pass was shared): not the same question
+                    compared += 1
+                    assert got_at[n] == want_at[n], (
+                        f"proposing_prompt(seed={11 + i}) in shared passes: with {n} tokens of history it offered "
+                        f"{got_at[n]} (k, ids) but alone it offered {want_at[n]}: the proposer's state is "
+                        "shared with another sequence's")
+            assert compared, "no round of the shared passes proposed at a history length and width a fresh run did"
+
+            # 2. parity: six requests, greedy and seeded stochastic, over three sequences
+            requests: list[tuple[list[int], dict[str, Any]]] = [
+                (self.prompt(seed, v), dict(temperature=0.9, top_p=0.95, seed=seed) if seed % 2 else {})
+                for seed in range(6)]
+            results = concurrently([lambda p=p, smp=smp: engine.run(engine.submit(p, sampling=smp))
+                                    for p, smp in requests])
+        for i, ((prompt, sampling), res) in enumerate(zip(requests, results, strict=True)):
+            want = self.reference(prompt, stop_ids=NO_STOP, **sampling).tokens
+            assert res.tokens == want, (f"request {i} ({sampling or 'greedy'}), prompt {prompt}: in shared passes it "
+                                        f"emitted {list(res.tokens)} but target-only alone emitted {list(want)}; "
+                                        f"{_first_diff(res.tokens, want)}")
 
     def test_opt_outs_are_explicit(self) -> None:
         """Guard: a subclass may only replace a standard check with an ``xfail(reason=...)`` version.
