@@ -60,7 +60,7 @@ def dist(session: nox.Session) -> None:
     """Wheels of every distribution into ``dist/``: power-core, the pure-Python plugins, power-native with
     the llama.cpp shared libraries inside (built for ``POWER_NATIVE_MARCH``, default ``x86-64-v3``: AVX2/FMA/F16C,
     not this machine's ISA), and power-mtp built in build isolation against the power-native wheel (resolved
-    from ``dist/``). Then ``tests/dist/check_wheels.py`` installs them into a fresh virtual
+    from ``dist/``). Then ``tests/wheels/check_wheels.py`` installs them into a fresh virtual
     environment with no source tree and no build cache and runs the Quick start and an MTP run."""
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
@@ -72,7 +72,7 @@ def dist(session: nox.Session) -> None:
     for plugin in NATIVE_PLUGINS:
         session.run("python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(out), "--wheel-dir", str(out),
                     str(ROOT / plugin), env=env)
-    session.run("python", "tests/dist/check_wheels.py", str(out), "--out", str(ROOT / "evidence" / "dist.json"))
+    session.run("python", "tests/wheels/check_wheels.py", str(out), "--out", str(ROOT / "evidence" / "dist.json"))
 
 
 @nox.session(python=PY)
