@@ -105,15 +105,27 @@ class Engine:
             raise
 
     # -- requests -------------------------------------------------------------------------------------------
-    def acquire(self, timeout: float | None = None) -> Session:
-        """A free session (blocks until one is free). Start a request on it with ``session.start(...)``
-        and run it with :meth:`rounds`, which gives the session back when the request ends."""
+    def acquire(self, timeout: float | None = None, *, strategy: str | None = None) -> Session:
+        """A free session (blocks until one is free), of ``strategy`` when given (the sequences of an
+        engine opened with ``sequences=`` run different strategies). Start a request on it with
+        ``session.start(...)`` and run it with :meth:`rounds`, which gives the session back when the
+        request ends."""
+        if strategy is not None and not any(s.selection.strategy.name == strategy for s in self.sessions):
+            have = sorted({s.selection.strategy.name for s in self.sessions})
+            raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
+
+        def free() -> Session | None:
+            return next((s for s in self._free if strategy is None or s.selection.strategy.name == strategy), None)
+
         with self._cv:
-            if not self._cv.wait_for(lambda: self._free or self._closed, timeout):
-                raise SessionBusy(f"no free slot within {timeout} s")
+            if not self._cv.wait_for(lambda: free() is not None or self._closed, timeout):
+                raise SessionBusy(f"no free slot{'' if strategy is None else ' of ' + strategy} within {timeout} s")
             if self._closed:
                 raise SessionBusy("the engine is closed")
-            return self._free.popleft()
+            session = free()
+            assert session is not None
+            self._free.remove(session)
+            return session
 
     def release(self, session: Session) -> None:
         with self._cv:
@@ -123,10 +135,10 @@ class Engine:
 
     def submit(self, prompt: Prompt, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
                stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
-               logprobs: int | None = None) -> Generation:
-        """Start a request on the next free session (waits for one); run it with :meth:`rounds` or
-        :meth:`run`."""
-        session = self.acquire()
+               logprobs: int | None = None, strategy: str | None = None) -> Generation:
+        """Start a request on the next free session (of ``strategy`` when given; waits for one); run
+        it with :meth:`rounds` or :meth:`run`."""
+        session = self.acquire(strategy=strategy)
         try:
             return session.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
                                  logprobs=logprobs)

@@ -51,12 +51,17 @@ from power_core.streaming import Stream
 from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob, Transaction
 
-__all__ = ["RequestInfo", "Result", "Generation", "Session", "SessionBatch", "SAMPLING_KEYS"]
+__all__ = ["RequestInfo", "Result", "Generation", "Session", "SessionBatch", "SequenceSpec", "SAMPLING_KEYS",
+           "SEQUENCE_KEYS"]
 
 log = get_logger(__name__)
 
 #: configuration keys a request may set for itself (:meth:`Session.start`'s ``sampling``)
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed")
+#: configuration keys one sequence of a shared-pass batch may set for itself (:class:`SequenceSpec`): what its
+#: proposer and scheduler do; everything that shapes the target (context, threads, numerics) is the batch's
+SEQUENCE_KEYS = ("spec_draft_max", "spec_mtp_recurrent_snapshots", "spec_mtp_adaptive", "spec_adaptive_low_yield",
+                 "spec_adaptive_low_yield_rounds", "spec_draft_p_min", "trace")
 #: at most this many alternatives per emitted token (``logprobs``)
 LOGPROBS_MAX = 20
 
@@ -137,6 +142,17 @@ class _OpenPlan:
         return cls(config=config, plugins=plugins, backend=chosen, selection=selection, draft=draft, request=request)
 
 
+@attrs.frozen
+class SequenceSpec:
+    """One sequence of a shared-pass batch with a strategy of its own (:meth:`Session.open_batch`'s
+    ``sequences``): ``mode`` is its ``spec_mode``, ``draft`` its draft file (``None``: what selection
+    finds, e.g. the target drafting for itself), ``config`` any of :data:`SEQUENCE_KEYS`."""
+
+    mode: str
+    draft: str | None = None
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+
+
 @attrs.define(eq=False)
 class SessionBatch:
     """Sessions on the sequences of one target that share its passes (:meth:`Session.open_batch`)."""
@@ -194,21 +210,42 @@ class Session:
     @classmethod
     def open_batch(cls, n: int, config: PowerConfig | None = None, *, model: str | None = None,
                    draft: str | None = None, backend: str | None = None, plugins: PowerPlugins | None = None,
-                   stop_ids: frozenset[int] | None = None, **overrides: Any) -> SessionBatch:
+                   stop_ids: frozenset[int] | None = None, sequences: Sequence[SequenceSpec] | None = None,
+                   **overrides: Any) -> SessionBatch:
         """``n`` sessions on the sequences of one target whose passes they share (continuous
-        batching; :class:`~power_core.engine.Engine` drives them). Raises :class:`ConfigError` naming
-        ``parallel`` when the backend or the strategy cannot share passes (then open ``n`` sessions)."""
+        batching; :class:`~power_core.engine.Engine` drives them). Every sequence runs the configured
+        strategy, or ``sequences[i]`` its own (off, suffix and draft-model side by side). Raises
+        :class:`ConfigError` naming ``parallel`` when the backend or a strategy cannot share passes
+        (then open ``n`` sessions)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("parallel", n, "an integer >= 1")
         plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
         if plan.backend.open_batch is None:
             raise ConfigError("parallel", n, "independent slots on this backend",
                               f"backend {plan.backend.name!r} has no shared-pass (batch) runtime")
-        opened = plan.backend.open_batch(plan.request, n)
+        plans = [plan] * n
+        if sequences is not None:
+            if len(sequences) != n:
+                raise ConfigError("sequences", len(sequences), f"one SequenceSpec per sequence ({n})")
+            plans = []
+            for i, spec in enumerate(sequences):
+                extra = sorted(set(spec.config) - set(SEQUENCE_KEYS))
+                if extra:
+                    raise ConfigError(f"sequences[{i}].{extra[0]}", spec.config[extra[0]],
+                                      f"one of {', '.join(SEQUENCE_KEYS)}",
+                                      "the target's settings (context, threads, numerics) are the batch's")
+                plans.append(_OpenPlan.make(config, model, spec.draft, plan.backend.name, plan.plugins,
+                                            {**overrides, "spec_mode": spec.mode, **spec.config}))
+        # one target for every sequence: sized for the widest block, with every tap any sequence reads
+        request = attrs.evolve(plan.request, max_block=max(p.request.max_block for p in plans),
+                               snapshots=max(p.request.snapshots for p in plans),
+                               features=frozenset().union(*(p.request.features for p in plans)),
+                               verify_cost=any(p.request.verify_cost for p in plans))
+        opened = plan.backend.open_batch(request, n)
         sessions: list[Session] = []
         try:
-            for one in opened.models:
-                sessions.append(cls._on(plan, one, stop_ids))
+            for one, own in zip(opened.models, plans, strict=True):
+                sessions.append(cls._on(own, one, stop_ids))
         except BaseException:
             for session in sessions:
                 session.close()

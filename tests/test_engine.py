@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from power_core.config import PowerConfig
 from power_core.engine import Engine
 from power_core.errors import AdapterFault, Cancelled, RuntimeFault
-from power_core.session import Session
+from power_core.session import SequenceSpec, Session
 from tests.helpers import core_plugins
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
@@ -81,6 +81,52 @@ def test_every_request_equals_its_solo_run_on_any_schedule(mode, jobs, delays, s
         assert res.tokens == expect
         assert res.receipt.status == "completed"
         assert res.receipt.backend["batch"]["n_seq"] == slots
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=st.lists(st.tuples(st.sampled_from(["off", "ref-draft"]), job_strategy), min_size=2, max_size=8),
+       delays=st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.005, 0.02]), min_size=8, max_size=8),
+       layout=st.sampled_from([("off", "ref-draft"), ("ref-draft", "off", "ref-draft"),
+                               ("off", "ref-draft", "off", "ref-draft")]))
+def test_mixed_strategies_in_shared_passes_each_equal_their_solo_run(jobs, delays, layout):
+    """Sequences of one target with different strategies (``sequences=``): each request runs on a
+    sequence of its strategy and still emits its solo output."""
+    specs = [SequenceSpec(mode) for mode in layout]
+    with Engine.open(len(specs), _config("off"), model=MODEL, plugins=core_plugins(), sequences=specs) as engine:
+        assert [s.selection.strategy.name for s in engine.sessions] == list(layout)
+        out: list = [None] * len(jobs)
+
+        def go(i: int) -> None:
+            time.sleep(delays[i])
+            mode, job = jobs[i]
+            gen = engine.submit(job["prompt"], max_tokens=job["max_tokens"], strategy=mode,
+                                sampling={"temperature": job["temperature"], "seed": job["seed"]})
+            out[i] = engine.run(gen)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for (mode, job), res in zip(jobs, out, strict=True):
+        assert res is not None and res.receipt.strategy["name"] == mode
+        assert res.tokens == _solo(mode, job["prompt"], max_tokens=job["max_tokens"],
+                                   temperature=job["temperature"], seed=job["seed"])
+
+
+def test_sequence_specs_are_validated():
+    from power_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="one SequenceSpec per sequence"):
+        Session.open_batch(2, _config("off"), model=MODEL, plugins=core_plugins(), sequences=[SequenceSpec("off")])
+    with pytest.raises(ConfigError, match=r"sequences\[1\]\.n_ctx"):
+        Session.open_batch(2, _config("off"), model=MODEL, plugins=core_plugins(),
+                           sequences=[SequenceSpec("off"), SequenceSpec("ref-draft", config={"n_ctx": 64})])
+    with Engine.open(2, _config("off"), model=MODEL, plugins=core_plugins(),
+                     sequences=[SequenceSpec("off"), SequenceSpec("ref-draft", config={"spec_draft_max": 3})]) as engine:
+        assert engine.sessions[1].config.draft_max == 3
+        with pytest.raises(ConfigError, match="one of this engine's strategies"):
+            engine.submit([1, 2], strategy="suffix")
 
 
 class _Slow:

@@ -53,6 +53,46 @@ def test_shared_passes_give_every_request_its_solo_output(model, mode):
     assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
 
 
+def test_mixed_strategies_at_random_arrivals_give_every_request_its_solo_output():
+    """Eight requests on SmolLM2 over four sequences running off, suffix, draft-model (the target drafting
+    for itself) and suffix, greedy and seeded, arriving at random times: each equals its solo run."""
+    import random
+    import time
+
+    from power_core.session import SequenceSpec
+
+    cfg = PowerConfig(spec_mode="off", n_threads=2, max_tokens=32, n_ctx=1024)
+    layout = ["off", "suffix", "draft-model", "suffix"]
+    rng = random.Random(7)
+    jobs = [(layout[i % 4], QUESTIONS[i % len(QUESTIONS)], {"temperature": 0.8, "seed": i} if i % 3 == 1 else {},
+             rng.uniform(0.0, 1.5)) for i in range(8)]
+    solo = {}
+    for mode in set(layout):
+        with Session.open(cfg, spec_mode=mode) as s:
+            for i, (m, q, kw, _) in enumerate(jobs):
+                if m == mode:
+                    solo[i] = s.start(s.chat_prompt([{"role": "user", "content": q}]), sampling=kw).run().tokens
+    with Engine.open(4, cfg, sequences=[SequenceSpec(m) for m in layout]) as engine:
+        out: list = [None] * len(jobs)
+
+        def go(i: int) -> None:
+            mode, q, kw, delay = jobs[i]
+            time.sleep(delay)
+            session = engine.sessions[0]
+            gen = engine.submit(session.chat_prompt([{"role": "user", "content": q}]), sampling=kw, strategy=mode)
+            out[i] = engine.run(gen)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    for i, res in enumerate(out):
+        assert res.receipt.strategy["name"] == jobs[i][0]
+        assert res.tokens == solo[i], (i, jobs[i])
+    assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
+
+
 @pytest.mark.parametrize("model", [None, "gemma3-270m"])
 def test_batch_probe_exact_numerics_is_bit_identical(model):
     cfg = PowerConfig(spec_mode="suffix", n_threads=2, n_ctx=1024)  # verify blocks up to 33 tokens
