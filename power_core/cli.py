@@ -101,6 +101,10 @@ def _config_from_args(args: argparse.Namespace):
         "trace": True if args.trace else None,
         "numerics": args.numerics,
         "rpc_servers": args.rpc,
+        "n_gpu_layers": args.gpu_layers,
+        "devices": args.devices,
+        "flash_attn": args.flash_attn,
+        "draft_gpu_layers": args.draft_gpu_layers,
         "selftest": True if args.selftest else None,
         "require_identical": True if args.require_identical else None,
     }
@@ -228,7 +232,8 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
     from power_core.session import Session
 
     config = PowerConfig.from_mapping({}, spec_mode="off", selftest=True, numerics=args.numerics,
-                                      n_threads=args.threads, n_ctx=args.n_ctx, rpc_servers=args.rpc)
+                                      n_threads=args.threads, n_ctx=args.n_ctx, rpc_servers=args.rpc,
+                                      n_gpu_layers=args.gpu_layers, devices=args.devices, flash_attn=args.flash_attn)
     with Session.open(config, model=args.model, backend=args.backend) as session:
         report = session.numerics
         assert report is not None
@@ -326,6 +331,9 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--n-ctx", type=int)
     r.add_argument("--threads", type=int)
     _numerics_flag(r)
+    _offload_flags(r)
+    r.add_argument("--draft-gpu-layers", type=int,
+                   help="draft_gpu_layers: a draft model's layers offloaded to the GPU devices (-1: all)")
     r.add_argument("--selftest", action="store_true",
                    help="probe the target's batch numerics at open and record it in the receipt")
     r.add_argument("--require-identical", action="store_true",
@@ -394,6 +402,15 @@ def _numerics_flag(p: argparse.ArgumentParser) -> None:
                         "or a private network only)")
 
 
+def _offload_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-layers", type=int,
+                   help="n_gpu_layers: target layers offloaded to the GPU devices (-1: all; default 0, CPU only)")
+    p.add_argument("--devices", metavar="DEV[,...]",
+                   help="llama.cpp devices the offloaded layers go to, e.g. CUDA0,CUDA1 (default: every GPU)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"),
+                   help="flash attention (default auto: llama.cpp decides per device)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="power", description="Exact speculative decoding on llama.cpp.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logs on stderr")
@@ -448,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch", type=int, metavar="N",
                    help="also probe shared passes of N sequences: a sequence's rows beside others' vs alone")
     _numerics_flag(t)
+    _offload_flags(t)
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.set_defaults(func=_cmd_selftest)
 

@@ -19,7 +19,7 @@ import attrs
 
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS"]
+__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN"]
 
 #: modes whose names Power reserves; third-party strategies may add more names.
 FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
@@ -31,6 +31,8 @@ S_MAX = 64
 DEFAULT_DRAFT_MAX = 7
 #: values of the ``numerics`` key (what each means is the backend's; see power-native's target)
 NUMERICS = ("exact", "stock")
+#: values of the ``flash_attn`` key (llama.cpp's flash_attn_type: ``auto`` lets it decide per device)
+FLASH_ATTN = ("auto", "on", "off")
 
 
 def _int_range(lo: int, hi: int | None):
@@ -93,6 +95,24 @@ def _endpoints(value: Any) -> tuple[str, ...]:
     if len(set(out)) != len(out):
         raise ConfigError("rpc_servers", list(out), "distinct HOST:PORT entries")
     return out
+
+
+def _device_names(value: Any) -> tuple[str, ...]:
+    """``"CUDA0,CUDA1"`` or a list of names -> a tuple of distinct llama.cpp device names."""
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError("devices", value, "a list of llama.cpp device names (or one comma-separated string)",
+                          "e.g. devices = [\"CUDA0\", \"CUDA1\"]; empty: every GPU of the build")
+    out = tuple(v.strip() for v in value)
+    if len(set(out)) != len(out):
+        raise ConfigError("devices", list(out), "distinct device names")
+    return out
+
+
+def _gpu_layers(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ConfigError(attr.name, value, "an integer >= -1", "-1 offloads every layer, 0 none (CPU only)")
 
 
 def _bool(inst: Any, attr: attrs.Attribute, value: Any) -> None:
@@ -169,6 +189,17 @@ class PowerConfig:
     #: llama.cpp ``rpc-server`` endpoints (``HOST:PORT``) that hold the target's layers (power-native
     #: built with ``POWER_NATIVE_RPC=1``); empty: everything runs in this process
     rpc_servers: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
+    #: target layers offloaded to GPU devices (``devices``; -1: all, 0: none, every layer on the CPU);
+    #: with ``rpc_servers``, to the servers (0 there: every layer). The MTP head follows the target
+    n_gpu_layers: int = attrs.field(default=0, validator=_gpu_layers)
+    #: llama.cpp device names the offloaded layers go to (e.g. ``["CUDA0", "CUDA1"]``); empty: every GPU
+    #: of the build
+    devices: tuple[str, ...] = attrs.field(default=(), converter=_device_names)
+    #: flash attention for every context of the session (llama.cpp ``--flash-attn``): ``auto`` (its
+    #: per-device choice), ``on`` or ``off``
+    flash_attn: str = attrs.field(default="auto", validator=_choice(FLASH_ATTN))
+    #: layers of a separate draft model (draft-model, the DFlash family) offloaded to ``devices``
+    draft_gpu_layers: int = attrs.field(default=0, validator=_gpu_layers)
     #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
     #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
     #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from power_core.cli import main
+from power_core.cli import _config_from_args, build_parser, main
 from power_core.plugins import hookimpl
 from power_core.receipt import token_digest
 
@@ -70,6 +70,13 @@ def test_run_with_config_file(tmp_path, capsys):
     (["run", "--config", "/nonexistent.toml", *REF], 2, "config"),
     (["run", "--prompt-file", "/nonexistent.txt", *REF], 2, "prompt_file"),
     (["run", "--model", "reference:bogus=1", "--backend", "reference"], 2, "unknown key"),
+    (["run", "--gpu-layers", "-2", *REF], 2, "n_gpu_layers"),
+    (["run", "--draft-gpu-layers", "-5", *REF], 2, "draft_gpu_layers"),
+    (["run", "--gpu-layers", "1", *REF], 2, "'n_gpu_layers': got 1, allowed 0 on the reference backend"),
+    (["run", "--devices", "CUDA0", *REF], 2, "'devices': got ['CUDA0'], allowed no device names on the reference"),
+    (["run", "--draft-gpu-layers", "2", *REF], 2, "'draft_gpu_layers': got 2, allowed 0 on the reference"),
+    (["selftest", "--gpu-layers", "-1", *REF], 2, "'n_gpu_layers': got -1, allowed 0 on the reference"),
+    (["run", "--flash-attn", "maybe", *REF], 1, "invalid choice"),
     (["run", "--max-tokens", "abc"], 1, "invalid int"),
     (["run", "--prompt", "a", "--prompt-file", "b"], 1, "not allowed with"),
     (["frobnicate"], 1, "invalid choice"),
@@ -80,6 +87,21 @@ def test_errors_have_exit_codes_and_no_traceback(capsys, monkeypatch, argv, code
     rc, out, err = run_cli(capsys, *argv)
     assert rc == code, err
     assert msg in err and "Traceback" not in err
+
+
+def test_offload_flags_reach_the_config_and_the_receipt(capsys):
+    args = build_parser().parse_args(["run", "--gpu-layers", "-1", "--devices", "CUDA0,CUDA1", "--flash-attn", "off",
+                                      "--draft-gpu-layers", "3"])
+    cfg = _config_from_args(args)
+    assert (cfg.n_gpu_layers, cfg.devices, cfg.flash_attn, cfg.draft_gpu_layers) == (-1, ("CUDA0", "CUDA1"), "off", 3)
+    serve = build_parser().parse_args(["serve", "--gpu-layers", "2", "--devices", "CUDA0", "--draft-gpu-layers", "1"])
+    assert (serve.gpu_layers, serve.devices, serve.draft_gpu_layers) == (2, "CUDA0", 1)
+    rc, out, _ = run_cli(capsys, "run", *REF, "--flash-attn", "on", "--max-tokens", "3", "--json")
+    assert rc == 0
+    r = json.loads(out)["receipt"]
+    assert r["backend"]["devices"] == ["CPU"]
+    assert {k: r["config"][k] for k in ("n_gpu_layers", "devices", "flash_attn", "draft_gpu_layers")} == {
+        "n_gpu_layers": 0, "devices": [], "flash_attn": "on", "draft_gpu_layers": 0}
 
 
 def test_bad_toml_is_rejected(tmp_path, capsys):

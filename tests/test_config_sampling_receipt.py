@@ -32,6 +32,16 @@ from tests.helpers import open_session, run
     (dict(spec_mode="dflash", spec_mtp_fr_vocab_size=8192), "spec_mtp_fr_vocab_size"),
     (dict(spec_mtp_adaptive="yes"), "spec_mtp_adaptive"),
     (dict(spec_mode="UPPER"), "spec_mode"),
+    (dict(n_gpu_layers=-2), "n_gpu_layers"),
+    (dict(n_gpu_layers=1.0), "n_gpu_layers"),
+    (dict(n_gpu_layers=True), "n_gpu_layers"),
+    (dict(draft_gpu_layers=-2), "draft_gpu_layers"),
+    (dict(draft_gpu_layers="all"), "draft_gpu_layers"),
+    (dict(devices=3), "devices"),
+    (dict(devices=["CUDA0", ""]), "devices"),
+    (dict(devices="CUDA0,CUDA0"), "devices"),
+    (dict(flash_attn="yes"), "flash_attn"),
+    (dict(flash_attn=True), "flash_attn"),
 ])
 def test_config_errors_name_key_value_and_range(kw, key):
     with pytest.raises(ConfigError) as err:
@@ -48,6 +58,19 @@ def test_config_unknown_key_and_toml(tmp_path):
     cfg = PowerConfig.from_toml(f, seed=3)
     assert (cfg.spec_mode, cfg.snapshots, cfg.spec_mtp_fr_vocab_size, cfg.seed) == ("mtp", 6, 8192, 3)
     assert cfg.digest() == PowerConfig.from_toml(f, seed=3).digest() != PowerConfig.from_toml(f).digest()
+
+
+def test_gpu_keys_defaults_forms_and_toml(tmp_path):
+    cfg = PowerConfig()
+    assert (cfg.n_gpu_layers, cfg.devices, cfg.flash_attn, cfg.draft_gpu_layers) == (0, (), "auto", 0)
+    assert PowerConfig(devices=" CUDA0, CUDA1 ").devices == PowerConfig(devices=["CUDA0", "CUDA1"]).devices == (
+        "CUDA0", "CUDA1")
+    f = tmp_path / "gpu.toml"
+    f.write_text('n_gpu_layers = -1\ndevices = ["CUDA1"]\nflash_attn = "on"\ndraft_gpu_layers = 4\n')
+    cfg = PowerConfig.from_toml(f)
+    assert (cfg.n_gpu_layers, cfg.devices, cfg.flash_attn, cfg.draft_gpu_layers) == (-1, ("CUDA1",), "on", 4)
+    assert cfg.digest() != PowerConfig().digest()
+    assert {"n_gpu_layers", "devices", "flash_attn", "draft_gpu_layers"} <= set(cfg.to_dict())
 
 
 @settings(max_examples=200, deadline=None)

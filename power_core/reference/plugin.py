@@ -70,6 +70,12 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     if getattr(request.config, "rpc_servers", ()):
         raise ConfigError("rpc_servers", list(request.config.rpc_servers), "empty for the reference backend",
                           "it runs in-process; RPC servers serve GGUF targets of the llama backend")
+    cfg = request.config
+    for key, value in (("devices", list(cfg.devices)), ("n_gpu_layers", cfg.n_gpu_layers),
+                       ("draft_gpu_layers", cfg.draft_gpu_layers)):
+        if value:  # no silent CPU run of what asked for a GPU
+            raise ConfigError(key, value, f"{'no device names' if key == 'devices' else '0'} on the reference backend",
+                              "it runs in numpy on the CPU; GPU offload is the llama backend's (power-native)")
     model = ReferenceModel.from_spec(spec)
     max_block = max(64, request.max_block)
     costs = tuple(1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
@@ -80,7 +86,7 @@ def open_reference(request: OpenRequest) -> OpenedModel:
         tokenizer=ByteTokenizer() if model.vocab > BYTE_EOS else None,
         model_path=spec,
         artifacts={"target": model_digest(model)},
-        backend_info={"model": spec},
+        backend_info={"model": spec, "devices": ["CPU"]},
     )
 
 

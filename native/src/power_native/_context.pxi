@@ -23,6 +23,11 @@ cdef class _CtxOwner:
             self.abort_flag = NULL
 
 
+#: config ``flash_attn`` -> llama.cpp's flash_attn_type (``auto``: llama.cpp decides per device)
+_FLASH_ATTN = {"auto": LLAMA_FLASH_ATTN_TYPE_AUTO, "on": LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
 cdef class Context:
     """A ``llama_context`` with one reusable batch of ``n_batch`` tokens (sequence ids 0..n_seq_max-1).
 
@@ -46,7 +51,8 @@ cdef class Context:
 
     def __init__(self, Model model, *, int n_ctx, int n_batch, int n_ubatch=0, int n_rs_seq=0,
                  n_threads=None, int n_outputs_max=0, int ctx_type=0, Context ctx_other=None,
-                 bint embeddings=False, bint swa_full=True, int n_seq_max=1, flash_attn=None, kv_unified=None):
+                 bint embeddings=False, bint swa_full=True, int n_seq_max=1, str flash_attn="auto",
+                 kv_unified=None):
         if self.ptr != NULL or self._owner is None:
             raise RuntimeFault("Context: already initialised")
         if model is None or model.ptr == NULL:
@@ -69,6 +75,8 @@ cdef class Context:
                                 "(or was loaded without load_mtp)", reason="mtp_missing")
         if n_outputs_max < 0 or n_outputs_max > n_batch:
             raise ConfigError("n_outputs_max", n_outputs_max, f"an integer in [0, n_batch={n_batch}]")
+        if flash_attn not in _FLASH_ATTN:
+            raise ConfigError("flash_attn", flash_attn, "one of 'auto', 'on', 'off'")
         cdef llama_context_params p = llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = n_batch
@@ -84,8 +92,7 @@ cdef class Context:
         p.swa_full = swa_full
         if kv_unified is not None:  # False (llama.cpp's default): one KV stream per sequence
             p.kv_unified = bool(kv_unified)
-        if flash_attn is not None:
-            p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.flash_attn_type = <llama_flash_attn_type><int>_FLASH_ATTN[flash_attn]
         p.no_perf = True
         p.abort_callback = power_abort_cb
         p.abort_callback_data = <void *>self.abort_flag

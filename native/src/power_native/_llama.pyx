@@ -76,7 +76,7 @@ cdef extern from *:
 
 
 __all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors",
-           "LAYER_INP_ARCHS", "LAYER_INP_FINAL_ARCHS"]
+           "backend_devices", "LAYER_INP_ARCHS", "LAYER_INP_FINAL_ARCHS"]
 
 #: archs whose graph records ``t_layer_inp[il]`` (else the next decode aborts, llama-graph.cpp:1384), and
 #: the only archs that also record ``lid == n_layer`` (the output of the last layer): the tables the

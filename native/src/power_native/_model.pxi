@@ -17,29 +17,59 @@ cdef str _meta_str(const llama_model * m, str key):
 ctypedef ggml_backend_reg_t (*_rpc_add_server_t)(const char * endpoint) noexcept nogil
 
 
-cdef ggml_backend_dev_t * _rpc_devices(tuple endpoints) except NULL:
-    """A NULL-terminated list of the devices of llama.cpp's RPC servers at ``endpoints`` (malloc'd)."""
-    cdef ggml_backend_reg_t rpc = ggml_backend_reg_by_name(b"RPC")
-    if rpc == NULL:
-        raise ConfigError("rpc_servers", list(endpoints), "a power-native built with llama.cpp's RPC backend",
-                          "reinstall it with POWER_NATIVE_RPC=1 (pip install ./native)")
-    cdef _rpc_add_server_t add = <_rpc_add_server_t>ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server")
-    if add == NULL:
-        raise RuntimeFault("llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
+_DEVICE_TYPES = {GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
+                 GGML_BACKEND_DEVICE_TYPE_IGPU: "igpu", GGML_BACKEND_DEVICE_TYPE_ACCEL: "accel",
+                 GGML_BACKEND_DEVICE_TYPE_META: "meta"}
+
+
+def backend_devices():
+    """This build's llama.cpp devices in registry order: ``(name, type)`` pairs, type one of ``cpu``,
+    ``gpu``, ``igpu``, ``accel``, ``meta`` (a CPU-only build: ``[("CPU", "cpu")]``)."""
+    cdef size_t i
+    cdef ggml_backend_dev_t dev
+    out = []
+    for i in range(ggml_backend_dev_count()):
+        dev = ggml_backend_dev_get(i)
+        out.append(((<bytes>ggml_backend_dev_name(dev)).decode("utf-8", "replace"),
+                    _DEVICE_TYPES.get(ggml_backend_dev_type(dev), "unknown")))
+    return out
+
+
+cdef ggml_backend_dev_t * _offload_devices(tuple endpoints, tuple names) except NULL:
+    """The NULL-terminated list (malloc'd) of the devices a model's offloaded layers go to: those of
+    llama.cpp's RPC servers at ``endpoints``, then this build's devices named ``names``. Empty: every
+    layer stays on the CPU (NULL would let llama.cpp pick every GPU it finds)."""
     devs = []
+    cdef ggml_backend_reg_t rpc
+    cdef _rpc_add_server_t add
     cdef ggml_backend_reg_t reg
+    cdef ggml_backend_dev_t dev
     cdef bytes ep
     cdef const char * cep
     cdef size_t i
-    for endpoint in endpoints:
-        ep = endpoint.encode()
-        cep = ep
-        with nogil:
-            reg = add(cep)
-        if reg == NULL:
-            raise RuntimeFault(f"rpc server {endpoint} reports no devices")
-        for i in range(ggml_backend_reg_dev_count(reg)):
-            devs.append(<size_t>ggml_backend_reg_dev_get(reg, i))
+    if endpoints:
+        rpc = ggml_backend_reg_by_name(b"RPC")
+        if rpc == NULL:
+            raise ConfigError("rpc_servers", list(endpoints), "a power-native built with llama.cpp's RPC backend",
+                              "reinstall it with POWER_NATIVE_RPC=1 (pip install ./native)")
+        add = <_rpc_add_server_t>ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server")
+        if add == NULL:
+            raise RuntimeFault("llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
+        for endpoint in endpoints:
+            ep = endpoint.encode()
+            cep = ep
+            with nogil:
+                reg = add(cep)
+            if reg == NULL:
+                raise RuntimeFault(f"rpc server {endpoint} reports no devices")
+            for i in range(ggml_backend_reg_dev_count(reg)):
+                devs.append(<size_t>ggml_backend_reg_dev_get(reg, i))
+    for name in names:
+        dev = ggml_backend_dev_by_name(str(name).encode())
+        if dev == NULL:
+            raise ConfigError("devices", list(names), f"names of this build's devices "
+                              f"({', '.join(n for n, _ in backend_devices())})")
+        devs.append(<size_t>dev)
     cdef ggml_backend_dev_t * out = <ggml_backend_dev_t *>calloc(len(devs) + 1, sizeof(ggml_backend_dev_t))
     if out == NULL:
         raise MemoryError()
@@ -92,25 +122,21 @@ cdef class Model:
         self.mrope = rope == 8 or rope == 40  # LLAMA_ROPE_TYPE_MROPE / IMROPE: 4 positions per embedding entry
 
     @staticmethod
-    def load(path, *, bint load_mtp=False, bint vocab_only=False, n_gpu_layers=None, bint repack=True,
+    def load(path, *, bint load_mtp=False, bint vocab_only=False, int n_gpu_layers=0, devices=(), bint repack=True,
              rpc_servers=()):
         """Load a GGUF file. The caller validates the header first (:func:`power_native.target.load_model`);
         a NULL model from llama.cpp is still an :class:`ArtifactError`.
 
-        ``rpc_servers`` (``"host:port"``, already probed by :mod:`power_native.rpc`): the model's
-        layers go to those llama.cpp ``rpc-server`` processes (their devices only; nothing is
-        registered process-wide, so other loads stay local)."""
+        ``n_gpu_layers`` layers (-1: all) go to the devices of ``rpc_servers`` (``"host:port"``, already
+        probed by :mod:`power_native.rpc`; nothing is registered process-wide, so other loads stay local)
+        and the devices named ``devices`` (e.g. ``"CUDA0"``); with neither, every layer stays on the CPU."""
         cdef llama_model_params p = llama_model_default_params()
         p.load_mtp = load_mtp
         p.vocab_only = vocab_only
         p.use_extra_bufts = repack
-        if n_gpu_layers is not None:
-            p.n_gpu_layers = n_gpu_layers
-        cdef ggml_backend_dev_t * devices = NULL
-        if rpc_servers:
-            devices = _rpc_devices(tuple(rpc_servers))
-            p.devices = devices
-            p.n_gpu_layers = 999 if n_gpu_layers is None else n_gpu_layers  # every layer on the servers
+        p.n_gpu_layers = n_gpu_layers
+        cdef ggml_backend_dev_t * offload = _offload_devices(tuple(rpc_servers), tuple(devices))
+        p.devices = offload
         cdef bytes bpath = os.fsencode(path)
         cdef const char * cpath = bpath
         cdef llama_model * ptr
@@ -119,7 +145,7 @@ cdef class Model:
             with nogil:
                 ptr = llama_model_load_from_file(cpath, p)
         finally:
-            free(devices)  # llama.cpp copied the list
+            free(offload)  # llama.cpp copied the list
         if ptr == NULL:
             rc_raise(RC_OP_MODEL_LOAD, -1, None)
         cdef Model m = Model.__new__(Model)

@@ -162,7 +162,7 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     block size, causality, sample_from_anchor); the loaded model is cross-checked against it before
     any decode."""
     from power_native import _llama
-    from power_native.target import llama_target, load_model
+    from power_native.target import llama_target, load_model, offload
 
     tctx = llama_target(req.opened.target, "block drafters run").ctx
     if req.draft is None or req.verified is None:
@@ -171,7 +171,8 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     if backbone is None:
         raise ArtifactMismatch("the validator proved no dflash backbone for this draft", evidence="dflash.target_layers")
     layers = backbone.target_layers
-    model = load_model(req.draft, role="draft")
+    placed = offload(req.config)
+    model = load_model(req.draft, role="draft", n_gpu_layers=placed.draft_gpu_layers, devices=placed.draft_devices)
     if model.arch != "dflash" or tuple(model.target_layer_ids()) != layers:
         raise ArtifactMismatch(f"{req.draft}: llama.cpp loaded arch {model.arch!r} with target layers "
                                f"{tuple(model.target_layer_ids())}; the validator proved 'dflash' with {layers}",
@@ -184,7 +185,7 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     n_block = n_max if anchor_first else n_max + 1
     ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
                          n_outputs_max=max(n_block, 1), ctx_other=tctx,
-                         n_threads=req.config.n_threads or os.cpu_count())
+                         n_threads=req.config.n_threads or os.cpu_count(), flash_attn=req.config.flash_attn)
     try:
         ctx.set_embeddings_nextn(True, readout.outputs)  # masked rows follow the outputs; DFlash2: all rows
         ctx.set_causal_attn(backbone.causal)

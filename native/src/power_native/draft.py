@@ -17,7 +17,7 @@ from power_core.errors import ArtifactMismatch, CapacityError
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
-from power_native.target import PREFILL_BATCH, llama_target, load_model
+from power_native.target import PREFILL_BATCH, llama_target, load_model, offload
 
 __all__ = ["DraftModelProposer", "make_draft_proposer"]
 
@@ -29,11 +29,12 @@ class DraftModelProposer:
 
     features: frozenset[str] = frozenset()
 
-    def __init__(self, model: _llama.Model, *, n_ctx: int, k_max: int, n_threads: int | None = None) -> None:
+    def __init__(self, model: _llama.Model, *, n_ctx: int, k_max: int, n_threads: int | None = None,
+                 flash_attn: str = "auto") -> None:
         n_batch = max(min(PREFILL_BATCH, n_ctx), k_max + 1)
         self.model = model
         self.ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_rs_seq=0,
-                                  n_outputs_max=1, n_threads=n_threads or os.cpu_count())
+                                  n_outputs_max=1, n_threads=n_threads or os.cpu_count(), flash_attn=flash_attn)
         self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
         self._row_ready = False  # the context holds the logits row of the last token in memory
         self._history: list[int] = []  # committed tokens incl. the anchor
@@ -121,11 +122,13 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
     if path is None:
         raise ArtifactMismatch("draft-model needs a draft GGUF (--draft PATH)", evidence="draft")
     # the draft runs under the target's numerics (no repack when exact): a self-draft then computes the
-    # target's own bits, shares its loaded weights, and is accepted in full
-    model = load_model(path, role="draft", repack=req.config.numerics == "stock")
+    # target's own bits, shares its loaded weights when offloaded alike, and is accepted in full
+    cfg = req.config
+    placed = offload(cfg)
+    model = load_model(path, role="draft", repack=cfg.numerics == "stock", n_gpu_layers=placed.draft_gpu_layers,
+                       devices=placed.draft_devices)
     if model.n_vocab != target.capabilities.n_vocab:  # selection compared the files; this is the loaded truth
         raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
                                f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
-    cfg = req.config
     return DraftModelProposer(model, n_ctx=target.capabilities.n_ctx, k_max=cfg.draft_max,
-                              n_threads=cfg.n_threads)
+                              n_threads=cfg.n_threads, flash_attn=cfg.flash_attn)

@@ -48,6 +48,18 @@ cdef extern from "ggml-backend.h" nogil:
     void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
     size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
     ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
+    # enum ggml_backend_dev_type (declared anonymous: the function below has the enum's name)
+    enum:
+        GGML_BACKEND_DEVICE_TYPE_CPU
+        GGML_BACKEND_DEVICE_TYPE_GPU
+        GGML_BACKEND_DEVICE_TYPE_IGPU
+        GGML_BACKEND_DEVICE_TYPE_ACCEL
+        GGML_BACKEND_DEVICE_TYPE_META
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device)
+    int ggml_backend_dev_type(ggml_backend_dev_t device)
+    size_t ggml_backend_dev_count()
+    ggml_backend_dev_t ggml_backend_dev_get(size_t index)
+    ggml_backend_dev_t ggml_backend_dev_by_name(const char * name)
 
 
 cdef extern from "ggml-cpu.h" nogil:

@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from power_core.artifacts import ArtifactView, check_architecture, file_digest
-from power_core.config import NUMERICS
+from power_core.config import NUMERICS, PowerConfig
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost, StrategyNotFound
 from power_core.logs import get_logger
 from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
@@ -32,8 +32,8 @@ from power_core.spec import OpenedBatch, OpenedModel, OpenRequest
 from power_native import _llama, build_info
 from power_native.models import resolve_model
 
-__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "open_llama", "load_model", "layer_feature", "llama_target",
-           "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS"]
+__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "Offload", "open_llama", "load_model", "layer_feature",
+           "llama_target", "offload", "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS", "CUDA_BUILD"]
 
 log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
 
@@ -102,23 +102,78 @@ class LlamaCheckpoint:
     state: bytes | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
 
 
-#: loaded models by (real path, size, mtime, load_mtp, repack): sessions on the same file share one
-#: set of weights (each has its own contexts); an entry goes when its last context and session do
+#: the install that gives power-native llama.cpp's CUDA backend
+CUDA_BUILD = "POWER_NATIVE_CUDA=1 pip install ./native"
+
+
+@attrs.frozen
+class Offload:
+    """Where a session's layers go (config ``n_gpu_layers``, ``draft_gpu_layers``, ``devices``,
+    ``rpc_servers``), checked against this build by :func:`offload`."""
+
+    #: target layers offloaded (-1: all) to ``devices`` and the RPC servers
+    n_gpu_layers: int
+    #: this build's devices the target's offloaded layers go to (besides the RPC servers)
+    devices: tuple[str, ...]
+    draft_gpu_layers: int
+    draft_devices: tuple[str, ...]
+    #: every device that holds layers of the session: the CPU first
+    used: tuple[str, ...]
+
+
+def offload(cfg: PowerConfig) -> Offload:
+    """``cfg``'s offload on this build, before any model loads. Named ``devices`` must be GPUs of the
+    build; unnamed, offloaded layers go to every discrete GPU (integrated ones when there is none),
+    as llama.cpp picks. A GPU asked of a build without one is a :class:`ConfigError` naming the key
+    and :data:`CUDA_BUILD`, never a silent CPU run. ``n_gpu_layers = 0`` with ``rpc_servers`` puts
+    every target layer on the servers."""
+    found = _llama.backend_devices()
+    cpu = tuple(name for name, kind in found if kind == "cpu")
+    gpus = (tuple(name for name, kind in found if kind == "gpu")
+            or tuple(name for name, kind in found if kind == "igpu"))
+    local = cfg.n_gpu_layers != 0 and not cfg.rpc_servers  # target layers on this machine's GPUs
+    asked = [(k, v) for k, v in (("devices", list(cfg.devices)), ("n_gpu_layers", cfg.n_gpu_layers if local else 0),
+                                 ("draft_gpu_layers", cfg.draft_gpu_layers)) if v]
+    if asked and not gpus:
+        key, value = asked[0]
+        allowed = "no device names" if key == "devices" else "0"
+        raise ConfigError(key, value, f"{allowed} on this power-native build: it has no GPU device (its devices: "
+                          f"{', '.join(name for name, _ in found)})",
+                          f"reinstall it with llama.cpp's CUDA backend: {CUDA_BUILD}")
+    offloadable = {name for name, kind in found if kind in ("gpu", "igpu")}
+    unknown = [d for d in cfg.devices if d not in offloadable]
+    if unknown:
+        raise ConfigError("devices", list(cfg.devices),
+                          f"names of this build's GPU devices: {', '.join(sorted(offloadable))}",
+                          f"{', '.join(unknown)} is not one of them")
+    chosen = cfg.devices or gpus
+    devices = cfg.devices if cfg.rpc_servers else chosen if cfg.n_gpu_layers or cfg.devices else ()
+    draft_devices = chosen if cfg.draft_gpu_layers else ()
+    layers = cfg.n_gpu_layers or (-1 if cfg.rpc_servers else 0)
+    return Offload(n_gpu_layers=layers, devices=devices, draft_gpu_layers=cfg.draft_gpu_layers,
+                   draft_devices=draft_devices, used=cpu + tuple(dict.fromkeys(devices + draft_devices)))
+
+
+#: loaded models by (real path, size, mtime, load_mtp, repack, rpc servers, offload): sessions on the
+#: same file share one set of weights (each has its own contexts); an entry goes when its last context
+#: and session do
 _MODELS: weakref.WeakValueDictionary[tuple, _llama.Model] = weakref.WeakValueDictionary()
 _MODELS_LOCK = threading.Lock()
 
 
 def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False,
-               view: ArtifactView | None = None, repack: bool = True,
-               rpc_servers: tuple[str, ...] = ()) -> _llama.Model:
+               view: ArtifactView | None = None, repack: bool = True, rpc_servers: tuple[str, ...] = (),
+               n_gpu_layers: int = 0, devices: tuple[str, ...] = ()) -> _llama.Model:
     """Inspect the file with the core's bounded GGUF parser (missing, directory, not GGUF, truncated,
     lying tensor table: typed errors before llama.cpp sees it), then load it — or return the model
     already loaded from the same unchanged file with the same options (``POWER_NATIVE_SHARED_WEIGHTS=0``
-    loads a private copy each time, e.g. to measure what sharing saves)."""
+    loads a private copy each time, e.g. to measure what sharing saves). ``n_gpu_layers`` layers go to
+    ``devices`` and ``rpc_servers`` (:class:`Offload`); none: every layer on the CPU."""
     share = os.environ.get("POWER_NATIVE_SHARED_WEIGHTS", "1") not in ("0", "false", "no")
     try:
         st = os.stat(path)
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack, tuple(rpc_servers))
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack, tuple(rpc_servers), n_gpu_layers,
+               tuple(devices))
     except OSError:
         key = None  # missing or unreadable: _load says so with its typed error
     if share and key is not None:
@@ -126,13 +181,14 @@ def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: b
             model = _MODELS.get(key)
             if model is None:
                 model = _MODELS[key] = _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack,
-                                             rpc_servers=rpc_servers)
+                                             rpc_servers=rpc_servers, n_gpu_layers=n_gpu_layers, devices=devices)
         return model
-    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack, rpc_servers=rpc_servers)
+    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack, rpc_servers=rpc_servers,
+                 n_gpu_layers=n_gpu_layers, devices=devices)
 
 
 def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: ArtifactView | None,
-          repack: bool, rpc_servers: tuple[str, ...] = ()) -> _llama.Model:
+          repack: bool, rpc_servers: tuple[str, ...], n_gpu_layers: int, devices: tuple[str, ...]) -> _llama.Model:
     try:
         view = view or ArtifactView.from_gguf(path)
     except ArtifactError as exc:
@@ -140,7 +196,8 @@ def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: Arti
     check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
     try:
         if not rpc_servers:
-            return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack)
+            return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, n_gpu_layers=n_gpu_layers,
+                                     devices=devices)
         from power_native import rpc
 
         for endpoint in rpc_servers:
@@ -148,7 +205,8 @@ def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: Arti
             # process already holds a connection to serves it, and would not answer a second one)
             if not rpc.connected(endpoint):
                 rpc.probe(endpoint)
-        model = _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers))
+        model = _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers),
+                                  n_gpu_layers=n_gpu_layers, devices=devices)
         rpc.hold(rpc_servers, model)
         return model
     except ArtifactError as exc:
@@ -417,15 +475,16 @@ def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) 
 
 def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, snapshots: int,
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
-                digest: str | None = None, numerics: str = "exact",
-                rpc_servers: tuple[str, ...] = ()) -> LlamaTarget:
+                digest: str | None = None, numerics: str = "exact", rpc_servers: tuple[str, ...] = (),
+                n_gpu_layers: int = 0, devices: tuple[str, ...] = (), flash_attn: str = "auto") -> LlamaTarget:
     """Load ``path`` and create its target context (the pieces of :func:`open_llama`) with the
-    given :data:`NUMERICS`."""
+    given :data:`NUMERICS` and offload (:func:`offload` has checked it)."""
     _numerics.acquire(numerics)
     try:
-        model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock", rpc_servers=rpc_servers)
+        model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock", rpc_servers=rpc_servers,
+                           n_gpu_layers=n_gpu_layers, devices=devices)
         shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
-        ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), **shape)
+        ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), flash_attn=flash_attn, **shape)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics)
     except BaseException:
         _numerics.release(numerics)
@@ -545,6 +604,12 @@ class LlamaBatch:
             release()
 
 
+def _offload_info(placed: Offload, cfg: PowerConfig) -> dict[str, Any]:
+    """The receipt's ``backend`` facts of where layers ran."""
+    return {"devices": list(placed.used), "n_gpu_layers": placed.n_gpu_layers,
+            "draft_gpu_layers": placed.draft_gpu_layers, "flash_attn": cfg.flash_attn}
+
+
 def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     """The ``llama`` backend's batch: ``n`` sequences of ``req.model`` on one context whose passes
     hold every active request's verify block (and prompt chunks)."""
@@ -552,12 +617,14 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         raise ConfigError("parallel", n, "independent slots for this strategy",
                           f"it reads hidden-state taps ({', '.join(sorted(req.features))}) that a shared pass "
                           "does not give per sequence")
+    cfg = req.config
+    placed = offload(cfg)
     path = resolve_model(req.model)
     digest = file_digest(path).sha256
-    cfg = req.config
     _numerics.acquire(cfg.numerics)
     try:
-        model = load_model(path, repack=cfg.numerics == "stock", rpc_servers=cfg.rpc_servers)
+        model = load_model(path, repack=cfg.numerics == "stock", rpc_servers=cfg.rpc_servers,
+                           n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
         if model.is_recurrent or model.is_hybrid:
             raise ConfigError("parallel", n, "independent slots for a recurrent or hybrid target",
                               "the shared pass keeps attention KV per sequence; recurrent state runs per slot")
@@ -565,7 +632,8 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         # one KV stream per sequence: llama.cpp gives each n_ctx / n_seq_max cells, so each request
         # gets the configured context, as a session of its own would
         ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
-                             n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False)
+                             n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False,
+                             flash_attn=cfg.flash_attn)
         per_seq = ctx.n_ctx // n
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, numerics=cfg.numerics,
                                     seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
@@ -579,8 +647,9 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         for t in targets:
             t.set_verify_cost(relative)
     info = dict(build_info())
-    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), arch=model.arch,
-                desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, n_rs_seq=0,
+    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
+                arch=model.arch, desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch,
+                n_ubatch=ctx.n_ubatch, n_rs_seq=0,
                 n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=False,
                 verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
     tokenizer = LlamaTokenizer(model)
@@ -591,12 +660,14 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
 
 def open_llama(req: OpenRequest) -> OpenedModel:
     """The ``llama`` backend: open ``req.model`` (``None``: embedded SmolLM2) as a :class:`LlamaTarget`."""
+    cfg = req.config
+    placed = offload(cfg)
     path = resolve_model(req.model)
     digest = file_digest(path).sha256
-    cfg = req.config
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
                          n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics,
-                         rpc_servers=cfg.rpc_servers)
+                         rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices,
+                         flash_attn=cfg.flash_attn)
     if req.verify_cost:
         try:
             target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
@@ -604,7 +675,8 @@ def open_llama(req: OpenRequest) -> OpenedModel:
             target.close()
             raise
     info = dict(build_info())
-    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
+    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
+                arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
                 n_threads=cfg.n_threads or os.cpu_count(),

@@ -97,7 +97,8 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
     cfg = req.config
     fr = cfg.spec_mtp_fr_vocab_size or model.n_vocab
     ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
-                         n_outputs_max=1, ctx_type=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count())
+                         n_outputs_max=1, ctx_type=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count(),
+                         flash_attn=cfg.flash_attn)
     try:
         ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
         if fr < model.n_vocab:
