@@ -176,6 +176,12 @@ class ReferenceTarget:
         self._rolled = False
 
     def decode(self, tokens: TokenArray) -> DecodeResult:
+        return self._pass(tokens, self.verify_capacity)
+
+    def _pass(self, tokens: TokenArray, width: int) -> DecodeResult:
+        """Decode ``tokens`` in a pass of ``max(width, len(tokens))`` tokens: the rest is padding
+        (the last token again at the next positions) whose KV rows lie past ``n_past`` afterwards
+        (free cells, overwritten by the next pass) and which gets no logits row."""
         tokens = np.asarray(tokens, dtype=np.int32)
         n = tokens.shape[0]
         if n == 0 or n > self.max_block:
@@ -193,10 +199,7 @@ class ReferenceTarget:
         keep_ring = self.snapshots + 1 if m.recurrent else 0
         ring: list[npt.NDArray[np.float64]] = []
         state = self._state
-        # padding (verify_capacity): the last token again at the next positions; its KV rows lie past
-        # n_past afterwards (free cells, overwritten by the next pass) and it has no logits row
-        pass_tokens = np.concatenate([tokens, np.full(self.verify_capacity - n, tokens[-1], dtype=np.int32)]) \
-            if self.verify_capacity > n else tokens
+        pass_tokens = np.concatenate([tokens, np.full(width - n, tokens[-1], dtype=np.int32)]) if width > n else tokens
         for i in range(pass_tokens.shape[0]):
             p = self._n_past + i
             x = m.emb[pass_tokens[i]] + m.pos[p]
@@ -228,7 +231,7 @@ class ReferenceTarget:
                 observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32]:
         tokens = np.asarray(tokens, dtype=np.int32)
         for start in range(0, tokens.shape[0], self.max_block):
-            res = self.decode(tokens[start:start + self.max_block])
+            res = self._pass(tokens[start:start + self.max_block], 0)  # prompt chunks are never padded
             if observe is not None:
                 observe(DecodeResult(tokens=res.tokens, logits=res.logits[:0], features=res.features, kind="prompt"))
         return res.logits[-1]

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.native
 PROMPT = [1, 17, 42, 99, 5, 63, 8, 17, 42, 99, 5]
 
 
-def generate(model: Path | None, mode: str, prompt: list[int] | str, draft: Path | None = None, **cfg):
+def generate(model: Path | str | None, mode: str, prompt: list[int] | str, draft: Path | None = None, **cfg):
     base = dict(spec_mode=mode, max_tokens=32, n_ctx=256, n_threads=2)
     base.update(cfg)
     with Session.open(PowerConfig(**base), model=str(model) if model else None,
@@ -93,10 +93,11 @@ def test_block_drafters(tiny_llama, tiny_dir, mode, kw):
     assert_padded_equals_unpadded(tiny_llama, mode, PROMPT, draft, b=8, spec_draft_max=7)
 
 
-def test_smollm2_off_and_suffix():
+@pytest.mark.parametrize("model", [None, "gemma3-270m"])  # SmolLM2; Gemma-3: sliding window, K-quants
+def test_real_models_off_and_suffix(model):
     prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-    assert_padded_equals_unpadded(None, "off", prompt, b=8, max_tokens=16)
-    assert_padded_equals_unpadded(None, "suffix", prompt, b=8, max_tokens=24)
+    assert_padded_equals_unpadded(model, "off", prompt, b=8, max_tokens=16)
+    assert_padded_equals_unpadded(model, "suffix", prompt, b=8, max_tokens=24)
 
 
 def test_recurrent_and_mtp_targets_are_refused(tiny_qwen35, tiny_qwen35_mtp):
@@ -119,3 +120,9 @@ def test_session_selftest_probes_the_padded_target(tiny_llama):
         report = s.numerics
         assert report is not None and report.identical
         assert {p["width"] for p in report.probes} == {2, 4, 8}
+
+
+def test_padded_cost_curve_is_cached_apart():
+    from power_native.target import _cost_cache
+
+    assert _cost_cache("d", 2, 8, "exact", 8) != _cost_cache("d", 2, 8, "exact", 0)

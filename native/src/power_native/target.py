@@ -473,9 +473,10 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
     return target
 
 
-def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str) -> Path:
+def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str, verify_capacity: int) -> Path:
     info = build_info()
-    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info],
+    padded = [verify_capacity] if verify_capacity else []  # a padded target's curve is its own (flat)
+    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info, *padded],
                                     sort_keys=True).encode()).hexdigest()[:20]
     root = Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
     return root / "verify-cost" / f"{key}.json"
@@ -488,7 +489,8 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     under the model's digest (``POWER_VERIFY_COST_REFRESH=1`` measures again, e.g. after a
     measurement on a busy machine)."""
     b_max = target.capabilities.max_block
-    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics)
+    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics,
+                       target.capabilities.verify_capacity)
     try:
         if os.environ.get("POWER_VERIFY_COST_REFRESH", "") in ("1", "true", "yes"):
             raise OSError("refresh requested")
