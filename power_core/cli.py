@@ -107,6 +107,7 @@ def _config_from_args(args: argparse.Namespace):
         "draft_gpu_layers": args.draft_gpu_layers,
         "selftest": True if args.selftest else None,
         "require_identical": True if args.require_identical else None,
+        "verify_capacity": args.verify_capacity,
     }
     if args.config:
         return PowerConfig.from_toml(args.config, **overrides)
@@ -329,6 +330,8 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--p-min", type=float, help="spec_draft_p_min: block drafters stop below this confidence")
     r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
     r.add_argument("--n-ctx", type=int)
+    r.add_argument("--verify-capacity", type=int, metavar="B",
+                   help="pad every target verify pass to exactly B tokens (one pass shape; 0: off)")
     r.add_argument("--threads", type=int)
     _numerics_flag(r)
     _offload_flags(r)

@@ -19,7 +19,7 @@ import attrs
 
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN"]
+__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX"]
 
 #: modes whose names Power reserves; third-party strategies may add more names.
 FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
@@ -33,6 +33,8 @@ DEFAULT_DRAFT_MAX = 7
 NUMERICS = ("exact", "stock")
 #: values of the ``flash_attn`` key (llama.cpp's flash_attn_type: ``auto`` lets it decide per device)
 FLASH_ATTN = ("auto", "on", "off")
+#: the widest ``verify_capacity`` (tokens per padded target pass)
+VERIFY_CAPACITY_MAX = 256
 
 
 def _int_range(lo: int, hi: int | None):
@@ -210,8 +212,20 @@ class PowerConfig:
     #: run target-only, with the reason, when the probe finds verify rows that differ from one-token
     #: decodes on the running build (implies ``selftest``)
     require_identical: bool = attrs.field(default=False, validator=_bool)
+    #: B: pad every target verify pass to exactly B tokens (one pass shape, e.g. one captured GPU
+    #: graph); the padding's rows and memory cells never leave the target runtime. 0: off. An unset
+    #: ``spec_draft_max`` then resolves to at most B - 1; a set one must satisfy K + 1 <= B
+    verify_capacity: int = attrs.field(default=0, validator=_int_range(0, VERIFY_CAPACITY_MAX))
 
     def __attrs_post_init__(self) -> None:
+        b, k = self.verify_capacity, self.spec_draft_max
+        if b == 1:
+            raise ConfigError("verify_capacity", b, f"0 (off) or an integer in [2, {VERIFY_CAPACITY_MAX}]",
+                              "a padded pass holds the anchor and at least one more token")
+        if b and k is not None and k + 1 > b:
+            raise ConfigError("verify_capacity", b, f"0 (off) or at least spec_draft_max + 1 = {k + 1}",
+                              "a verify pass holds the anchor and up to spec_draft_max proposals; raise "
+                              "verify_capacity or lower spec_draft_max")
         s = self.spec_mtp_recurrent_snapshots
         if s is not None and s > self.draft_max:
             raise ConfigError(
@@ -233,8 +247,15 @@ class PowerConfig:
     # -- derived -------------------------------------------------------------------------------
     @property
     def draft_max(self) -> int:
-        """Effective K (the session resolves an unset key to the strategy's default first)."""
-        return DEFAULT_DRAFT_MAX if self.spec_draft_max is None else self.spec_draft_max
+        """Effective K (the session resolves an unset key to the strategy's default first, capped
+        like the core's default by ``verify_capacity - 1``)."""
+        if self.spec_draft_max is not None:
+            return self.spec_draft_max
+        return self.capped_draft_max(DEFAULT_DRAFT_MAX)
+
+    def capped_draft_max(self, k: int) -> int:
+        """``k`` as a default K under ``verify_capacity``: at most B - 1 when padding is on."""
+        return min(k, self.verify_capacity - 1) if self.verify_capacity else k
 
     @property
     def snapshots(self) -> int:

@@ -63,6 +63,11 @@ class TargetCapabilities:
     digest: str | None = None
     #: relative cost of a verify pass of 1..max_block tokens (``[0] == 1``), when measured
     verify_cost: tuple[float, ...] | None = None
+    #: B > 0: every :meth:`TargetRuntime.decode` pass runs exactly B tokens (config
+    #: ``verify_capacity``): the block, then padding whose logits are never computed or returned and
+    #: whose memory cells are removed before ``decode`` returns, so the result and the memory are the
+    #: unpadded pass's (``max_block <= B``); 0: a pass is as wide as its block
+    verify_capacity: int = 0
 
     def in_place(self, depth: int) -> bool:
         """True when removing ``depth`` trailing tokens of the last decode needs no checkpoint."""
@@ -104,7 +109,8 @@ class TargetRuntime(Protocol):
         ...
 
     def decode(self, tokens: TokenArray) -> DecodeResult:
-        """Append ``tokens`` at ``n_past`` in one pass and return one logits row per token."""
+        """Append ``tokens`` at ``n_past`` in one pass and return one logits row per token (padded to
+        ``capabilities.verify_capacity`` tokens when that is set; the rows and memory are the block's)."""
         ...
 
     def prefill(self, tokens: TokenArray,

@@ -125,7 +125,7 @@ class _OpenPlan:
                                    f"but model {model!r} is served by {chosen.name!r}")
         speculative = strategy.kind != "target-only"
         if config.spec_draft_max is None and strategy.default_draft_max and speculative:
-            config = attrs.evolve(config, spec_draft_max=strategy.default_draft_max)
+            config = attrs.evolve(config, spec_draft_max=config.capped_draft_max(strategy.default_draft_max))
         if speculative and strategy.proposer is None:
             raise StrategyNotFound(f"strategy {strategy.name!r} ({strategy.package} {strategy.version}) validates "
                                    "artifacts but has no execution path in this version; use spec_mode='off' or "
@@ -134,8 +134,11 @@ class _OpenPlan:
         # target-only decoding verifies one token per pass and never rolls back: size the context for
         # that (the self-test verifies blocks up to its widest probe)
         max_block = config.draft_max + 1 if speculative else 1
-        request = OpenRequest(model=model, config=config,
-                              max_block=max(max_block, max(DEFAULT_WIDTHS)) if probe else max_block,
+        if config.verify_capacity:  # every pass is B wide (the self-test probes widths up to B)
+            max_block = config.verify_capacity
+        elif probe:
+            max_block = max(max_block, max(DEFAULT_WIDTHS))
+        request = OpenRequest(model=model, config=config, max_block=max_block,
                               snapshots=config.snapshots if speculative else 0,
                               features=strategy.features_for(selection.verified) if speculative else frozenset(),
                               verify_cost=speculative and strategy.cost_aware)
@@ -220,6 +223,10 @@ class Session:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("parallel", n, "an integer >= 1")
         plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
+        if plan.config.verify_capacity:  # named "parallel": serve then runs independent (padded) slots
+            raise ConfigError("parallel", n, "independent slots with verify_capacity",
+                              f"verify_capacity={plan.config.verify_capacity} pads one sequence's passes, but a shared "
+                              "pass holds several requests' blocks and prompt chunks, so its width varies")
         if plan.backend.open_batch is None:
             raise ConfigError("parallel", n, "independent slots on this backend",
                               f"backend {plan.backend.name!r} has no shared-pass (batch) runtime")
@@ -257,6 +264,10 @@ class Session:
     def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None) -> Session:
         """The session over a loaded target: the self-test, then the proposer."""
         config, strategy, selection, speculative = plan.config, plan.strategy, plan.selection, plan.speculative
+        padded = opened.target.capabilities.verify_capacity
+        if padded != config.verify_capacity:
+            raise ConfigError("verify_capacity", config.verify_capacity, f"{padded} on backend {plan.backend.name!r}",
+                              "the backend's target does not pad its passes to the configured width")
         probe = config.selftest or config.require_identical
         report = selftest(opened.target) if probe else None
         if report is not None:
@@ -633,6 +644,9 @@ class Generation:
             backend["rollback"] = dict(self._counts)
         if self._batch is not None:  # the shared passes it ran in (continuous batching)
             backend["batch"] = dict(self._batch)
+        if txn is not None:  # the widths of the verify passes it ran (all B with verify_capacity B)
+            backend["verify_capacity"] = s.opened.target.capabilities.verify_capacity
+            backend["verify_widths"] = {str(w): n for w, n in sorted(txn.verify_widths.items())}
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,

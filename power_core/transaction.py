@@ -194,6 +194,9 @@ class Transaction:
     finished: str | None = None
     rounds: list[RoundRecord] = attrs.field(factory=list)
     target_passes: int = 0
+    #: width of each target pass this transaction decoded (verify and replay) -> how many: the
+    #: block's width, or the runtime's ``verify_capacity`` when it pads (receipt ``backend.verify_widths``)
+    verify_widths: dict[int, int] = attrs.field(factory=dict)
     #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
     reused: int = 0
     _prompt: np.ndarray = attrs.field(factory=lambda: _EMPTY)
@@ -383,12 +386,21 @@ class Transaction:
         """The verify pass over ``block``: decoded here, or ``res`` when a round driver decoded it
         together with other requests' blocks (one target pass shared by the batch)."""
         if res is None:
-            res = self.target.decode(block)
-        self.target_passes += 1
+            res = self._decode(block)
+        else:
+            self.target_passes += 1
         shape = getattr(res.logits, "shape", None)
         if shape is None or len(shape) != 2 or shape[0] < block.shape[0]:
             raise RuntimeFault(f"target returned logits of shape {shape} for a {block.shape[0]}-token block")
         return self._observe(res)
+
+    def _decode(self, block: TokenArray) -> DecodeResult:
+        """One target pass of this transaction's own, counted by its width."""
+        res = self.target.decode(block)
+        self.target_passes += 1
+        width = max(block.shape[0], self.target.capabilities.verify_capacity)
+        self.verify_widths[width] = self.verify_widths.get(width, 0) + 1
+        return res
 
     def _observe(self, res: DecodeResult) -> DecodeResult:
         if self.proposer is not None:
@@ -431,8 +443,7 @@ class Transaction:
         keep = len(out)  # the anchor plus every emitted token but the last (the next anchor)
         replayed = False
         if keep < block.shape[0] and not self.target.rollback(cp, keep):
-            self.target.decode(block[:keep])  # exact replay of the accepted prefix
-            self.target_passes += 1
+            self._decode(block[:keep])  # exact replay of the accepted prefix
             replayed = True
         if self.proposer is not None:
             self._call("commit", accepted, np.asarray(out, dtype=np.int32))

@@ -135,12 +135,23 @@ class ReferenceTarget:
     #: a modelled CPU-like verify-cost curve (a pass of b tokens costs 1 + 0.5 (b - 1) one-token
     #: passes) for cost-aware strategies; the reference backend computes every row at the same cost
     verify_cost: tuple[float, ...] | None = None
+    #: B > 0: every decode runs exactly B tokens (config ``verify_capacity``); the padding (the last
+    #: token repeated at the following positions) gets no logits row and leaves no memory behind
+    verify_capacity: int = 0
 
     def __attrs_post_init__(self) -> None:
-        if self.n_ctx > self.model.max_pos:
-            raise ConfigError("n_ctx", self.n_ctx, f"at most {self.model.max_pos} for the reference model")
-        self.keys = np.zeros((self.n_ctx, self.model.dim))
-        self.values = np.zeros((self.n_ctx, self.model.dim))
+        b = self.verify_capacity
+        if b and self.model.recurrent:
+            raise ConfigError("verify_capacity", b, "0 for a target with a recurrent layer",
+                              "padding would advance the recurrent state, which rolls back only once per pass "
+                              "(within the resident snapshots) and the round's own rollback needs that")
+        if b and self.max_block > b:
+            raise ConfigError("verify_capacity", b, f"at least max_block={self.max_block}")
+        if self.n_ctx + b > self.model.max_pos:
+            raise ConfigError("n_ctx", self.n_ctx, f"at most {self.model.max_pos - b} for the reference model"
+                              + (f" with verify_capacity={b}" if b else ""))
+        self.keys = np.zeros((self.n_ctx + b, self.model.dim))  # + B cells: the padding of the last pass
+        self.values = np.zeros((self.n_ctx + b, self.model.dim))
         self._state = np.zeros(self.model.dim)
 
     # -- protocol ------------------------------------------------------------------------------------
@@ -150,6 +161,7 @@ class ReferenceTarget:
             name="reference", n_vocab=self.model.vocab, n_ctx=self.n_ctx, max_block=self.max_block,
             rollback_window=self.snapshots if self.model.recurrent else None,
             eog_ids=frozenset({self.model.eos}), features=frozenset({"hidden"}), verify_cost=self.verify_cost,
+            verify_capacity=self.verify_capacity,
         )
 
     @property
@@ -164,6 +176,12 @@ class ReferenceTarget:
         self._rolled = False
 
     def decode(self, tokens: TokenArray) -> DecodeResult:
+        return self._pass(tokens, self.verify_capacity)
+
+    def _pass(self, tokens: TokenArray, width: int) -> DecodeResult:
+        """Decode ``tokens`` in a pass of ``max(width, len(tokens))`` tokens: the rest is padding
+        (the last token again at the next positions) whose KV rows lie past ``n_past`` afterwards
+        (free cells, overwritten by the next pass) and which gets no logits row."""
         tokens = np.asarray(tokens, dtype=np.int32)
         n = tokens.shape[0]
         if n == 0 or n > self.max_block:
@@ -181,15 +199,18 @@ class ReferenceTarget:
         keep_ring = self.snapshots + 1 if m.recurrent else 0
         ring: list[npt.NDArray[np.float64]] = []
         state = self._state
-        for i in range(n):
+        pass_tokens = np.concatenate([tokens, np.full(width - n, tokens[-1], dtype=np.int32)]) if width > n else tokens
+        for i in range(pass_tokens.shape[0]):
             p = self._n_past + i
-            x = m.emb[tokens[i]] + m.pos[p]
+            x = m.emb[pass_tokens[i]] + m.pos[p]
             self.keys[p] = x @ m.wk
             self.values[p] = x @ m.wv
             q = x @ m.wq
             att = self.keys[: p + 1] @ q
             att = np.exp(att - att.max())
             x = x + (att / att.sum()) @ self.values[: p + 1]
+            if i >= n:
+                continue  # padding: no recurrent layer (refused with padding), no logits row
             if m.recurrent:
                 state = np.tanh(state @ m.wa + x @ m.wb)
                 x = x + state
@@ -210,7 +231,7 @@ class ReferenceTarget:
                 observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32]:
         tokens = np.asarray(tokens, dtype=np.int32)
         for start in range(0, tokens.shape[0], self.max_block):
-            res = self.decode(tokens[start:start + self.max_block])
+            res = self._pass(tokens[start:start + self.max_block], 0)  # prompt chunks are never padded
             if observe is not None:
                 observe(DecodeResult(tokens=res.tokens, logits=res.logits[:0], features=res.features, kind="prompt"))
         return res.logits[-1]

@@ -77,10 +77,12 @@ def open_reference(request: OpenRequest) -> OpenedModel:
             raise ConfigError(key, value, f"{'no device names' if key == 'devices' else '0'} on the reference backend",
                               "it runs in numpy on the CPU; GPU offload is the llama backend's (power-native)")
     model = ReferenceModel.from_spec(spec)
-    max_block = max(64, request.max_block)
-    costs = tuple(1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
+    padded = request.config.verify_capacity
+    max_block = padded or max(64, request.max_block)  # a padded pass is never wider than B
+    # padded, every pass costs what a B-token pass costs: a flat curve
+    costs = tuple(1.0 if padded else 1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
     target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
-                             verify_cost=costs)
+                             verify_cost=costs, verify_capacity=padded)
     return OpenedModel(
         target=target,
         tokenizer=ByteTokenizer() if model.vocab > BYTE_EOS else None,

@@ -39,6 +39,8 @@ log = get_logger(__name__)  # stdlib logging: an embedding host's configuration 
 
 #: tokens per llama_decode call during prefill (llama-completion's n_ubatch default)
 PREFILL_BATCH = 512
+#: llama.cpp rounds a context's KV cells up to a multiple of this
+KV_CELLS_PAD = 256
 #: what a strategy may ask of the target (``Strategy.target_features``): ``h_nextn`` publishes the
 #: unmasked nextn hidden state of every decoded token as ``DecodeResult.features["h_nextn"]``;
 #: ``mtp_head`` loads the target's MTP (nextn) blocks (llama.cpp ``load_mtp``); ``layer_inp:<L>``
@@ -241,7 +243,7 @@ class LlamaTarget:
 
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
-                 shared: bool = False, n_ctx: int | None = None) -> None:
+                 shared: bool = False, n_ctx: int | None = None, verify_capacity: int = 0) -> None:
         self.model = model
         self.ctx = ctx
         self.numerics = numerics
@@ -252,10 +254,21 @@ class LlamaTarget:
             raise ConfigError("features", sorted(features), "none on a sequence of a shared context",
                               "hidden-state taps read whole-batch rows; run such strategies on a context of their own")
         recurrent = model.is_recurrent or model.is_hybrid
+        if verify_capacity and recurrent:
+            raise ConfigError("verify_capacity", verify_capacity, f"0 for a recurrent or hybrid target ({model.arch})",
+                              "padding would advance the recurrent state, which rolls back only once per pass "
+                              "within the n_rs_seq snapshots, and the round's own rollback needs that")
+        if verify_capacity and (shared or max_block > verify_capacity):
+            raise ConfigError("verify_capacity", verify_capacity, f"0 or at least max_block={max_block} on a context "
+                              "of its own", "a padded pass is one sequence's block and nothing else")
+        n_ctx = ctx.n_ctx if n_ctx is None else n_ctx
+        if n_ctx + verify_capacity > ctx.n_ctx:
+            raise ConfigError("verify_capacity", verify_capacity, f"at most {ctx.n_ctx - n_ctx} on a context of "
+                              f"{ctx.n_ctx} cells holding {n_ctx} tokens", "the padding of the last pass needs cells")
         self._caps = TargetCapabilities(
-            name="llama", n_vocab=model.n_vocab, n_ctx=ctx.n_ctx if n_ctx is None else n_ctx, max_block=max_block,
+            name="llama", n_vocab=model.n_vocab, n_ctx=n_ctx, max_block=max_block,
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
-            features=frozenset(features), digest=digest)
+            features=frozenset(features), digest=digest, verify_capacity=verify_capacity)
         self._recurrent = recurrent
         self._n_past = 0
         self._epoch = 0
@@ -291,6 +304,8 @@ class LlamaTarget:
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         n = toks.shape[0]
         self._room(n)
+        if self._caps.verify_capacity:
+            return self._decode_padded(toks)
         step = self.ctx.n_outputs_max
         if n <= step:
             self.ctx.decode(toks, self._n_past, seq_id=self.seq_id)
@@ -305,6 +320,25 @@ class LlamaTarget:
             feats.append({k: np.array(v) for k, v in self._features().items()})
         features = {k: np.concatenate([f[k] for f in feats]) for k in feats[0]}
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
+
+    def _decode_padded(self, toks: TokenArray) -> DecodeResult:
+        """One pass of exactly ``verify_capacity`` tokens: ``toks``, then the last token repeated at
+        the following positions without logits rows; the padding's KV cells are removed at once, so
+        memory, rows and taps are those of the unpadded pass (causal attention: no real row sees
+        the padding)."""
+        n, b = toks.shape[0], self._caps.verify_capacity
+        if n > b:
+            raise CapacityError(f"decode of {n} tokens; verify_capacity pads every pass to {b}")
+        pass_tokens = np.concatenate([toks, np.full(b - n, toks[-1], dtype=np.int32)])
+        outputs = np.zeros(b, dtype=np.uint8)
+        outputs[:n] = 1
+        logits = self.ctx.decode_multi(pass_tokens, np.arange(self._n_past, self._n_past + b, dtype=np.int32),
+                                       np.full(b, self.seq_id, dtype=np.int32), outputs)
+        if b > n and not self.ctx.seq_rm(self.seq_id, self._n_past + n, -1):
+            raise StateLost(f"llama_memory_seq_rm refused to remove the padding after {self._n_past + n} tokens")
+        self._advance(n, rollable=True)
+        features = {k: v[:n] for k, v in self._features().items()}  # unmasked taps: one row per pass token
+        return DecodeResult(tokens=toks, logits=logits, features=features, kind="verify")
 
     def _features(self) -> dict[str, np.ndarray]:
         """The hidden-state taps of the last decode (zero-copy views, one row per token)."""
@@ -476,16 +510,23 @@ def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) 
 def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, snapshots: int,
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
                 digest: str | None = None, numerics: str = "exact", rpc_servers: tuple[str, ...] = (),
-                n_gpu_layers: int = 0, devices: tuple[str, ...] = (), flash_attn: str = "auto") -> LlamaTarget:
+                n_gpu_layers: int = 0, devices: tuple[str, ...] = (), flash_attn: str = "auto",
+                verify_capacity: int = 0) -> LlamaTarget:
     """Load ``path`` and create its target context (the pieces of :func:`open_llama`) with the
-    given :data:`NUMERICS` and offload (:func:`offload` has checked it)."""
+    given :data:`NUMERICS` and offload (:func:`offload` has checked it); ``verify_capacity`` B > 0
+    pads every decode pass to B tokens (the context gets B cells more than ``n_ctx`` for the padding
+    of a pass at the end)."""
     _numerics.acquire(numerics)
     try:
         model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock", rpc_servers=rpc_servers,
                            n_gpu_layers=n_gpu_layers, devices=devices)
         shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
-        ctx = _llama.Context(model, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), flash_attn=flash_attn, **shape)
-        target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics)
+        # padded: the cells an unpadded context gets, plus the padding of a pass at the last position
+        cells = -(-n_ctx // KV_CELLS_PAD) * KV_CELLS_PAD if verify_capacity else n_ctx
+        ctx = _llama.Context(model, n_ctx=cells + verify_capacity, n_threads=n_threads or os.cpu_count(),
+                             flash_attn=flash_attn, **shape)
+        target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
+                             n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity)
     except BaseException:
         _numerics.release(numerics)
         raise
@@ -494,9 +535,10 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
     return target
 
 
-def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str) -> Path:
+def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str, verify_capacity: int) -> Path:
     info = build_info()
-    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info],
+    padded = [verify_capacity] if verify_capacity else []  # a padded target's curve is its own (flat)
+    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info, *padded],
                                     sort_keys=True).encode()).hexdigest()[:20]
     root = Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
     return root / "verify-cost" / f"{key}.json"
@@ -509,7 +551,8 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     under the model's digest (``POWER_VERIFY_COST_REFRESH=1`` measures again, e.g. after a
     measurement on a busy machine)."""
     b_max = target.capabilities.max_block
-    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics)
+    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics,
+                       target.capabilities.verify_capacity)
     try:
         if os.environ.get("POWER_VERIFY_COST_REFRESH", "") in ("1", "true", "yes"):
             raise OSError("refresh requested")
@@ -667,7 +710,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
                          n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics,
                          rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices,
-                         flash_attn=cfg.flash_attn)
+                         flash_attn=cfg.flash_attn, verify_capacity=cfg.verify_capacity)
     if req.verify_cost:
         try:
             target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
@@ -676,7 +719,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
             raise
     info = dict(build_info())
     info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
-                arch=target.model.arch, desc=target.model.desc, n_ctx=target.ctx.n_ctx,
+                arch=target.model.arch, desc=target.model.desc, n_ctx=target.capabilities.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
                 n_threads=cfg.n_threads or os.cpu_count(),
