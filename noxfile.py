@@ -91,6 +91,29 @@ def native(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def cuda_build(session: nox.Session) -> None:
+    """The full CUDA build (not in the default sessions or CI): ``POWER_NATIVE_CUDA=1 pip install ./native``
+    and power-mtp against it, then a check that the installed power-native is a CUDA build that ships
+    libggml-cuda. Needs a CUDA toolkit, not a GPU: without one set ``POWER_NATIVE_CUDA_ARCHS`` (e.g. 90).
+    About 30 minutes on 2 cores for one architecture. Extra arguments run pytest on them afterwards."""
+    session.env["POWER_NATIVE_CUDA"] = "1"
+    install_all(session, models=bool(session.posargs))
+    session.run("python", "-c", CUDA_CHECK)
+    if session.posargs:
+        session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
+
+
+CUDA_CHECK = """
+import json, pathlib, power_native, power_mtp
+lib = pathlib.Path(power_native.get_library_dir())
+info = json.loads((pathlib.Path(power_native.__file__).parent / "build-info.json").read_text())
+assert "-DGGML_CUDA=ON" in info["flags"], info["flags"]
+assert (lib / "libggml-cuda.so.0").exists(), sorted(p.name for p in lib.iterdir())
+print("power-native CUDA build:", {k: v for k, v in info.items() if k.startswith(("cuda", "cublas"))})
+"""
+
+
+@nox.session(python=PY)
 def conformance(session: nox.Session) -> None:
     """The conformance kit on the reference adapter and the docs' tutorial adapter, installed as outsiders do."""
     session.install("-e", ".[testing]")

@@ -7,7 +7,7 @@ so a second build with the same flags is a no-op taking seconds.
 
 Usage::
 
-    python native/tools/build_llama.py [--cuda] [--rpc] [--peers] [--print-dir]
+    python native/tools/build_llama.py [--cuda] [--rpc] [--peers] [--print-dir] [--configure-only]
 
 ``--cuda`` turns on ``GGML_CUDA``; ``--rpc`` turns on ``GGML_RPC`` (llama.cpp's RPC backend: a
 target's layers on remote ``rpc-server`` processes) and also builds ``rpc-server``. ``--peers``
@@ -21,22 +21,30 @@ Each patch is inert until a Power call switches it on, so the peers built from t
 behave as stock llama.cpp.
 Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``,
 ``POWER_NATIVE_RPC=1`` (the same as the flags; ``pip install ./native`` passes them through),
-``POWER_NATIVE_MARCH`` (the ``-march`` level; default ``native``).
+``POWER_NATIVE_MARCH`` (the ``-march`` level; default ``native``), ``POWER_NATIVE_CUDA_ARCHS``
+(``CMAKE_CUDA_ARCHITECTURES``; default ``native`` where a GPU is present, required where none is).
+
+A CUDA build machine needs no GPU: a toolkit without cuBLAS gets it from NVIDIA's PyPI wheel (merged
+with the system toolkit into ``cuda-root-*`` in the cache), and without a linkable ``libcuda``
+ggml-cuda is built with ``GGML_CUDA_NO_VMM=ON`` (recorded as ``cuda_no_vmm`` in ``power-build.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 SDIST_NAME = "llama-cpp-python"
@@ -72,9 +80,207 @@ def _isa_flags() -> tuple[str, ...]:
     march = os.environ.get("POWER_NATIVE_MARCH", "native")
     cflags = f"-march={march} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     return (f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON")
-# "native" needs a GPU at configure time; POWER_NATIVE_CUDA_ARCHS (e.g. "90") builds on a machine without one
-CUDA_FLAGS = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('POWER_NATIVE_CUDA_ARCHS', 'native')}")
 RPC_FLAGS = ("-DGGML_RPC=ON",)
+
+
+# --- CUDA -------------------------------------------------------------------------------------------
+# A CUDA build needs nvcc + cudart + cuBLAS at build time; a GPU and its driver (libcuda) only at run
+# time. On a GPU-less build machine: cuBLAS missing from the toolkit comes from NVIDIA's PyPI wheel
+# (assembled with the system toolkit into one root in the cache), GGML_CUDA_NO_VMM=ON when libcuda is
+# absent (ggml-cuda then does not link the driver), and the architectures must be named.
+
+#: cuBLAS wheel per toolkit major version (CUDA 13's wheels dropped the -cuNN suffix)
+CUBLAS_WHEELS = {12: "nvidia-cublas-cu12", 13: "nvidia-cublas"}
+
+
+class CudaError(SystemExit):
+    """A CUDA build that cannot be configured here, with what to do about it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaSetup:
+    toolkit: Path  # the system toolkit (bin/nvcc, include/cuda_runtime.h)
+    version: tuple[int, int]  # nvcc's release (major, minor)
+    archs: str  # CMAKE_CUDA_ARCHITECTURES
+    no_vmm: bool  # libcuda not linkable here: GGML_CUDA_NO_VMM=ON
+    cublas_spec: str | None  # the pip requirement cuBLAS comes from; None: the toolkit has it
+    root: Path  # CUDAToolkit_ROOT: the toolkit, or the merged root in the cache
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        flags = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={self.archs}")
+        if self.no_vmm:
+            flags += ("-DGGML_CUDA_NO_VMM=ON",)
+        if self.cublas_spec:
+            flags += (f"-DCUDAToolkit_ROOT={self.root}", f"-DCMAKE_CUDA_COMPILER={self.toolkit / 'bin' / 'nvcc'}")
+        return flags
+
+    def info(self) -> dict:
+        return {"cuda_toolkit": str(self.toolkit), "cuda_version": "{}.{}".format(*self.version),
+                "cuda_archs": self.archs, "cuda_no_vmm": self.no_vmm, "cublas_from_wheel": self.cublas_spec}
+
+
+def _is_toolkit(root: Path) -> bool:
+    return (root / "bin" / "nvcc").is_file() and any(
+        (d / "cuda_runtime.h").exists() for d in (root / "include", *root.glob("targets/*/include")))
+
+
+def find_toolkit(env: dict | None = None) -> Path:
+    """The CUDA toolkit: ``CUDAToolkit_ROOT``/``CUDA_HOME``/``CUDA_PATH``, then ``/usr/local/cuda``, then
+    the one ``nvcc`` on PATH belongs to (resolved: distributions wrap or link it)."""
+    env = os.environ if env is None else env
+    cands = [Path(env[k]) for k in ("CUDAToolkit_ROOT", "CUDA_HOME", "CUDA_PATH") if env.get(k)]
+    cands.append(Path("/usr/local/cuda"))
+    nvcc = shutil.which("nvcc", path=env.get("PATH"))
+    if nvcc:
+        cands.append(Path(nvcc).resolve().parent.parent)
+    for c in cands:
+        if _is_toolkit(c):
+            return c.resolve()
+    raise CudaError("--cuda: no CUDA toolkit found (looked for bin/nvcc and include/cuda_runtime.h in "
+                    + ", ".join(map(str, cands)) + "); set CUDA_HOME to the toolkit")
+
+
+def nvcc_version(toolkit: Path) -> tuple[int, int]:
+    out = subprocess.run([str(toolkit / "bin" / "nvcc"), "--version"], capture_output=True, text=True,
+                         check=True).stdout
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    if not m:
+        raise CudaError(f"--cuda: cannot read the CUDA version from `{toolkit}/bin/nvcc --version`:\n{out}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _lib_dirs(root: Path) -> list[Path]:
+    return [root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib"))]
+
+
+def has_cublas(toolkit: Path) -> bool:
+    """Whether the toolkit carries cuBLAS to build against (header and linkable library)."""
+    header = any((d / "cublas_v2.h").exists() for d in (toolkit / "include", *toolkit.glob("targets/*/include")))
+    return header and any((d / "libcublas.so").exists() for d in _lib_dirs(toolkit))
+
+
+def _ldconfig_libs() -> set[str]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return set()
+    return {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+
+
+def has_libcuda(toolkit: Path, ldconfig: set[str] | None = None) -> bool:
+    """Whether CMake's ``CUDA::cuda_driver`` can be linked: a ``libcuda.so`` known to the loader, or the
+    toolkit's stub (``lib64/stubs``), which a GPU machine's driver then satisfies at run time."""
+    libs = _ldconfig_libs() if ldconfig is None else ldconfig
+    if "libcuda.so" in libs:
+        return True
+    return any((d / name).exists() for d in _lib_dirs(toolkit) for name in ("libcuda.so", "stubs/libcuda.so"))
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU (``CMAKE_CUDA_ARCHITECTURES=native`` needs one)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir() and any(gpus.iterdir()):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+        return r.returncode == 0 and "GPU" in r.stdout
+    return False
+
+
+def cuda_archs(env: dict | None = None, gpu: bool | None = None) -> str:
+    """``POWER_NATIVE_CUDA_ARCHS``; unset: ``native`` with a GPU here, a clear error without one."""
+    env = os.environ if env is None else env
+    archs = env.get("POWER_NATIVE_CUDA_ARCHS", "").strip()
+    if archs:
+        return archs
+    if gpu_present() if gpu is None else gpu:
+        return "native"
+    raise CudaError("--cuda: no GPU on this machine, so CMAKE_CUDA_ARCHITECTURES=native cannot be detected; "
+                    "name the target GPUs' architectures, e.g. POWER_NATIVE_CUDA_ARCHS=90 (H100/H200), "
+                    "80 (A100), 89 (L4/L40/RTX 4090), 120 (RTX 50xx), or several: \"80;90\"")
+
+
+def cublas_spec(version: tuple[int, int]) -> str:
+    """The pip requirement of the cuBLAS that matches toolkit ``major.minor`` (cuBLAS tracks the toolkit)."""
+    major, minor = version
+    if major not in CUBLAS_WHEELS:
+        raise CudaError(f"--cuda: the CUDA {major}.{minor} toolkit lacks cuBLAS and no cuBLAS wheel is known "
+                        f"for CUDA {major} (known: {sorted(CUBLAS_WHEELS)}); install cuBLAS into the toolkit")
+    return f"{CUBLAS_WHEELS[major]}=={major}.{minor}.*"
+
+
+def merged_root(root: Path, toolkit: Path, spec: str) -> Path:
+    key = hashlib.sha256(f"{toolkit}\n{spec}".encode()).hexdigest()[:12]
+    return root / f"cuda-root-{key}"
+
+
+def cuda_setup(env: dict | None = None, root: Path | None = None, gpu: bool | None = None,
+               ldconfig: set[str] | None = None) -> CudaSetup:
+    """Decide the CUDA build here (no download, no build): toolkit, archs, VMM, where cuBLAS comes from."""
+    toolkit = find_toolkit(env)
+    version = nvcc_version(toolkit)
+    archs = cuda_archs(env, gpu)
+    spec = None if has_cublas(toolkit) else cublas_spec(version)
+    cuda_root = merged_root(root or cache_root(), toolkit, spec) if spec else toolkit
+    return CudaSetup(toolkit, version, archs, not has_libcuda(toolkit, ldconfig), spec, cuda_root)
+
+
+def _link_entries(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for e in src.iterdir():
+        if not (dst / e.name).exists():
+            (dst / e.name).symlink_to(e.resolve())
+
+
+def assemble_cuda_root(setup: CudaSetup) -> Path:
+    """Make ``setup.root``: the system toolkit (symlinked) plus cuBLAS from its PyPI wheel, with the
+    unversioned ``libcublas*.so`` links the wheel lacks. Once; later builds find it complete."""
+    out = setup.root
+    if setup.cublas_spec is None or (out / ".complete").exists():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    wheels = out.parent / f"{out.name}.wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    if not list(wheels.glob("*.whl")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                        setup.cublas_spec, "-d", str(wheels)], check=True)
+    (whl,) = wheels.glob("*.whl")
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}.tmp"))
+    try:
+        with zipfile.ZipFile(whl) as zf:
+            zf.extractall(tmp / "wheel")
+        for entry in setup.toolkit.iterdir():  # bin, nvvm, share ...: as they are
+            if entry.name not in ("include", "lib", "lib64", "targets"):
+                (tmp / entry.name).symlink_to(entry.resolve())
+        inc, lib = tmp / "include", tmp / "lib"
+        for d in (setup.toolkit / "include", *setup.toolkit.glob("targets/*/include")):
+            if d.is_dir():
+                _link_entries(d, inc)
+        for d in _lib_dirs(setup.toolkit):
+            if d.is_dir():
+                _link_entries(d, lib)
+        (tmp / "lib64").symlink_to("lib")
+        for h in (tmp / "wheel").glob("nvidia/*/include/*.h"):
+            (inc / h.name).unlink(missing_ok=True)
+            (inc / h.name).symlink_to(os.path.relpath(h, inc))  # relative: tmp is renamed below
+        for so in (tmp / "wheel").glob("nvidia/*/lib/lib*.so.*"):
+            (lib / so.name).unlink(missing_ok=True)
+            (lib / so.name).symlink_to(os.path.relpath(so, lib))
+            plain = lib / (so.name.split(".so.")[0] + ".so")  # libcublas.so -> libcublas.so.13
+            if not plain.exists():
+                plain.symlink_to(so.name)
+        if not has_cublas(tmp):
+            raise CudaError(f"--cuda: {whl.name} did not provide cublas_v2.h and libcublas.so")
+        (tmp / ".complete").write_text(whl.name + "\n")
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    shutil.rmtree(wheels)  # unpacked into out/wheel; its name is in out/.complete
+    return out
 PEER_TARGETS = ("llama-completion", "llama-speculative-simple", "llama-server")
 #: switched on only for ``--peers``: they add tools/server (and tools/ui, tools/cli) to the build graph and
 #: change no artifact of another target, so they stay out of the cache key (like the target list): a cached
@@ -155,12 +361,15 @@ def source_dir(root: Path | None = None) -> Path:
     return src
 
 
-def build_flags(cuda: bool, rpc: bool | None = None) -> tuple[str, ...]:
+def build_flags(cuda: bool | CudaSetup, rpc: bool | None = None) -> tuple[str, ...]:
+    """CMake flags; ``cuda``: False, True (decided here by :func:`cuda_setup`) or a decided setup."""
     rpc = _env_rpc() if rpc is None else rpc
-    return BASE_FLAGS + _isa_flags() + (CUDA_FLAGS if cuda else ()) + (RPC_FLAGS if rpc else ())
+    if cuda is True:
+        cuda = cuda_setup()
+    return BASE_FLAGS + _isa_flags() + (cuda.flags if cuda else ()) + (RPC_FLAGS if rpc else ())
 
 
-def build_dir(cuda: bool, root: Path | None = None, rpc: bool | None = None) -> Path:
+def build_dir(cuda: bool | CudaSetup, root: Path | None = None, rpc: bool | None = None) -> Path:
     root = root or cache_root()
     flags = build_flags(cuda, rpc)
     key = hashlib.sha256("\n".join((SDIST_SHA256, _patch_key()) + flags).encode()).hexdigest()[:12]
@@ -179,26 +388,37 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build(cuda: bool = False, peers: bool = False, rpc: bool | None = None) -> Path:
-    """Configure (once) and build libllama (+ peers, + rpc-server); return the build directory."""
+def build(cuda: bool = False, peers: bool = False, rpc: bool | None = None, configure_only: bool = False) -> Path:
+    """Configure (once) and build libllama (+ peers, + rpc-server); return the build directory.
+    ``configure_only``: stop after CMake's configure step (no compile, no ``power-build.json``)."""
     with _locked(cache_root() / ".lock"):
-        return _build(cuda, peers, _env_rpc() if rpc is None else rpc)
+        return _build(cuda, peers, _env_rpc() if rpc is None else rpc, configure_only)
 
 
-def _build(cuda: bool, peers: bool, rpc: bool) -> Path:
+def _build(cuda: bool, peers: bool, rpc: bool, configure_only: bool = False) -> Path:
+    setup = cuda_setup() if cuda else None
+    if setup is not None:
+        assemble_cuda_root(setup)
+    flags = build_flags(setup or False, rpc)
     src = source_dir()
-    bdir = build_dir(cuda, rpc=rpc)
+    bdir = build_dir(setup or False, rpc=rpc)
     cache = bdir / "CMakeCache.txt"
     if not cache.exists():
-        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build_flags(cuda, rpc),
+        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *flags,
                         *(PEER_FLAGS if peers else ())], check=True)
     elif peers and not _configured(cache, PEER_FLAGS):  # a build dir configured without them: add them in place
-        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), *build_flags(cuda, rpc), *PEER_FLAGS], check=True)
+        subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), *flags, *PEER_FLAGS], check=True)
+    if configure_only:
+        return bdir
     targets = ["llama"] + (list(PEER_TARGETS) if peers else []) + ([RPC_SERVER] if rpc else [])
     subprocess.run(["cmake", "--build", str(bdir), "--target", *targets], check=True)
     info = {"sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256, "llama_cpp_commit": LLAMA_CPP_COMMIT,
-            "flags": list(build_flags(cuda, rpc)), "patches": [f"{n} sha256:{h}" for n, h in patches()],
+            "flags": list(flags), "patches": [f"{n} sha256:{h}" for n, h in patches()],
             "rpc": rpc, "source": str(src), "build": str(bdir)}
+    if setup is not None:
+        info.update(setup.info())
+        if setup.cublas_spec:
+            info["cublas_wheel"] = (setup.root / ".complete").read_text().strip()
     (bdir / "power-build.json").write_text(json.dumps(info, indent=2))
     return bdir
 
@@ -220,11 +440,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="GGML_RPC=ON (llama.cpp's RPC backend) and the rpc-server tool")
     ap.add_argument("--peers", action="store_true")
     ap.add_argument("--print-dir", action="store_true", help="print the build dir and exit")
+    ap.add_argument("--configure-only", action="store_true",
+                    help="run CMake's configure step (and fetch cuBLAS if needed), compile nothing")
     args = ap.parse_args(argv)
     if args.print_dir:
         print(build_dir(args.cuda, rpc=args.rpc))
         return 0
-    print(build(cuda=args.cuda, peers=args.peers, rpc=args.rpc))
+    print(build(cuda=args.cuda, peers=args.peers, rpc=args.rpc, configure_only=args.configure_only))
     return 0
 
 
