@@ -42,3 +42,20 @@ def run(model: str, prompt: list[int], mode: str = "off", draft: str | None = No
     stop_ids = cfg.pop("stop_ids", None)
     with open_session(model, mode, draft, stop_ids=stop_ids, **cfg) as s:
         return s.generate(prompt)
+
+
+def build_tools():
+    """``native/tools/build_llama.py`` as a module (a script, not a package), loaded once."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "power_build_llama"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parent.parent / "native" / "tools" / "build_llama.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolves a class's module by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]

@@ -4,22 +4,16 @@ architectures, and the CPU build's flags and cache key left as they were."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "native" / "tools" / "build_llama.py"
+from tests.helpers import build_tools
 
 
 @pytest.fixture(scope="module")
 def bl():
-    spec = importlib.util.spec_from_file_location("power_build_llama", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolves the module by name
-    spec.loader.exec_module(mod)
-    return mod
+    return build_tools()
 
 
 def fake_toolkit(root: Path, version: str = "13.0", cublas: bool = False, libcuda: str | None = None) -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from power_core import PowerConfig, Session
 from power_core.engine import Engine
+from power_core.errors import ConfigError
 
 QUESTIONS = ["Name three primary colors and say why.", "What is 12 times 12? Explain.",
              "Write a haiku about the sea.", "List the days of the week.", "Give two synonyms for 'fast'.",
@@ -32,7 +33,14 @@ QUESTIONS = ["Name three primary colors and say why.", "What is 12 times 12? Exp
 
 
 def _prompts(session: Session, n: int) -> list:
-    return [session.chat_prompt([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]) for i in range(n)]
+    """The questions in the model's chat template; plain text for a GGUF without one (Gemma-3-270M's)."""
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+    try:
+        return [session.chat_prompt([{"role": "user", "content": q}]) for q in questions]
+    except ConfigError as exc:
+        if exc.key != "chat":
+            raise
+        return [session.encode(q) for q in questions]
 
 
 def _concurrent(prompts: list, start, rounds) -> tuple[float, list, list[float]]:

@@ -7,7 +7,6 @@ saved as a real GGUF with ``llama_model_save_to_file`` (as llama.cpp's ``tests/t
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -20,15 +19,15 @@ if os.environ.get("CI"):
     import power_native._llama  # noqa: F401
 from native_helpers import make_tiny, make_tiny_mtp  # noqa: E402
 
+from tests.helpers import build_tools  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def peer_bin() -> Path:
     """``bin/`` of the cached pinned build with llama.cpp's own tools (``--peers``, built on first use)."""
-    spec = importlib.util.spec_from_file_location("build_llama", ROOT / "native" / "tools" / "build_llama.py")
-    tools = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tools)
+    tools = build_tools()
     bin_dir = tools.build_dir(False) / "bin"
     if not all((bin_dir / exe).exists() for exe in tools.PEER_TARGETS):
         subprocess.run([sys.executable, str(ROOT / "native" / "tools" / "build_llama.py"), "--peers"], check=True)

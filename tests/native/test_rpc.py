@@ -5,7 +5,6 @@ address within a bounded time, never a hang and never ggml-rpc's process abort."
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import os
 import socket
@@ -25,6 +24,7 @@ from power_core import cli  # noqa: E402
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ConfigError  # noqa: E402
 from power_core.session import Session  # noqa: E402
+from tests.helpers import build_tools  # noqa: E402
 
 pytestmark = [pytest.mark.native, pytest.mark.model, pytest.mark.slow]
 
@@ -33,9 +33,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n"]
 
 
 def _rpc_server() -> Path:
-    spec = importlib.util.spec_from_file_location("build_llama", ROOT / "native" / "tools" / "build_llama.py")
-    tools = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tools)
+    tools = build_tools()
     exe = tools.build_dir(False, rpc=True) / "bin" / tools.RPC_SERVER
     if "-DGGML_RPC=ON" not in (build_info().get("flags") or []) or not exe.exists():
         why = f"power-native was built without RPC (POWER_NATIVE_RPC=1) or {exe} is missing"
