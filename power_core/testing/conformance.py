@@ -7,6 +7,7 @@ an attention layer and a recurrent layer, so S < K exercises the checkpoint + re
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -632,7 +633,7 @@ class AdapterConformance:
                 if isinstance(session.proposer, Recorder):
                     session.proposer.at = {}
             gens = [session.start(prompt) for session, prompt in zip(sessions, prompts, strict=True)]
-            results = concurrently([lambda gen=gen: engine.run(gen) for gen in gens])
+            results = concurrently([functools.partial(engine.run, gen) for gen in gens])
             compared = 0
             for i, (session, prompt, res) in enumerate(zip(sessions, prompts, results, strict=True)):
                 want_res, want_at = self.fresh_at(prompt)
@@ -654,8 +655,10 @@ class AdapterConformance:
             requests: list[tuple[list[int], dict[str, Any]]] = [
                 (self.prompt(seed, v), dict(temperature=0.9, top_p=0.95, seed=seed) if seed % 2 else {})
                 for seed in range(6)]
-            results = concurrently([lambda p=p, smp=smp: engine.run(engine.submit(p, sampling=smp))
-                                    for p, smp in requests])
+            def submitted(prompt: list[int], sampling: dict[str, Any]) -> Result:
+                return engine.run(engine.submit(prompt, sampling=sampling))
+
+            results = concurrently([functools.partial(submitted, p, smp) for p, smp in requests])
         for i, ((prompt, sampling), res) in enumerate(zip(requests, results, strict=True)):
             want = self.reference(prompt, stop_ids=NO_STOP, **sampling).tokens
             assert res.tokens == want, (f"request {i} ({sampling or 'greedy'}), prompt {prompt}: in shared passes it "
