@@ -439,7 +439,8 @@ class Generation:
         return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
-                           top_logprobs=self.top_logprobs)
+                           top_logprobs=self.top_logprobs,
+                           sampling_in_graph=self.config.sampling_in_graph)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -596,6 +597,8 @@ class Generation:
             backend["rollback"] = dict(self._counts)
         if self._batch is not None:  # the shared passes it ran in (continuous batching)
             backend["batch"] = dict(self._batch)
+        if txn is not None:  # where its greedy ids came from: the target's graph or logits rows
+            backend["sampling"] = "in-graph" if txn.in_graph else "host"
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,
