@@ -63,6 +63,8 @@ def test_ties_resolve_to_the_first_maximum_like_numpy(tied_llama):
     with pytest.raises(Exception, match="in the graph"):
         ctx.logits()
     assert not ctx.set_greedy(False) and not ctx.greedy
+    with pytest.raises(Exception, match="no decode with outputs"):
+        ctx.logits()  # the last decode's outputs were ids
     ctx.seq_rm(0, 0, -1)
     ctx.decode(toks, 0)
     np.testing.assert_array_equal(np.array(ctx.logits()), rows)  # the rows come back

@@ -365,6 +365,7 @@ cdef class Context:
             llama_set_sampler(self.ptr, 0, NULL)
             llama_sampler_free(<llama_sampler *>self._owner.sampler)
             self._owner.sampler = NULL
+            self.n_outputs = 0  # the last decode's outputs were ids: it has no rows to read
             return False
         if llama_n_seq_max(self.ptr) != 1:
             return False
@@ -373,7 +374,7 @@ cdef class Context:
             llama_sampler_free(chain)
             return False
         self._owner.sampler = <void *>chain
-        self.n_outputs = 0  # rows of earlier decodes are not this mode's output
+        self.n_outputs = 0  # the last decode's outputs were rows: it has no ids to read
         return True
 
     @property
