@@ -100,6 +100,7 @@ def _config_from_args(args: argparse.Namespace):
         "spec_draft_p_min": args.p_min,
         "trace": True if args.trace else None,
         "numerics": args.numerics,
+        "sampling_in_graph": args.sampling_in_graph,
         "rpc_servers": args.rpc,
         "n_gpu_layers": args.gpu_layers,
         "devices": args.devices,
@@ -337,6 +338,9 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     _offload_flags(r)
     r.add_argument("--draft-gpu-layers", type=int,
                    help="draft_gpu_layers: a draft model's layers offloaded to the GPU devices (-1: all)")
+    r.add_argument("--sampling-in-graph", choices=("auto", "on", "off"),
+                   help="greedy token ids from the target's graph (auto, default: where the rows would cross a "
+                        "device boundary; on: wherever supported) or from logits rows on the host (off)")
     r.add_argument("--selftest", action="store_true",
                    help="probe the target's batch numerics at open and record it in the receipt")
     r.add_argument("--require-identical", action="store_true",

@@ -19,7 +19,8 @@ import attrs
 
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX"]
+__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX",
+           "SAMPLING_IN_GRAPH"]
 
 #: modes whose names Power reserves; third-party strategies may add more names.
 FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
@@ -35,6 +36,8 @@ NUMERICS = ("exact", "stock")
 FLASH_ATTN = ("auto", "on", "off")
 #: the widest ``verify_capacity`` (tokens per padded target pass)
 VERIFY_CAPACITY_MAX = 256
+#: values of the ``sampling_in_graph`` key
+SAMPLING_IN_GRAPH = ("auto", "on", "off")
 
 
 def _int_range(lo: int, hi: int | None):
@@ -206,6 +209,11 @@ class PowerConfig:
     #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
     #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)
     numerics: str = attrs.field(default="exact", validator=_choice(NUMERICS))
+    #: where a greedy request's token ids come from: the target's graph, so only ids leave the
+    #: backend (``auto``: where the runtime says that pays, i.e. the rows would cross a device
+    #: boundary; ``on``: wherever the runtime can), or the logits rows on the host (``off``, and
+    #: always for stochastic sampling or logprobs); the receipt's ``backend.sampling`` says which ran
+    sampling_in_graph: str = attrs.field(default="auto", validator=_choice(SAMPLING_IN_GRAPH))
     #: probe the target's batch numerics when the session opens (:mod:`power_core.numerics`); the
     #: result goes into every receipt (``selftest``)
     selftest: bool = attrs.field(default=False, validator=_bool)

@@ -30,9 +30,11 @@ __all__ = [
     "TargetRuntime",
     "PrefixKeepingRuntime",
     "InterruptibleRuntime",
+    "InGraphGreedyRuntime",
     "ProposalContext",
     "Proposer",
     "ConfidentProposer",
+    "RowReadingProposer",
     "ClosableProposer",
     "BatchItem",
     "BatchRuntime",
@@ -94,6 +96,9 @@ class DecodeResult:
     logits: npt.NDArray[np.float32]
     features: Mapping[str, npt.NDArray[np.float32]] = attrs.field(factory=dict)
     kind: DecodeKind = attrs.field(default="verify", validator=attrs.validators.in_(("prompt", "verify")))
+    #: each output row's greedy token id (its first maximum, numpy's ``argmax``), sampled in the
+    #: target's graph (:class:`InGraphGreedyRuntime`); ``logits`` then has zero rows
+    greedy_ids: TokenArray | None = None
 
 
 @runtime_checkable
@@ -114,10 +119,11 @@ class TargetRuntime(Protocol):
         ...
 
     def prefill(self, tokens: TokenArray,
-                observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32]:
+                observe: Callable[[DecodeResult], None] | None = None) -> npt.NDArray[np.float32] | DecodeResult:
         """Append ``tokens`` at ``n_past`` (prompt processing, in whatever chunking the runtime
         prefers; llama.cpp decodes ``n_batch`` at a time like its own tools) and return the logits
-        row of the last token only. ``observe`` (the proposer's) is called once per chunk, right
+        row of the last token only (or, while greedy sampling runs in the graph, a ``"prompt"``
+        :class:`DecodeResult` of the last token with its ``greedy_ids``). ``observe`` (the proposer's) is called once per chunk, right
         after it was decoded, with a :class:`DecodeResult` whose ``tokens`` are the chunk,
         ``logits`` has zero rows and ``features`` holds the requested taps for every chunk token."""
         ...
@@ -173,6 +179,25 @@ class InterruptibleRuntime(Protocol):
     def cancel(self) -> None: ...
 
     def clear_abort(self) -> None: ...
+
+
+@runtime_checkable
+class InGraphGreedyRuntime(Protocol):
+    """Optional capability of a target runtime: greedy sampling in its own graph, so only token ids
+    leave the backend. ``sample_in_graph(True)`` makes the following passes (``decode`` and
+    ``prefill``) return :attr:`DecodeResult.greedy_ids`, each row's first maximum exactly as
+    ``numpy.argmax`` picks it, with zero logits rows; ``False`` brings the rows back. Returns
+    whether the ids come from the graph now. The core turns it on only for a greedy request that
+    wants no logprobs and whose proposer reads no target rows (config ``sampling_in_graph``).
+
+    ``graph_sampling_pays``: True where the rows would cross a device boundary (the output layer
+    runs off the host), so ids instead of rows save the transfer; ``sampling_in_graph = "auto"``
+    samples in the graph only then (on the host CPU a row is already in memory)."""
+
+    @property
+    def graph_sampling_pays(self) -> bool: ...
+
+    def sample_in_graph(self, on: bool) -> bool: ...
 
 
 def runtime_counters(target: object) -> dict[str, int]:
@@ -256,6 +281,10 @@ class Proposer(Protocol):
     strategies (``Strategy.cost_aware``) use it to choose how much of the proposal to verify;
     ``observe`` then shows the proposer the block actually verified. Optional ``close()``
     (:class:`ClosableProposer`) runs when the session closes.
+
+    While greedy sampling runs in the target's graph (:class:`InGraphGreedyRuntime`), ``observe``
+    gets zero logits rows and :attr:`DecodeResult.greedy_ids`; a proposer that reads the target's
+    logits rows says so (:class:`RowReadingProposer`) and its requests keep the rows.
     """
 
     #: hidden-state taps this proposer needs from the target's verify pass (may be empty)
@@ -290,6 +319,14 @@ class ConfidentProposer(Protocol):
     no estimate for this round)."""
 
     confidence: Sequence[float] | None
+
+
+@runtime_checkable
+class RowReadingProposer(Protocol):
+    """Optional capability of a :class:`Proposer`: ``reads_target_rows`` True means its ``observe``
+    reads the target's logits rows, so greedy sampling stays on the host for its requests."""
+
+    reads_target_rows: bool
 
 
 @runtime_checkable

@@ -487,7 +487,8 @@ class Generation:
         return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
-                           top_logprobs=self.top_logprobs)
+                           top_logprobs=self.top_logprobs,
+                           sampling_in_graph=self.config.sampling_in_graph)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -647,6 +648,7 @@ class Generation:
         if txn is not None:  # the widths of the verify passes it ran (all B with verify_capacity B)
             backend["verify_capacity"] = s.opened.target.capabilities.verify_capacity
             backend["verify_widths"] = {str(w): n for w, n in sorted(txn.verify_widths.items())}
+            backend["sampling"] = "in-graph" if txn.in_graph else "host"  # where its greedy ids came from
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,

@@ -39,9 +39,11 @@ from power_core.logs import get_logger
 from power_core.runtime import (
     ConfidentProposer,
     DecodeResult,
+    InGraphGreedyRuntime,
     PrefixKeepingRuntime,
     ProposalContext,
     Proposer,
+    RowReadingProposer,
     TargetRuntime,
     TokenArray,
 )
@@ -182,6 +184,12 @@ class Transaction:
     #: set by a round driver before :meth:`open_round`: what the shared pass already holds, so the
     #: cost-aware width weighs this request's block against the whole pass (None: a solo pass)
     load: PassLoad | None = None
+    #: config ``sampling_in_graph``: take greedy token ids from the target's graph when the request
+    #: allows it, where it pays (``"auto"``) or wherever the runtime can (``"on"``); see :attr:`in_graph`
+    sampling_in_graph: str = "off"
+    #: the request's greedy ids come from the target's graph (:class:`InGraphGreedyRuntime`), not
+    #: from logits rows on the host; decided in :meth:`start_prefill`
+    in_graph: bool = False
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -223,6 +231,7 @@ class Transaction:
         if tokens.shape[0] >= caps.n_ctx:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
+        self._choose_sampling()
         keep = 0
         if resident is not None and resident.shape[0]:
             n = min(resident.shape[0], tokens.shape[0] - 1)  # the last prompt token is decoded for its row
@@ -243,6 +252,20 @@ class Transaction:
             raise
         self._prompt = tokens
         return tokens[keep:]
+
+    def _choose_sampling(self) -> None:
+        """In-graph greedy ids when the config asks for them (``on``, or ``auto`` where the runtime
+        says they pay), the request is greedy, wants no logprobs, its proposer reads no target rows
+        and the runtime can; otherwise the runtime hands over logits rows (it is told either way: a
+        previous request may have turned its graph sampling on)."""
+        if not isinstance(self.target, InGraphGreedyRuntime):
+            self.in_graph = False
+            return
+        rows = isinstance(self.proposer, RowReadingProposer) and self.proposer.reads_target_rows
+        mode = self.sampling_in_graph
+        wanted = mode == "on" or (mode == "auto" and self.target.graph_sampling_pays)
+        want = wanted and self.sampler.greedy and self.top_logprobs is None and not rows
+        self.in_graph = self.target.sample_in_graph(want)
 
     def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
         """Process the whole prompt in one prefill; its last row is the first round's verify row.
@@ -267,10 +290,14 @@ class Transaction:
         self.finish_prefill(row)
 
     def finish_prefill(self, row: Any) -> None:
-        """The prompt is in the target's memory and ``row`` is its last token's logits row: round 0
-        can run. (A round driver that decodes prompt chunks itself calls this after the last one.)"""
+        """The prompt is in the target's memory and ``row`` is its last token's logits row (or the
+        runtime's :class:`DecodeResult` of it, with in-graph greedy ids): round 0 can run. (A round
+        driver that decodes prompt chunks itself calls this after the last one.)"""
         tokens = self._prompt
-        self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1), kind="prompt")
+        if isinstance(row, DecodeResult):
+            self._prefilled = attrs.evolve(row, tokens=tokens[-1:], kind="prompt")
+        else:
+            self._prefilled = DecodeResult(tokens=tokens[-1:], logits=np.asarray(row).reshape(1, -1), kind="prompt")
         self._hist = np.empty(max(64, 2 * tokens.shape[0]), dtype=np.int32)
         self._hist[: tokens.shape[0]] = tokens
         self._n_hist = tokens.shape[0]
@@ -389,6 +416,11 @@ class Transaction:
             res = self._decode(block)
         else:
             self.target_passes += 1
+        if res.greedy_ids is not None:
+            if res.greedy_ids.shape[0] < block.shape[0]:
+                raise RuntimeFault(f"target returned {res.greedy_ids.shape[0]} greedy ids for a "
+                                   f"{block.shape[0]}-token block")
+            return self._observe(res)
         shape = getattr(res.logits, "shape", None)
         if shape is None or len(shape) != 2 or shape[0] < block.shape[0]:
             raise RuntimeFault(f"target returned logits of shape {shape} for a {block.shape[0]}-token block")
@@ -415,8 +447,9 @@ class Transaction:
         n = props.shape[0]
         lp = self._round_logprobs
         lp.clear()
+        ids = res.greedy_ids if self.sampler.greedy else None  # the graph's first maximum: np.argmax's
         for j in range(n + 1):
-            tok = self.sampler.sample(res.logits[j], base + j)
+            tok = int(ids[j]) if ids is not None else self.sampler.sample(res.logits[j], base + j)
             out.append(tok)
             if self.top_logprobs is not None:
                 lp.append(TokenLogprob.from_row(res.logits[j], tok, self.top_logprobs))

@@ -8,6 +8,7 @@ cdef class _CtxOwner:
 
     def __cinit__(self):
         self.ptr = NULL
+        self.sampler = NULL
         self.abort_flag = <int *>calloc(1, sizeof(int))
         if self.abort_flag == NULL:
             raise MemoryError()
@@ -18,6 +19,9 @@ cdef class _CtxOwner:
         if ptr != NULL:
             with nogil:  # see Model.__dealloc__: ggml-rpc's thread may need the GIL to log meanwhile
                 llama_free(ptr)
+        if self.sampler != NULL:  # after the context: it held the chain
+            llama_sampler_free(<llama_sampler *>self.sampler)
+            self.sampler = NULL
         if self.abort_flag != NULL:
             free(self.abort_flag)
             self.abort_flag = NULL
@@ -84,6 +88,7 @@ cdef class Context:
         p.n_seq_max = n_seq_max
         p.n_rs_seq = n_rs_seq
         p.n_outputs_max = n_outputs_max
+        p.n_outputs_max_per_seq = 0  # = n_outputs_max: every verify row may be sampled in the graph (set_greedy)
         threads = n_threads or os.cpu_count() or 1
         p.n_threads = threads
         p.n_threads_batch = threads
@@ -211,6 +216,8 @@ cdef class Context:
         return the output rows in batch order: a read-only ``(n_outputs, n_vocab)`` float32 array
         (a zero-copy view valid until the next decode when llama.cpp's rows are contiguous)."""
         self._alive()
+        if self._owner.sampler != NULL:
+            raise RuntimeFault("decode_multi: greedy sampling runs in the graph of sequence 0 (set_greedy)")
         cdef cnp.ndarray[int32_t, ndim=1] tok = np.ascontiguousarray(tokens, dtype=np.int32)
         cdef cnp.ndarray[int32_t, ndim=1] ps = np.ascontiguousarray(pos, dtype=np.int32)
         cdef cnp.ndarray[int32_t, ndim=1] sq = np.ascontiguousarray(seq_ids, dtype=np.int32)
@@ -334,6 +341,9 @@ cdef class Context:
         cdef int n = self.n_outputs
         if n == 0:
             raise RuntimeFault("logits: no decode with outputs since the last change")
+        if self._owner.sampler != NULL:
+            raise RuntimeFault("logits: greedy sampling runs in the graph (set_greedy): llama.cpp copies no "
+                               "logits rows to the host; read sampled_ids()")
         cdef float * first = llama_get_logits_ith(self.ptr, -n)
         cdef float * last = llama_get_logits_ith(self.ptr, -1)
         if first == NULL or last == NULL:
@@ -344,6 +354,59 @@ cdef class Context:
         cdef int j
         for j in range(n):
             out[j] = self._view(llama_get_logits_ith(self.ptr, j - n), 1, self.n_vocab)[0]
+        return out
+
+    def set_greedy(self, bint on) -> bool:
+        """Sample every output row of sequence 0 in the graph (``on``) with its first maximum
+        (numpy's ``argmax`` tie rule; see ``_sampling.pxi``), or stop. While on, llama.cpp copies only
+        the ids to the host (:meth:`sampled_ids`) and :meth:`logits` refuses. Returns whether it is on:
+        False for a context of several sequences or when llama.cpp cannot offload the sampler. A
+        change rebuilds the graph at the next decode, so keep the setting across requests."""
+        self._alive()
+        if self._inflight:
+            raise RuntimeFault("set_greedy: the llama context is decoding in another thread")
+        cdef llama_sampler * chain
+        if on == (self._owner.sampler != NULL):
+            return on
+        if not on:
+            llama_set_sampler(self.ptr, 0, NULL)
+            llama_sampler_free(<llama_sampler *>self._owner.sampler)
+            self._owner.sampler = NULL
+            self.n_outputs = 0  # the last decode's outputs were ids: it has no rows to read
+            return False
+        if llama_n_seq_max(self.ptr) != 1:
+            return False
+        chain = power_first_max_chain()
+        if not llama_set_sampler(self.ptr, 0, chain):
+            llama_sampler_free(chain)
+            return False
+        self._owner.sampler = <void *>chain
+        self.n_outputs = 0  # the last decode's outputs were rows: it has no ids to read
+        return True
+
+    @property
+    def greedy(self) -> bool:
+        """True while :meth:`set_greedy` sampling runs in the graph."""
+        return self._owner is not None and self._owner.sampler != NULL
+
+    def sampled_ids(self):
+        """The in-graph greedy token id of every output row of the last decode (``int32``, one per
+        row, in output order)."""
+        self._alive()
+        cdef int n = self.n_outputs
+        if self._owner.sampler == NULL:
+            raise RuntimeFault("sampled_ids: greedy sampling is not in the graph; call set_greedy(True)")
+        if n == 0:
+            raise RuntimeFault("sampled_ids: no decode with outputs since the last change")
+        out = np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] ids = out
+        cdef int j
+        cdef int32_t tok
+        for j in range(n):
+            tok = llama_get_sampled_token_ith(self.ptr, j - n)
+            if tok < 0:
+                raise RuntimeFault(f"sampled_ids: llama.cpp sampled no token for output row {j}")
+            ids[j] = tok
         return out
 
     cdef object _view(self, float * ptr, int rows, int cols):

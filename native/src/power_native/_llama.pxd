@@ -65,6 +65,7 @@ cdef class _CtxOwner:
     # a zero-copy view of its buffers, a batch bound to it, or a context created with it as ctx_other
     cdef llama_context * ptr
     cdef int * abort_flag
+    cdef void * sampler  # the in-graph greedy sampler chain attached to seq 0 (llama_sampler *), or NULL
     cdef object model
     cdef object other
 

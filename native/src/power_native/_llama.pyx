@@ -168,6 +168,7 @@ cdef int rc_raise(rc_op op, long rc, str what) except -1:
 
 
 include "_model.pxi"
+include "_sampling.pxi"
 include "_context.pxi"
 include "_batch.pxi"
 include "_block.pxi"

@@ -243,13 +243,16 @@ class LlamaTarget:
 
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
-                 shared: bool = False, n_ctx: int | None = None, verify_capacity: int = 0) -> None:
+                 shared: bool = False, n_ctx: int | None = None, verify_capacity: int = 0,
+                 offloaded: bool = False) -> None:
         self.model = model
         self.ctx = ctx
         self.numerics = numerics
         self.seq_id = seq_id
         #: the context holds other sequences too: reset trims this one, a cancel never aborts the shared pass
         self.shared = shared
+        #: the model's layers, the output layer included, live off the host (a GPU or rpc-server)
+        self.offloaded = offloaded
         if shared and features:
             raise ConfigError("features", sorted(features), "none on a sequence of a shared context",
                               "hidden-state taps read whole-batch rows; run such strategies on a context of their own")
@@ -274,6 +277,7 @@ class LlamaTarget:
         self._epoch = 0
         self._last_len = 0  # tokens of the last single llama_decode (0: none / not rollable)
         self._rs_used = True
+        self._no_rows = np.zeros((0, model.n_vocab), dtype=np.float32)
         self._layers = sorted(lid for f in self._caps.features if (lid := _layer_of(f)) is not None)
         unknown = {f for f in self._caps.features - TARGET_FEATURES if _layer_of(f) is None}
         if unknown:
@@ -307,18 +311,25 @@ class LlamaTarget:
         if self._caps.verify_capacity:
             return self._decode_padded(toks)
         step = self.ctx.n_outputs_max
+        greedy = self.ctx.greedy
         if n <= step:
             self.ctx.decode(toks, self._n_past, seq_id=self.seq_id)
             self._advance(n, rollable=True)
+            if greedy:
+                return DecodeResult(tokens=toks, logits=self._no_rows, features=self._features(), kind="verify",
+                                    greedy_ids=self.ctx.sampled_ids())
             return DecodeResult(tokens=toks, logits=self.ctx.logits(), features=self._features(), kind="verify")
         rows, feats = [], []  # longer than one output buffer: several calls, rows copied
         for s in range(0, n, step):
             part = toks[s:s + step]
             self.ctx.decode(part, self._n_past, seq_id=self.seq_id)
             self._advance(part.shape[0], rollable=False)
-            rows.append(np.array(self.ctx.logits()))
+            rows.append(self.ctx.sampled_ids() if greedy else np.array(self.ctx.logits()))
             feats.append({k: np.array(v) for k, v in self._features().items()})
         features = {k: np.concatenate([f[k] for f in feats]) for k in feats[0]}
+        if greedy:
+            return DecodeResult(tokens=toks, logits=self._no_rows, features=features, kind="verify",
+                                greedy_ids=np.concatenate(rows))
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
 
     def _decode_padded(self, toks: TokenArray) -> DecodeResult:
@@ -340,6 +351,22 @@ class LlamaTarget:
         features = {k: v[:n] for k, v in self._features().items()}  # unmasked taps: one row per pass token
         return DecodeResult(tokens=toks, logits=logits, features=features, kind="verify")
 
+    @property
+    def graph_sampling_pays(self) -> bool:
+        """True when the logits rows would cross from a device (GPU, rpc-server) to the host. On the
+        CPU they are already in memory, and numpy's argmax of a row costs less than the sampler's
+        per-row ggml ops (docs/numerics.md, "In-graph greedy sampling")."""
+        return self.offloaded
+
+    def sample_in_graph(self, on: bool) -> bool:
+        """Greedy ids from the graph (:class:`power_core.runtime.InGraphGreedyRuntime`): llama.cpp's
+        backend sampling with Power's first-maximum sampler (``Context.set_greedy``), so no logits
+        row crosses to the host. A sequence of a shared context (:class:`LlamaBatch`) stays on rows.
+        Changing it rebuilds the graph once; it holds until the next call."""
+        if self.shared or self._caps.verify_capacity:  # padded passes keep their rows (decode_multi)
+            return False
+        return self.ctx.set_greedy(on)
+
     def _features(self) -> dict[str, np.ndarray]:
         """The hidden-state taps of the last decode (zero-copy views, one row per token)."""
         out = {"h_nextn": self.ctx.embeddings_nextn()} if self._nextn else {}
@@ -347,19 +374,22 @@ class LlamaTarget:
             out[layer_feature(lid)] = self.ctx.embeddings_layer_inp(lid)
         return out
 
-    def prefill(self, tokens: TokenArray, observe: Callable[[DecodeResult], None] | None = None) -> np.ndarray:
+    def prefill(self, tokens: TokenArray,
+                observe: Callable[[DecodeResult], None] | None = None) -> np.ndarray | DecodeResult:
         """Append the prompt in ``n_batch`` chunks with only the last row's logits, as llama-completion
-        does, and return that row (a view valid until the next decode). ``observe`` sees each chunk
-        with its hidden-state taps (no logits rows) right after it was decoded."""
+        does, and return that row (a view valid until the next decode; with :meth:`sample_in_graph`
+        on, the last token's :class:`DecodeResult` with its greedy id instead). ``observe`` sees each
+        chunk with its hidden-state taps (no logits rows) right after it was decoded."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         self._room(toks.shape[0])
-        no_rows = np.zeros((0, self._caps.n_vocab), dtype=np.float32)
         for s in range(0, toks.shape[0], self.ctx.n_batch):
             part = toks[s:s + self.ctx.n_batch]
             self.ctx.decode(part, self._n_past, seq_id=self.seq_id, all_outputs=False)
             self._advance(part.shape[0], rollable=False)
             if observe is not None:
-                observe(DecodeResult(tokens=part, logits=no_rows, features=self._features(), kind="prompt"))
+                observe(DecodeResult(tokens=part, logits=self._no_rows, features=self._features(), kind="prompt"))
+        if self.ctx.greedy:
+            return DecodeResult(tokens=toks[-1:], logits=self._no_rows, kind="prompt", greedy_ids=self.ctx.sampled_ids())
         return self.ctx.logits()[-1]
 
     def checkpoint(self) -> LlamaCheckpoint:
@@ -526,7 +556,8 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
         ctx = _llama.Context(model, n_ctx=cells + verify_capacity, n_threads=n_threads or os.cpu_count(),
                              flash_attn=flash_attn, **shape)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
-                             n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity)
+                             n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity,
+                             offloaded=bool(rpc_servers) or n_gpu_layers != 0)
     except BaseException:
         _numerics.release(numerics)
         raise

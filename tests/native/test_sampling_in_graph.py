@@ -1,0 +1,122 @@
+"""In-graph greedy sampling on llama.cpp (``Context.set_greedy``, config ``sampling_in_graph``):
+the backend sampler picks each row's first maximum, as ``numpy.argmax`` does (ggml's own argmax
+keeps the last one: a synthetic tie shows both), and real models emit exactly the host path's
+tokens in every mode (SmolLM2 and Gemma-3: off, suffix, draft-model self-draft). On a CPU-only
+target ``auto`` keeps the host path (graph sampling does not pay there); ``on`` forces it."""
+
+from __future__ import annotations
+
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+pytest.importorskip("power_native._llama")
+
+from power_core.config import PowerConfig  # noqa: E402
+from power_core.session import Session  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+N_TOKENS = 64
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Q: What are the three primary colors?\nA:",
+]
+
+
+@pytest.fixture(scope="module")
+def tied_llama(tiny_llama, tmp_path_factory):
+    """The tiny llama with an output head of ties: even rows are one vector ``v``, odd rows ``-v``, so
+    every logits row holds ``n_vocab / 2`` equal maxima (``v . h`` or ``-v . h``, whichever is larger)."""
+    path = tmp_path_factory.mktemp("tied") / "tiny-llama-tied.gguf"
+    shutil.copyfile(tiny_llama, path)
+    reader = gguf.GGUFReader(str(path), "r+")
+    names = {t.name: t for t in reader.tensors}
+    head = names.get("output.weight", names["token_embd.weight"])
+    assert head.tensor_type == gguf.GGMLQuantizationType.F32, head.tensor_type
+    w = head.data  # (n_vocab, n_embd), a writable memory map
+    v = np.array(w[0])
+    w[0::2] = v
+    w[1::2] = -v
+    reader.data.flush()
+    return path
+
+
+def test_ties_resolve_to_the_first_maximum_like_numpy(tied_llama):
+    from power_native import _llama
+
+    model = _llama.Model.load(str(tied_llama), repack=False)
+    ctx = _llama.Context(model, n_ctx=64, n_batch=8, n_outputs_max=8, n_threads=2)
+    toks = np.array([1, 5, 9, 13, 17], dtype=np.int32)
+    ctx.decode(toks, 0)
+    rows = np.array(ctx.logits())
+    first = np.argmax(rows, axis=1)
+    last = rows.shape[1] - 1 - np.argmax(rows[:, ::-1], axis=1)
+    assert (last > first).all(), "every row must hold a tie for the check to mean anything"
+    assert ctx.set_greedy(True) and ctx.greedy
+    ctx.seq_rm(0, 0, -1)
+    ctx.decode(toks, 0)
+    assert ctx.sampled_ids().tolist() == first.tolist()  # numpy's tie rule, not ggml argmax's (last)
+    with pytest.raises(Exception, match="in the graph"):
+        ctx.logits()
+    assert not ctx.set_greedy(False) and not ctx.greedy
+    with pytest.raises(Exception, match="no decode with outputs"):
+        ctx.logits()  # the last decode's outputs were ids
+    ctx.seq_rm(0, 0, -1)
+    ctx.decode(toks, 0)
+    np.testing.assert_array_equal(np.array(ctx.logits()), rows)  # the rows come back
+    ctx.close()
+
+
+def test_a_context_of_several_sequences_keeps_its_rows(tiny_llama):
+    from power_native import _llama
+
+    model = _llama.Model.load(str(tiny_llama))
+    ctx = _llama.Context(model, n_ctx=64, n_batch=8, n_seq_max=2, n_threads=2)
+    assert not ctx.set_greedy(True) and not ctx.greedy
+    ctx.close()
+
+
+def _model(alias: str) -> str:
+    from test_models import _model_path
+
+    return _model_path(alias)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("mode", ["off", "suffix", "draft-model"])
+def test_in_graph_tokens_equal_host_tokens(alias, mode):
+    model = _model(alias)
+    draft = model if mode == "draft-model" else None
+    kw = dict(spec_mode=mode, max_tokens=N_TOKENS, n_ctx=1024, n_threads=2,
+              **({"spec_draft_max": 4} if mode == "draft-model" else {}))
+    out = {}
+    for path in ("off", "on"):
+        with Session.open(PowerConfig(sampling_in_graph=path, **kw), model=model, draft=draft) as s:
+            out[path] = [s.generate(p) for p in PROMPTS]
+    assert [g.tokens for g in out["on"]] == [g.tokens for g in out["off"]]
+    assert {g.receipt.backend["sampling"] for g in out["off"]} == {"host"}
+    assert {g.receipt.backend["sampling"] for g in out["on"]} == {"in-graph"}
+    if mode != "off":
+        assert sum(g.receipt.summary()["accepted"] for g in out["on"]) > 0
+
+
+@pytest.mark.model
+def test_stochastic_and_logprobs_requests_keep_the_rows_on_smollm2():
+    with Session.open(PowerConfig(max_tokens=16, n_threads=2), model=_model("smollm2")) as s:
+        auto = s.generate(PROMPTS[0])
+    assert auto.receipt.backend["sampling"] == "host"  # a CPU target: the rows are in memory already
+    with Session.open(PowerConfig(max_tokens=16, n_threads=2, sampling_in_graph="on"), model=_model("smollm2")) as s:
+        greedy = s.generate(PROMPTS[0])
+        hot = s.start(PROMPTS[0], sampling={"temperature": 0.8, "seed": 7}).run()
+        with_lp = s.start(PROMPTS[0], logprobs=2)
+        lp = with_lp.run()
+        again = s.generate(PROMPTS[0])
+    assert greedy.receipt.backend["sampling"] == again.receipt.backend["sampling"] == "in-graph"
+    assert hot.receipt.backend["sampling"] == lp.receipt.backend["sampling"] == "host"
+    assert lp.tokens == greedy.tokens == again.tokens == auto.tokens and len(with_lp.logprobs) == len(lp.tokens)
