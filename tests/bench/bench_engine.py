@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -138,7 +137,10 @@ def rss_child(model: str | None, mode: str, n: int, arm: str, tokens: int, threa
     else:
         engine = Engine.open(n, cfg, model=model)
         _engine_run(engine, _prompts(engine.sessions[0], n))
-    print(json.dumps({"max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+    # VmHWM, not getrusage's ru_maxrss: Linux carries the parent's high-water mark into a forked child
+    # across execve, so every child would report the (growing) parent's peak
+    hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    print(json.dumps({"max_rss_mib": int(hwm.split()[1]) // 1024}))
 
 
 def main() -> int:
