@@ -142,7 +142,8 @@ def _rewrite(src: Path, dst: Path, *, n_all: int, edit: Callable[[str, np.ndarra
             if len(value) == 0:  # empty arrays (no merges, no labels) carry nothing
                 continue
             sub = field.types[-1]
-            if key.startswith(f"{arch}.") and sub != gguf.GGUFValueType.STRING and len(value) < n_all:
+            per_layer = key.startswith(f"{arch}.") and not key.endswith(".rope.dimension_sections")
+            if per_layer and sub != gguf.GGUFValueType.STRING and len(value) < n_all:
                 # per-layer arrays with trunk entries only: the MTP blocks are attention blocks (0)
                 value = list(value) + [0] * (n_all - len(value))
             w.add_key_value(key, value, vtype, sub_type=sub)

@@ -1,0 +1,162 @@
+"""The device check of issue #20: what Power does on an NVIDIA GPU, in one report.
+
+``tests/gpu/run.sh`` builds the CUDA backend with every core and then runs this; ``--cpu`` runs the
+same checks on the installed CPU build (a dry run of the script, what CI-less machines can do):
+
+    bash tests/gpu/run.sh [OUT]                 # on a GPU machine with a CUDA toolkit
+    python tests/gpu/run.py --cpu --out OUT     # anywhere, no offload
+
+Every step goes through the installed ``power`` CLI (a fresh process each) and is timed:
+
+1. ``power selftest`` on SmolLM2 and Gemma-3 with every layer offloaded: are a GPU verify pass's rows
+   its one-token rows (batch invariance; expect not on CUDA) — and the same with ``--require-identical``
+   on a ``suffix`` run, whose receipt then says it fell back to target-only and why;
+2. parity of every mode with ``--mode off``, greedy, all layers offloaded: ``suffix`` and
+   ``draft-model`` (self-draft) on both real models; MTP on a tiny synthetic qwen35 with an MTP head;
+   DFlash v1, DFlash2 and DSpark on a synthetic llama target with its drafts (random weights, shaped
+   by ``--shape``: ``tiny`` as the test suite's, ``full`` a 1024-wide, 8-layer, 32k-vocabulary
+   target); a differing output is reported with its first differing token, never hidden;
+3. paired timings (``--runs`` interleaved, medians): ``suffix`` on both real models with one captured
+   graph shape (``--verify-capacity 8``) against free widths, and greedy ids sampled in the graph
+   (``--sampling-in-graph on``) against rows on the host.
+
+The report (``OUT/report.json``, ``OUT/report.md``) records the devices, the build flags and every
+figure. Not here: a paired bench against llama.cpp's own tools on the GPU (``power bench`` has no
+offload flags yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "native"))
+PROMPT = REPO / "docs" / "examples" / "code-edit.txt"
+SHAPES = {"tiny": {}, "full": {"n_embd": 1024, "n_head": 8, "n_ff": 2816, "n_layer": 8, "n_vocab": 32000}}
+
+
+def power(*args: str, check: bool = True) -> tuple[dict, float]:
+    """``power ARGS --json`` in a fresh process: its JSON and wall seconds."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "power_core.cli", *args, "--json"], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if check and proc.returncode not in (0, 3):  # selftest: 3 = rows differ, a finding, not a failure
+        raise SystemExit(f"power {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return (json.loads(proc.stdout) if proc.stdout.strip() else {"error": proc.stderr[-2000:]}), wall
+
+
+def fixtures(out: Path, shape: str) -> dict[str, tuple[str, str | None]]:
+    """mode -> (target, draft) of the synthetic checks."""
+    from native_helpers import make_tiny, make_tiny_draft, make_tiny_mtp
+
+    kw = SHAPES[shape]
+    out.mkdir(parents=True, exist_ok=True)
+    target = make_tiny(out, "llama", name=f"llama-{shape}", **kw)
+    # the synthetic qwen35's hybrid (SSM) dimensions are written for the tiny shape only: a 1024-wide one
+    # trips a ggml shape assert in its graph, so MTP runs on the tiny shape at either --shape
+    got: dict[str, tuple[str, str | None]] = {"mtp": (str(make_tiny_mtp(out, "qwen35", name="qwen35-mtp")), None)}
+    for mode in ("dflash", "dflash2", "dspark"):
+        got[mode] = (str(target), str(make_tiny_draft(out, target, mode, name=f"{mode}-{shape}")))
+    return got
+
+
+def parity(model: str, mode: str, draft: str | None, offload: list[str], prompt: list[str]) -> dict:
+    base = ["run", "--model", model, *prompt, "--max-tokens", "64", *offload]
+    off, _ = power(*base, "--mode", "off")
+    spec, wall = power(*base, "--mode", mode, *(["--draft", draft] if draft else []))
+    a, b = off["tokens"], spec["tokens"]
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if first is None and len(a) != len(b):
+        first = min(len(a), len(b))
+    return {"model": Path(model).name, "mode": mode, "identical": first is None, "first_difference": first,
+            "acceptance": spec["receipt"]["summary"].get("acceptance"), "wall_s": round(wall, 2)}
+
+
+def paired(model: str, arms: dict[str, list[str]], runs: int, offload: list[str]) -> dict:
+    rates: dict[str, list[float]] = {arm: [] for arm in arms}
+    digests: dict[str, set[str]] = {arm: set() for arm in arms}
+    names = list(arms)
+    for r in range(runs):
+        for arm in names if r % 2 == 0 else names[::-1]:
+            got, _ = power("run", "--model", model, "--prompt-file", str(PROMPT), "--max-tokens", "128", *offload,
+                           *arms[arm])
+            rates[arm].append(got["receipt"]["timings"]["decode_tok_s"])
+            digests[arm].add(got["receipt"]["output_sha256"])
+    med = {arm: round(statistics.median(v), 1) for arm, v in rates.items()}
+    return {"model": model, "arms": arms, "decode_tok_s": med, "ratio": round(med[names[1]] / med[names[0]], 3),
+            "same_output": len(set().union(*digests.values())) == 1}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("gpu-report"))
+    ap.add_argument("--cpu", action="store_true", help="no offload: a dry run on a CPU build")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="full")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--build-seconds", type=float)
+    args = ap.parse_args()
+    import power_native
+    from power_native import _llama
+
+    offload = [] if args.cpu else ["--gpu-layers", "-1"]
+    report: dict = {"offload": offload, "build": power_native.build_info(), "build_seconds": args.build_seconds,
+                    "devices": [list(d) for d in _llama.backend_devices()], "steps": {}}
+    t0 = time.perf_counter()
+    models = ["smollm2", "gemma3-270m"]
+    report["selftest"] = [power("selftest", "--model", m, *offload)[0] | {"model": m} for m in models]
+    report["require_identical"] = []
+    for m in models:
+        got, _ = power("run", "--model", m, "--mode", "suffix", "--prompt-file", str(PROMPT), "--max-tokens", "32",
+                       "--require-identical", *offload)
+        report["require_identical"].append({"model": m, "strategy": got["receipt"]["strategy"]["name"],
+                                            "selection": got["receipt"]["selection"]})
+    report["steps"]["selftest_s"] = round(time.perf_counter() - t0, 1)
+
+    t1 = time.perf_counter()
+    rows = [parity(m, mode, None, offload, ["--prompt-file", str(PROMPT)])
+            for m in models for mode in ("suffix", "draft-model")]
+    for mode, (target, draft) in fixtures(args.out / "fixtures", args.shape).items():
+        rows.append(parity(target, mode, draft, offload, ["--prompt", "hello world, this is a test prompt"]))
+    report["parity"] = rows
+    report["steps"]["parity_s"] = round(time.perf_counter() - t1, 1)
+
+    t2 = time.perf_counter()
+    report["paired"] = []
+    for m in models:
+        report["paired"].append(paired(m, {"free widths": ["--mode", "suffix"],
+                                           "verify_capacity 8": ["--mode", "suffix", "--draft-max", "7",
+                                                                 "--verify-capacity", "8"]}, args.runs, offload))
+        report["paired"].append(paired(m, {"host ids": ["--mode", "suffix", "--sampling-in-graph", "off"],
+                                           "in-graph ids": ["--mode", "suffix", "--sampling-in-graph", "on"]},
+                                       args.runs, offload))
+    report["steps"]["paired_s"] = round(time.perf_counter() - t2, 1)
+    report["steps"]["total_s"] = round(time.perf_counter() - t0, 1)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# Power device check ({'CPU dry run' if args.cpu else 'GPU, all layers offloaded'})", "",
+             f"devices: {report['devices']}; build flags: {' '.join(report['build'].get('flags') or [])}", "",
+             "| selftest model | identical | max abs diff |", "|---|---|---|"]
+    lines += [f"| {s['model']} | {s.get('identical')} | {s.get('max_abs_diff')} |" for s in report["selftest"]]
+    lines += ["", "| parity: model | mode | identical to off | first difference | acceptance |", "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['mode']} | {r['identical']} | {r['first_difference']} | {r['acceptance']} |"
+              for r in rows]
+    lines += ["", "| paired: model | arms | decode tok/s | ratio | same output |", "|---|---|---|---|---|"]
+    lines += [f"| {p['model']} | {' vs '.join(p['arms'])} | {p['decode_tok_s']} | {p['ratio']} | {p['same_output']} |"
+              for p in report["paired"]]
+    lines += ["", f"steps (s): {report['steps']}; build: {args.build_seconds} s"]
+    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["identical"] for r in rows) or not args.cpu else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("POWER_LOG", "warning")
+    raise SystemExit(main())
