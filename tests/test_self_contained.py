@@ -118,3 +118,13 @@ def test_the_bench_workloads_are_in_the_repository():
             cited.update(re.findall(r"docs/examples/([\w.-]+\.\w+)", text))
     assert {"code-edit.txt"} <= cited
     assert all((examples / name).is_file() for name in cited), sorted(cited)
+
+
+def test_test_modules_have_unique_basenames():
+    """tests/ and tests/native/ are rootdir-style (no packages): two test modules of one basename
+    collide at collection ("import file mismatch") and stop the whole run."""
+    root = Path(__file__).resolve().parent
+    seen: dict[str, Path] = {}
+    for path in sorted(root.rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a basename; rename one"
+        seen[path.name] = path
