@@ -22,10 +22,11 @@ Whether a request's rows in a shared pass equal its solo rows is the target's nu
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -91,6 +92,7 @@ class Engine:
         self._rr = 0  # round-robin start among prefilling requests (and among decoding ones' width turns)
         self._last_prefill = 0  # prompt tokens in the previous pass
         self._closed = False
+        self._held = 0  # held(): no pass starts
         self._thread = threading.Thread(target=self._loop, name="power-engine", daemon=True)
         self._thread.start()
 
@@ -189,6 +191,20 @@ class Engine:
                 while events.get() is not _END:
                     pass
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While held no pass starts (the pass in flight ends): requests handed to the driver
+        meanwhile (:meth:`rounds`/:meth:`run` in other threads) all join at the next pass boundary,
+        together, instead of in the order their threads got there."""
+        with self._cv:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._held -= 1
+                self._cv.notify_all()
+
     def close(self) -> None:
         """Cancel what runs, stop the driver, close the sessions and the target."""
         with self._cv:
@@ -228,7 +244,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._joining or self._active or self._closed)
+                self._cv.wait_for(lambda: (self._joining or self._active) and not self._held or self._closed)
                 if self._closed and not self._joining and not self._active:
                     return
                 joining = list(self._joining)

@@ -595,6 +595,7 @@ class AdapterConformance:
         the strategy cannot share passes: opt out with ``xfail(reason=...)`` saying why (its requests
         then run as independent slots)."""
         import threading
+        import time
 
         from power_core.engine import Engine
 
@@ -608,6 +609,7 @@ class AdapterConformance:
                     session.proposer = Recorder(session.proposer)
 
             def concurrently(jobs: list[Callable[[], Result]]) -> list[Result]:
+                """Run every job in its own thread; they join the engine's passes together."""
                 out: list[Result | BaseException | None] = [None] * len(jobs)
 
                 def one(i: int) -> None:
@@ -617,8 +619,14 @@ class AdapterConformance:
                         out[i] = exc
 
                 threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
-                for t in threads:
-                    t.start()
+                with engine.held():  # no pass before every request has joined (or ended early)
+                    for t in threads:
+                        t.start()
+                    deadline = time.monotonic() + 60
+                    while engine.running + sum(r is not None for r in out) < min(len(jobs), len(engine.sessions)):
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.001)
                 for t in threads:
                     t.join()
                 for i, res in enumerate(out):
