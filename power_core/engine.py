@@ -35,7 +35,7 @@ import numpy as np
 from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport, batch_probe
-from power_core.runtime import BatchItem, DecodeResult
+from power_core.runtime import BatchItem, DecodeResult, compute_seconds
 from power_core.scheduler import PassLoad
 from power_core.session import Generation, Prompt, Result, Session, SessionBatch
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, Transaction
@@ -288,11 +288,14 @@ class Engine:
             others = sum(int(i.tokens.shape[0]) for i in items) + (len(decoding) - j - 1)
             a.txn.load = PassLoad(tokens=others + self._last_prefill, requests=len(decoding) - 1) \
                 if len(active) > 1 else None
+            c0, t0 = self._clock(a), time.perf_counter()
             try:
                 pending = a.txn.open_round()
             except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
+                self._account(a, c0, time.perf_counter() - t0, 0)
                 self._leave(a, exc)
                 continue
+            self._account(a, c0, time.perf_counter() - t0, 0)
             if pending is None:  # finished (context full)
                 self._leave(a, None)
                 continue
@@ -321,7 +324,7 @@ class Engine:
         self._last_prefill = sum(n for _, n in chunks)
         if not items:
             return
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), compute_seconds(self.batch.runtime)
         try:
             results = self.batch.runtime.decode_batch(items)
         except BaseException as exc:  # the shared pass failed: every round of it restores
@@ -335,6 +338,12 @@ class Engine:
                 self._leave(a, exc)
             return
         seconds = time.perf_counter() - t0
+        after = compute_seconds(self.batch.runtime)
+        for a, _ in rounds:  # the shared pass's compute is each decoding request's target compute
+            if before is None or after is None:
+                a.gen._clock.timed = False
+            else:
+                a.gen._clock.target_s += after - before
         n_tokens = sum(int(i.tokens.shape[0]) for i in items)
         concurrent = len(items)
         for a in [a for a, _ in rounds] + [a for a, _ in chunks]:
@@ -350,15 +359,24 @@ class Engine:
                 a.gen._prefilled = True
                 a.gen._prefill_s = time.perf_counter() - a.t0
 
+    @staticmethod
+    def _clock(a: _Active) -> tuple[float | None, float]:
+        return a.gen._clock.read()
+
+    def _account(self, a: _Active, c0: tuple[float | None, float], seconds: float, rounds: int) -> None:
+        """Charge ``a``'s decode time with ``seconds`` of its own work since the snapshot ``c0``."""
+        a.gen._decode_s += seconds
+        a.gen._clock.lap(c0, self._clock(a), rounds)
+
     def _close(self, a: _Active, pending: PendingRound, res: DecodeResult | None, seconds: float) -> None:
-        t0 = time.perf_counter()
+        c0, t0 = self._clock(a), time.perf_counter()
         try:
             record = a.txn.close_round(pending, res)
         except BaseException as exc:
+            self._account(a, c0, seconds + time.perf_counter() - t0, 0)
             self._leave(a, exc)
             return
-        finally:
-            a.gen._decode_s += seconds + time.perf_counter() - t0
+        self._account(a, c0, seconds + time.perf_counter() - t0, 1)
         a.events.put(record)
         if a.txn.finished is not None:
             self._leave(a, None)

@@ -36,10 +36,13 @@ __all__ = [
     "ConfidentProposer",
     "RowReadingProposer",
     "ClosableProposer",
+    "GraphSamplingProposer",
     "BatchItem",
     "BatchRuntime",
     "CountingRuntime",
+    "ComputeTimed",
     "runtime_counters",
+    "compute_seconds",
 ]
 
 #: 1-D ``int32`` token ids
@@ -198,6 +201,33 @@ class InGraphGreedyRuntime(Protocol):
     def graph_sampling_pays(self) -> bool: ...
 
     def sample_in_graph(self, on: bool) -> bool: ...
+
+
+@runtime_checkable
+class GraphSamplingProposer(Protocol):
+    """Optional capability of a model-backed :class:`Proposer` whose drafts are each row's argmax:
+    ``samples_in_graph`` True when its draft context samples those ids in its own graph (config
+    ``sampling_in_graph``), so only ids leave the backend; the receipt's ``backend.draft_sampling``
+    says which path ran."""
+
+    samples_in_graph: bool
+
+
+@runtime_checkable
+class ComputeTimed(Protocol):
+    """Optional capability of a target runtime, a :class:`BatchRuntime` or a :class:`Proposer`:
+    ``compute_seconds()``, the monotonic seconds its backend has spent computing over its life
+    (llama.cpp: inside ``llama_decode``/``llama_process`` up to ``llama_synchronize``, so a GPU
+    pass counts whole). The core reads it around each round: a receipt's ``host_s`` is its decode
+    time minus the target's and the draft's compute (a proposer without this capability computes
+    on the host: all of its time is host time)."""
+
+    def compute_seconds(self) -> float: ...
+
+
+def compute_seconds(component: object) -> float | None:
+    """``component.compute_seconds()`` when it is :class:`ComputeTimed`, else ``None``."""
+    return float(component.compute_seconds()) if isinstance(component, ComputeTimed) else None
 
 
 def runtime_counters(target: object) -> dict[str, int]:

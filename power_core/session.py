@@ -42,7 +42,15 @@ from power_core.logs import get_logger
 from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
 from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
 from power_core.receipt import Receipt, token_digest
-from power_core.runtime import BatchRuntime, ClosableProposer, InterruptibleRuntime, Proposer, runtime_counters
+from power_core.runtime import (
+    BatchRuntime,
+    ClosableProposer,
+    ComputeTimed,
+    GraphSamplingProposer,
+    InterruptibleRuntime,
+    Proposer,
+    runtime_counters,
+)
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.selection import Selection, select
@@ -433,6 +441,49 @@ class Session:
         return self.stream(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop)
 
 
+@attrs.define
+class DecodeClock:
+    """Where a request's decode time went: the target's and the draft's compute
+    (:class:`~power_core.runtime.ComputeTimed`, read around each round) and the rest, the host's
+    (the core, the sampler, the proposer's own host work, the runtime's bindings)."""
+
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    rounds: int = 0
+    #: False once a round ran on a target without a compute clock: host time is then unknown
+    timed: bool = True
+    _target: Callable[[], float] | None = None
+    _draft: Callable[[], float] | None = None
+
+    def bind(self, target: object, proposer: object) -> None:
+        """Read these two from now on (the protocol checks run here once, not every round)."""
+        self._target = target.compute_seconds if isinstance(target, ComputeTimed) else None
+        self._draft = proposer.compute_seconds if isinstance(proposer, ComputeTimed) else None
+
+    def read(self) -> tuple[float | None, float]:
+        """A snapshot of the target's and the proposer's compute clocks (an untimed proposer: 0)."""
+        return (self._target() if self._target is not None else None,
+                self._draft() if self._draft is not None else 0.0)
+
+    def lap(self, before: tuple[float | None, float], after: tuple[float | None, float], rounds: int = 1) -> None:
+        """Add the compute between two :meth:`read` snapshots (and ``rounds`` committed rounds)."""
+        if before[0] is None or after[0] is None:
+            self.timed = False
+        else:
+            self.target_s += after[0] - before[0]
+        self.draft_s += after[1] - before[1]
+        self.rounds += rounds
+
+    def timings(self, decode_s: float) -> dict[str, float]:
+        """The receipt's compute/host split of ``decode_s`` (empty when the target has no clock)."""
+        if not self.timed:
+            return {}
+        host = max(decode_s - self.target_s - self.draft_s, 0.0)
+        return {"target_compute_s": self.target_s, "draft_compute_s": self.draft_s, "host_s": host,
+                "decode_rounds": self.rounds,
+                "host_us_per_round": 1e6 * host / self.rounds if self.rounds else 0.0}
+
+
 @attrs.define(eq=False)
 class Generation:
     """One request. ``run()`` drives rounds; after a cancel or failure it resumes from the last commit.
@@ -454,6 +505,8 @@ class Generation:
     _prefill_s: float = 0.0
     _prefilled: bool = False
     _decode_s: float = 0.0
+    #: the compute/host split of ``_decode_s`` (receipt ``timings``)
+    _clock: DecodeClock = attrs.field(factory=DecodeClock, init=False, repr=False)
     _text: TextAssembler | None = attrs.field(default=None, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
     _predecessor: Generation | None = attrs.field(default=None, init=False, repr=False)
@@ -563,11 +616,14 @@ class Generation:
             while txn.finished is None:
                 if s._closed:  # a suspended iterator resumed after Session.close()
                     raise SessionBusy("the session was closed while this request was unfinished")
+                c0 = self._clock.read()
                 t0 = time.perf_counter()
+                record = None
                 try:
                     record = txn.step()
                 finally:
                     self._decode_s += time.perf_counter() - t0
+                    self._clock.lap(c0, self._clock.read(), int(record is not None))
                 if record is not None:
                     yield record
         except BaseException as exc:
@@ -584,6 +640,7 @@ class Generation:
         self.receipt = None
         try:
             self._before = runtime_counters(s.opened.target)  # this attempt's counts: the difference at its end
+            self._clock.bind(s.opened.target, s.proposer)
             if self.txn is None:
                 self.txn = self._transaction()
                 s.plugins.pm.hook.power_request_start(request=RequestInfo(
@@ -649,6 +706,8 @@ class Generation:
             backend["verify_capacity"] = s.opened.target.capabilities.verify_capacity
             backend["verify_widths"] = {str(w): n for w, n in sorted(txn.verify_widths.items())}
             backend["sampling"] = "in-graph" if txn.in_graph else "host"  # where its greedy ids came from
+        if isinstance(s.proposer, GraphSamplingProposer):  # where the drafter's argmax ids came from
+            backend["draft_sampling"] = "in-graph" if s.proposer.samples_in_graph else "host"
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,
@@ -670,6 +729,7 @@ class Generation:
                 # the first token comes from the prefill pass (llama.cpp's "eval" rate excludes it too)
                 "decode_tok_s": max(n_out - 1, 0) / self._decode_s if self._decode_s > 0 else 0.0,
                 "target_passes": txn.target_passes if txn else 0,
+                **self._clock.timings(self._decode_s),
                 **({"selftest_s": s.numerics.seconds} if s.numerics else {}),
             },
             error=error,

@@ -394,7 +394,8 @@ class Transaction:
             raise AdapterFault(f"{where} returned {props.shape[0]} tokens but the round allows at most "
                                f"ctx.k={k}", proposer=name)
         n_vocab = self.target.capabilities.n_vocab
-        if props.size and (props.min() < 0 or props.max() >= n_vocab):
+        ids = props.tolist()  # a few ids: Python's min/max beat two numpy reductions
+        if ids and (min(ids) < 0 or max(ids) >= n_vocab):
             raise AdapterFault(f"{where} returned token id outside [0, {n_vocab}) (the target's n_vocab): "
                                f"{props.tolist()}", proposer=name)
         return props.astype(np.int32, copy=False)

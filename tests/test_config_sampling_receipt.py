@@ -192,3 +192,47 @@ def test_proposer_statistics_from_rounds():
               {"proposed": 2, "accepted": 2, "width": {"offered": 4, "chosen": 2}},
               {"proposed": 0, "accepted": 0, "width": {"offered": 2, "chosen": 0}}]
     assert proposer_stats(rounds) == {"drafts": 3, "drafted": 9, "accepted": 3, "accepted_per_position": [2, 1, 0, 0]}
+
+
+def check_host_split(receipt: Any, *, draft_timed: bool) -> dict[str, float]:
+    """The receipt's compute/host split of its decode time: target + draft compute + host = decode."""
+    t = receipt.timings
+    assert {"target_compute_s", "draft_compute_s", "host_s", "decode_rounds", "host_us_per_round"} <= set(t), t
+    assert t["decode_rounds"] == len(receipt.rounds)
+    assert t["target_compute_s"] > 0 and t["host_s"] > 0
+    assert (t["draft_compute_s"] > 0) is draft_timed
+    assert t["target_compute_s"] + t["draft_compute_s"] + t["host_s"] == pytest.approx(t["decode_s"], rel=1e-9, abs=1e-9)
+    assert t["host_us_per_round"] == pytest.approx(1e6 * t["host_s"] / t["decode_rounds"])
+    return t
+
+
+@pytest.mark.parametrize("mode,draft", [("off", None), ("ref-draft", "reference:accept=0.5")])
+def test_receipt_splits_decode_time_into_compute_and_host(mode, draft):
+    """The reference target times its passes (``ComputeTimed``); its draft proposer has no compute clock
+    (it computes on the host), so its work is host time."""
+    res = run("reference:seed=4,vocab=60,dim=8", [1, 2, 3], mode, draft, max_tokens=25, spec_draft_max=4)
+    t = check_host_split(res.receipt, draft_timed=False)
+    assert t["target_compute_s"] < t["decode_s"]
+
+
+def test_a_timed_proposer_counts_as_draft_compute():
+    from power_core.session import DecodeClock
+
+    class Target:
+        def __init__(self) -> None:
+            self.s = 0.0
+
+        def compute_seconds(self) -> float:
+            return self.s
+
+    target, proposer = Target(), Target()
+    clock = DecodeClock()
+    clock.bind(target, proposer)
+    c0 = clock.read()
+    target.s, proposer.s = 0.5, 0.25
+    clock.lap(c0, clock.read())
+    assert clock.timings(1.0) == {"target_compute_s": 0.5, "draft_compute_s": 0.25, "host_s": 0.25,
+                                  "decode_rounds": 1, "host_us_per_round": 250000.0}
+    clock.bind(object(), None)  # a target without a clock
+    clock.lap(clock.read(), clock.read())
+    assert clock.timings(1.0) == {}

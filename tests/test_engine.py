@@ -278,3 +278,15 @@ def test_open_batch_refuses_a_backend_without_shared_passes():
 
     with pytest.raises(ConfigError, match="parallel"):
         Session.open_batch(0, _config("off"), model=MODEL, plugins=core_plugins())
+
+
+def test_engine_receipts_split_decode_time_into_compute_and_host():
+    """A request's share of the shared passes counts as its target compute; its own rounds' work (the
+    proposer, sampling, commit) as host time."""
+    from tests.test_config_sampling_receipt import check_host_split
+
+    with _engine("ref-draft", 2) as engine:
+        results = _run_all(engine, [{"prompt": [1, 2, 3], "max_tokens": 20}, {"prompt": [4, 5], "max_tokens": 12}],
+                           [0.0, 0.0])
+    for res in results:
+        check_host_split(res.receipt, draft_timed=False)

@@ -13,6 +13,7 @@ size, so a speculative block produces bit-identical rows to one-token-at-a-time 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,7 @@ class ReferenceTarget:
     _serial: int = attrs.field(init=False, default=0)
     decode_calls: int = attrs.field(init=False, default=0)
     decoded_tokens: int = attrs.field(init=False, default=0)
+    _compute_s: float = attrs.field(init=False, default=0.0)
     #: rollback accounting over the target's life, as the llama target keeps it (:meth:`counters`)
     stats: dict[str, int] = attrs.field(init=False, factory=lambda: dict.fromkeys(
         ("rollback_in_place", "rollback_restored", "restores", "decodes"), 0))
@@ -178,6 +180,10 @@ class ReferenceTarget:
     def decode(self, tokens: TokenArray) -> DecodeResult:
         return self._pass(tokens, self.verify_capacity)
 
+    def compute_seconds(self) -> float:
+        """Seconds spent in its passes (:class:`~power_core.runtime.ComputeTimed`)."""
+        return self._compute_s
+
     def _pass(self, tokens: TokenArray, width: int) -> DecodeResult:
         """Decode ``tokens`` in a pass of ``max(width, len(tokens))`` tokens: the rest is padding
         (the last token again at the next positions) whose KV rows lie past ``n_past`` afterwards
@@ -193,6 +199,13 @@ class ReferenceTarget:
         self.decode_calls += 1
         if self.fail_on is not None and self.decode_calls == self.fail_on:
             raise RuntimeFault(f"injected decode failure on call {self.decode_calls}")
+        t0 = time.perf_counter()
+        try:
+            return self._forward(tokens, n, width)
+        finally:
+            self._compute_s += time.perf_counter() - t0
+
+    def _forward(self, tokens: TokenArray, n: int, width: int) -> DecodeResult:
         m = self.model
         logits = np.empty((n, m.vocab), dtype=np.float32)
         hidden = np.empty((n, m.dim), dtype=np.float32)

@@ -104,6 +104,10 @@ class ReferenceBatch:
     #: tests: fail the n-th shared pass with a RuntimeFault
     fail_on: int | None = None
 
+    def compute_seconds(self) -> float:
+        """The sequences' compute (:class:`~power_core.runtime.ComputeTimed`)."""
+        return sum(t.compute_seconds() for t in self.sequences)
+
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
         targets = [item.target for item in items]
         if len({id(t) for t in targets}) != len(targets) or not all(

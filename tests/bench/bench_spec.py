@@ -12,14 +12,26 @@ head on a fixture with a large vocabulary.
 Fixtures are written by the tests' helpers (random weights). Each pair runs ``--runs`` times with the
 order alternating (A,B then B,A); figures are decode tok/s (llama.cpp's "decoded N tokens in T s"
 vs the receipt's ``decode_tok_s``, both excluding the prompt), reported as median/min/max with the
-per-pair ratios, and the tokens of every Power run are checked against Power ``--mode off``.
+per-pair ratios, and the tokens of every Power run are checked against Power ``--mode off``. Both
+sides run the same kernels: the peer starts as ``power bench`` starts it for Power's numerics
+(``power_core.bench.peer_launch``: exact = ``GGML_CPU_BATCH_INVARIANT=1 --no-repack``).
+
+Host time per round, both sides: Power's from its receipt (``timings.host_us_per_round``: decode time
+minus the target's and the draft's time inside llama.cpp's decode calls); llama.cpp's from the same
+span measured by ``compute_clock.c``, an ``LD_PRELOAD`` shim that times every ``llama_decode`` /
+``llama_process`` call of ``llama-speculative-simple``: its decode window ("decoded N tokens in T s",
+ending with its last call) minus the calls inside it, over its rounds (``n_predict - n_accept``: each
+round emits its accepted drafts and one more).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,17 +49,40 @@ PROMPT = "hello world, this is a test prompt for the speculative decoding benchm
 
 
 PEER_FAILURES: list[str] = []
+COUNT_RE = re.compile(r"(n_predict|n_accept)\s+=\s+(\d+)")
 
 
-def peer_rate(cmd: list[str]) -> tuple[float, float]:
-    """The peer's decode rate and acceptance; a run that ends without its summary (seen rarely here:
-    exit 0, log cut after context creation) is recorded in the evidence and run again, once."""
+def compute_clock(out_dir: Path) -> Path:
+    """Compile ``compute_clock.c`` against the pinned llama.cpp headers."""
+    inc = build_llama.source_dir()
+    lib = out_dir / "libcompute_clock.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(HERE.parent / "compute_clock.c"), f"-I{inc / 'include'}",
+                    f"-I{inc / 'ggml' / 'include'}", "-ldl", "-o", str(lib)], check=True)
+    return lib
+
+
+def peer_host_us(trace: Path, n_tokens: int, tok_s: float, rounds: int) -> float:
+    """llama.cpp's host µs per round: its decode window minus the decode calls inside it."""
+    calls = [tuple(int(x) for x in line.split()[1:3]) for line in trace.read_text().splitlines()]
+    end = max(start + dur for start, dur in calls)
+    window = n_tokens / tok_s * 1e9  # "decoded N tokens in T s, speed: N/T t/s" (the rate has more digits)
+    compute = sum(dur for start, dur in calls if start >= end - window)
+    return (window - compute) / 1e3 / rounds
+
+
+def peer_rate(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """The peer's decode rate, acceptance and host µs per round; a run that ends without its summary (seen
+    rarely here: exit 0, log cut short) is recorded in the evidence and run again, once."""
     for _ in range(2):
-        _, err, _ = run_measured(cmd)
-        m = SPEC_RE.search(err)
-        if m:
-            a = ACCEPT_RE.search(err)
-            return float(m.group(3)), (float(a.group(1)) / 100 if a else float("nan"))
+        with tempfile.NamedTemporaryFile(suffix=".trace") as trace:
+            _, err, _ = run_measured(cmd, env={**env, "POWER_COMPUTE_TRACE": trace.name})
+            m = SPEC_RE.search(err)
+            counts = {k: int(v) for k, v in COUNT_RE.findall(err)}
+            if m and {"n_predict", "n_accept"} <= set(counts):
+                a = ACCEPT_RE.search(err)
+                rounds = counts["n_predict"] - counts["n_accept"]
+                host = peer_host_us(Path(trace.name), int(m.group(1)), float(m.group(3)), rounds)
+                return float(m.group(3)), (float(a.group(1)) / 100 if a else float("nan")), host
         PEER_FAILURES.append(err[-2000:])
     raise RuntimeError(f"llama-speculative-simple printed no decode speed twice: {err[-800:]}")
 
@@ -58,10 +93,10 @@ def power_json(cmd: list[str]) -> dict:
 
 
 def paired(label: str, power_cmd: list[str], peer_cmd: list[str] | None, off_tokens: list[int], runs: int,
-           other_cmd: list[str] | None = None) -> dict:
+           other_cmd: list[str] | None = None, peer_env: dict[str, str] | None = None) -> dict:
     """``runs`` interleaved pairs of Power vs the peer (or vs ``other_cmd``, another Power run)."""
     rows: dict[str, list[float]] = {"power_tok_s": [], "peer_tok_s": [], "ratio": [], "power_acceptance": [],
-                                    "peer_acceptance": []}
+                                    "peer_acceptance": [], "power_host_us_per_round": [], "peer_host_us_per_round": []}
     identical = []
     for i in range(runs):
         res = {}
@@ -69,20 +104,24 @@ def paired(label: str, power_cmd: list[str], peer_cmd: list[str] | None, off_tok
             if side == 0:
                 res[0] = power_json(power_cmd)
             elif peer_cmd is not None:
-                res[1] = peer_rate(peer_cmd)
+                res[1] = peer_rate(peer_cmd, peer_env or dict(os.environ))
             else:
                 o = power_json(other_cmd)
-                res[1] = (o["receipt"]["timings"]["decode_tok_s"], float("nan"))
+                res[1] = (o["receipt"]["timings"]["decode_tok_s"], float("nan"),
+                          o["receipt"]["timings"].get("host_us_per_round", float("nan")))
         p = res[0]
         t = p["receipt"]["timings"]["decode_tok_s"]
+        host = p["receipt"]["timings"].get("host_us_per_round", float("nan"))
         rows["power_tok_s"].append(t)
         rows["peer_tok_s"].append(res[1][0])
         rows["ratio"].append(t / res[1][0])
         rows["power_acceptance"].append(p["receipt"]["summary"]["acceptance"] or 0.0)
         rows["peer_acceptance"].append(res[1][1])
+        rows["power_host_us_per_round"].append(host)
+        rows["peer_host_us_per_round"].append(res[1][2])
         identical.append(p["tokens"] == off_tokens)
         print(f"{label} run {i + 1}/{runs}: power {t:.1f} vs {'peer' if peer_cmd else 'off'} {res[1][0]:.1f} tok/s "
-              f"(x{t / res[1][0]:.3f})", flush=True)
+              f"(x{t / res[1][0]:.3f}); host us/round {host:.1f} vs {res[1][2]:.1f}", flush=True)
     return {"summary": {k: stats([x for x in v if x == x]) if any(x == x for x in v) else None
                         for k, v in rows.items()},
             "raw": rows, "identical_tokens_vs_off": identical}
@@ -117,6 +156,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--k", type=int, default=7)
+    ap.add_argument("--numerics", choices=("exact", "stock"), default="exact",
+                    help="Power's numerics; the peer runs the same kernels")
+    ap.add_argument("--only", nargs="*", default=None, help="dflash suite: only these modes")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     out_path = args.out or ROOT / "evidence" / f"bench_{args.suite}.json"
@@ -128,12 +170,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{args.suite}-"))
     from native_helpers import make_tiny, make_tiny_draft, make_tiny_mtp
 
+    from power_core.bench import peer_launch
+
+    peer_env, numerics_args = peer_launch(args.numerics)
+    peer_env["LD_PRELOAD"] = str(compute_clock(tmp))
     common_peer = ["-p", PROMPT, "-n", str(args.tokens), "--temp", "0", "--top-k", "1", "-c", "512",
-                   "-t", str(args.threads), "--spec-draft-n-max", str(args.k)]
+                   "-t", str(args.threads), "--spec-draft-n-max", str(args.k), *numerics_args]
 
     def power_cmd(model: Path, mode: str, *extra: str) -> list[str]:
         return [power, "run", "--model", str(model), "--prompt", PROMPT, "--max-tokens", str(args.tokens),
-                "--threads", str(args.threads), "--n-ctx", "512", "--json", "--mode", mode, *extra]
+                "--threads", str(args.threads), "--n-ctx", "512", "--json", "--numerics", args.numerics, "--mode", mode,
+                *extra]
 
     def off_tokens(model: Path) -> list[int]:
         return power_json(power_cmd(model, "off"))["tokens"]
@@ -147,7 +194,8 @@ def main() -> int:
             k = str(args.k)
             results[f"{name}_vs_llama"] = paired(
                 f"mtp/{name}", power_cmd(model, "mtp", "--draft-max", k),
-                [str(spec_exe), "-m", str(model), "--spec-type", "draft-mtp", *common_peer], off, args.runs)
+                [str(spec_exe), "-m", str(model), "--spec-type", "draft-mtp", *common_peer], off, args.runs,
+                peer_env=peer_env)
         off = off_tokens(predictable)
         results["predictable_vs_off"] = paired("mtp-vs-off", power_cmd(predictable, "mtp", "--draft-max", str(args.k)),
                                                None, off, args.runs, other_cmd=power_cmd(predictable, "off"))
@@ -163,23 +211,28 @@ def main() -> int:
         for mode, kw, spec_type in (("dflash", dict(kind="dflash"), "draft-dflash"),
                                     ("dflash2", dict(kind="dflash2"), "draft-dflash"),
                                     ("dspark", dict(kind="dspark", block_size=16), "draft-dspark")):
+            if args.only and mode not in args.only:
+                continue
             draft = make_tiny_draft(tmp, target, name=f"bench-{mode}", **kw)
             results[f"{mode}_vs_llama"] = paired(
                 mode, power_cmd(target, mode, "--draft", str(draft), "--draft-max", str(args.k)),
                 [str(spec_exe), "-m", str(target), "-md", str(draft), "--spec-type", spec_type, *common_peer],
-                off, args.runs)
+                off, args.runs, peer_env=peer_env)
     evidence = {"bench": f"spec-{args.suite}", "tokens": args.tokens, "threads": args.threads, "k": args.k,
+                "numerics": args.numerics,
                 "runs": args.runs, "llama_cpp_commit": build_llama.LLAMA_CPP_COMMIT,
                 "patches": [f"{n} sha256:{h}" for n, h in build_llama.patches()], "results": results,
                 "peer_runs_without_summary": PEER_FAILURES,
-                "goal": "ratio median >= 1.10 vs llama-speculative-simple, identical tokens"}
+                "goal": "ratio median >= 1.0 vs llama-speculative-simple, identical tokens; host us per round of both"}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(evidence, indent=2, default=float))
     for name, r in results.items():
         if "summary" in r:
             s = r["summary"]["ratio"]
+            hp, hq = r["summary"]["power_host_us_per_round"], r["summary"]["peer_host_us_per_round"]
             print(f"{name:>28}: ratio median {s['median']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}); "
-                  f"power {r['summary']['power_tok_s']['median']:.1f} tok/s, identical {all(r['identical_tokens_vs_off'])}")
+                  f"power {r['summary']['power_tok_s']['median']:.1f} tok/s, identical {all(r['identical_tokens_vs_off'])}; "
+                  f"host us/round {hp['median'] if hp else float('nan'):.1f} vs {hq['median'] if hq else float('nan'):.1f}")
     print(f"evidence written to {out_path}")
     return 0
 

@@ -325,3 +325,13 @@ def test_trace_is_json(drafts):
     res = generate(target, "dflash2", PROMPTS[0], draft, trace=True)
     assert all(len(r["proposal"]) == r["proposed"] for r in res.receipt.rounds)
     json.dumps(res.receipt.to_dict())
+
+
+@pytest.mark.parametrize("mode", ["off", *KINDS])
+def test_receipt_splits_decode_time_into_compute_and_host(drafts, mode):
+    """The target's and the draft's time inside llama.cpp's decode calls, and the host's rest."""
+    from tests.test_config_sampling_receipt import check_host_split
+
+    res = generate(drafts[("target", "qwen35")], mode, "hello world", drafts[("qwen35", mode)] if mode != "off" else None)
+    t = check_host_split(res.receipt, draft_timed=mode != "off")
+    assert t["host_us_per_round"] < 1e6 * t["decode_s"] / t["decode_rounds"]

@@ -50,6 +50,10 @@ def test_self_draft_full_acceptance_and_parity(tiny_model, k, s):
     assert p["drafted"] == p["accepted"] == summary["proposed"] == sum(p["accepted_per_position"])
     assert p["drafts"] == p["accepted_per_position"][0] == sum(1 for r in got.receipt.rounds if r["proposed"])
     assert info["llama_cpp_commit"] and info["sdist_sha256"]
+    from tests.test_config_sampling_receipt import check_host_split
+
+    check_host_split(ref.receipt, draft_timed=False)
+    check_host_split(got.receipt, draft_timed=True)  # the draft context's decodes
 
 
 def test_other_draft_exact_with_partial_acceptance(tiny_model, tiny_dir):

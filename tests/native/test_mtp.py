@@ -280,3 +280,10 @@ def test_fr_patch_shrinks_the_head_matmul(tiny_qwen35_mtp):
     assert not rows[40][40:].any() and rows[0][40:].any()
     with pytest.raises(ConfigError):
         _llama.Context(model, n_ctx=64, n_batch=16, ctx_type=1).set_fr_vocab(129)
+
+
+def test_receipt_times_the_mtp_head_as_draft_compute(tiny_qwen35_mtp):
+    from tests.test_config_sampling_receipt import check_host_split
+
+    res = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], spec_draft_max=4, max_tokens=24)
+    check_host_split(res.receipt, draft_timed=True)

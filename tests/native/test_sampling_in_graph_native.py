@@ -120,3 +120,59 @@ def test_stochastic_and_logprobs_requests_keep_the_rows_on_smollm2():
     assert greedy.receipt.backend["sampling"] == again.receipt.backend["sampling"] == "in-graph"
     assert hot.receipt.backend["sampling"] == lp.receipt.backend["sampling"] == "host"
     assert lp.tokens == greedy.tokens == again.tokens == auto.tokens and len(with_lp.logprobs) == len(lp.tokens)
+
+
+# -- drafters: draft-model, MTP, DFlash v1 and DSpark take their argmax ids from their own graph -------------
+def _recorded(cfg: PowerConfig, model, draft, prompts) -> tuple[list, list, set]:
+    """Tokens, every round's proposals and the receipts' draft_sampling of ``prompts`` on one session."""
+    with Session.open(cfg, model=str(model), draft=str(draft) if draft else None) as s:
+        proposals: list[list[int]] = []
+        propose = s.proposer.propose
+
+        def record(ctx):
+            out = propose(ctx)
+            proposals.append(np.asarray(out).tolist())
+            return out
+
+        s.proposer.propose = record
+        gens = [s.generate(p) for p in prompts]
+    return [g.tokens for g in gens], proposals, {g.receipt.backend.get("draft_sampling") for g in gens}
+
+
+@pytest.fixture(scope="module")
+def drafter_cases(tiny_dir, tiny_qwen35, tiny_qwen35_mtp, tiny_llama, tied_llama) -> dict:
+    """mode -> (target, draft, expected draft_sampling with ``on``)."""
+    from native_helpers import make_tiny_draft
+
+    out = {"mtp": (tiny_qwen35_mtp, None, "in-graph"),
+           "draft-model": (tiny_llama, tied_llama, "in-graph"),  # a draft whose every row is a tie
+           "dflash2": (tiny_qwen35, make_tiny_draft(tiny_dir, tiny_qwen35, name="ig-dflash2", kind="dflash2",
+                                                    borrow=True), "host")}  # a lattice, not an argmax
+    out["dflash"] = (tiny_qwen35, make_tiny_draft(tiny_dir, tiny_qwen35, name="ig-dflash", kind="dflash", d2t=96),
+                     "in-graph")
+    out["dspark"] = (tiny_qwen35, make_tiny_draft(tiny_dir, tiny_qwen35, name="ig-dspark", kind="dspark",
+                                                  block_size=16), "in-graph")
+    return out
+
+
+@pytest.mark.parametrize("mode", ["draft-model", "mtp", "dflash", "dflash2", "dspark"])
+def test_drafter_ids_from_the_graph_equal_the_host_argmax(drafter_cases, mode):
+    """Same proposals in every round and the same tokens with the drafter's ids sampled in its graph
+    (``on``) as on the host (``off``); on a CPU-only draft ``auto`` stays on the host."""
+    target, draft, expected = drafter_cases[mode]
+    prompts = [[1, 17, 42, 99, 5], [7, 7, 3]]
+    kw = dict(spec_mode=mode, spec_draft_max=4, max_tokens=32, n_ctx=256, n_threads=2)
+    runs = {path: _recorded(PowerConfig(sampling_in_graph=path, **kw), target, draft, prompts)
+            for path in ("off", "on", "auto")}
+    assert runs["on"][0] == runs["off"][0] == runs["auto"][0]
+    assert runs["on"][1] == runs["off"][1] and sum(len(p) for p in runs["on"][1]) > 0
+    assert runs["off"][2] == runs["auto"][2] == {"host"}
+    assert runs["on"][2] == {expected}
+
+
+def test_a_dflash_p_min_cut_keeps_the_rows(drafter_cases):
+    """DFlash v1's p_min cut reads the rows' top-10 logits: its ids stay on the host."""
+    target, draft, _ = drafter_cases["dflash"]
+    cfg = PowerConfig(spec_mode="dflash", spec_draft_max=4, spec_draft_p_min=0.5, max_tokens=8, n_ctx=256,
+                      n_threads=2, sampling_in_graph="on")
+    assert _recorded(cfg, target, draft, [[1, 2, 3]])[2] == {"host"}

@@ -176,6 +176,7 @@ cdef class Context:
         cdef llama_batch * b = &self.batch
         cdef llama_context * ctx = self.ptr
         cdef int32_t rc
+        cdef int64_t t0
         with nogil:
             for i in range(n):
                 if src[i] < 0 or src[i] >= nv:
@@ -199,7 +200,10 @@ cdef class Context:
             self._inflight += 1
             try:
                 with nogil:
+                    t0 = clock_ns()
                     rc = llama_decode(ctx, b[0])
+                    llama_synchronize(ctx)
+                    self.compute_ns += clock_ns() - t0
             finally:
                 self._inflight -= 1
         self.n_outputs = 0
@@ -244,6 +248,7 @@ cdef class Context:
         cdef llama_batch * b = &self.batch
         cdef llama_context * ctx = self.ptr
         cdef int32_t i, rc
+        cdef int64_t t0
         cdef int32_t * t = <int32_t *>tok.data
         cdef int32_t * pp = <int32_t *>ps.data
         cdef int32_t * ss = <int32_t *>sq.data
@@ -263,7 +268,10 @@ cdef class Context:
             self._inflight += 1
             try:
                 with nogil:
+                    t0 = clock_ns()
                     rc = llama_decode(ctx, b[0])
+                    llama_synchronize(ctx)
+                    self.compute_ns += clock_ns() - t0
             finally:
                 self._inflight -= 1
         self.n_outputs = 0
@@ -312,6 +320,7 @@ cdef class Context:
         if n == 0:
             raise CapacityError("process: empty batch")
         cdef int32_t rc
+        cdef int64_t t0
         cdef llama_process_type kind = LLAMA_PROCESS_TYPE_ENCODE if encode else LLAMA_PROCESS_TYPE_DECODE
         _errors.clear()
         self.n_outputs = 0
@@ -322,7 +331,10 @@ cdef class Context:
             self._inflight += 1
             try:
                 with nogil:
+                    t0 = clock_ns()
                     rc = llama_process(ctx, kind, batch.ptr)
+                    llama_synchronize(ctx)
+                    self.compute_ns += clock_ns() - t0
             finally:
                 self._inflight -= 1
         if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:

@@ -2,7 +2,8 @@
 """The owning wrappers of ``_llama.pyx``, declared so plugin packages can ``cimport`` them and
 reach the raw pointers (``Model.ptr``, ``Context.ptr``) for calls Power does not wrap."""
 
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, int64_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from power_native.llama cimport (gguf_context, llama_batch, llama_batch_ext, llama_context, llama_memory_t,
                                   llama_model, llama_vocab)
@@ -70,6 +71,14 @@ cdef class _CtxOwner:
     cdef object other
 
 
+cdef inline int64_t clock_ns() noexcept nogil:
+    """CLOCK_MONOTONIC in ns (ggml_time_us's clock): the compute clock around every llama.cpp decode
+    call (``Context.compute_ns``; plugins that call ``llama_process`` themselves add to it too)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
 cdef class Context:
     cdef llama_context * ptr
     cdef llama_memory_t mem
@@ -86,6 +95,7 @@ cdef class Context:
     cdef bint _nextn_masked
     cdef int _last_n_tokens
     cdef int _inflight  # decodes running without the GIL (close() refuses meanwhile)
+    cdef readonly int64_t compute_ns  # monotonic ns inside llama_decode/llama_process (+ synchronize)
     cdef object __weakref__
     cdef _CtxOwner _owner
     cdef int _alive(self) except -1

@@ -86,6 +86,8 @@ class Context:
     ctx_type: int
     n_outputs: int
     recurrent: bool
+    #: monotonic ns inside llama_decode/llama_process (up to llama_synchronize) on this context
+    compute_ns: int
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int = ..., n_rs_seq: int = ...,
                  n_threads: int | None = ..., n_outputs_max: int = ..., ctx_type: int = ...,
                  ctx_other: Context | None = ..., embeddings: bool = ..., swa_full: bool = ...,

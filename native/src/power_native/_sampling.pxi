@@ -83,4 +83,3 @@ cdef extern from *:
     llama_sampler * power_first_max_chain() nogil
     bint llama_set_sampler(llama_context * ctx, int32_t seq_id, llama_sampler * smpl) nogil
     void llama_sampler_free(llama_sampler * smpl) nogil
-    int32_t llama_get_sampled_token_ith(llama_context * ctx, int32_t i) nogil

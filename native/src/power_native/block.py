@@ -53,6 +53,8 @@ class BlockRows:
     logits: npt.NDArray[np.float32] | None
     hidden: npt.NDArray[np.float32]
     n_block: int
+    #: each row's first-maximum id, sampled in the draft's graph (then ``logits`` is ``None``)
+    ids: npt.NDArray[np.int32] | None = None
 
 
 class Readout(Protocol):
@@ -63,6 +65,9 @@ class Readout(Protocol):
     #: the block starts with the anchor as its first proposal slot (DSpark ``sample_from_anchor``):
     #: ``n_max`` block tokens instead of ``n_max + 1``
     anchor_first: bool
+    #: its proposals are the rows' argmax and it reads no logits otherwise: :attr:`BlockRows.ids`
+    #: (sampled in the graph) serve as well as the rows
+    argmax_only: bool
 
     def __call__(self, rows: BlockRows, n: int) -> TokenArray:
         """At most ``n`` proposals from ``rows``."""
@@ -86,11 +91,14 @@ class BlockDraftProposer:
     """The Proposer over one DFlash-family draft context; ``readout`` makes it v1, DFlash2 or DSpark."""
 
     def __init__(self, draft: _llama.BlockDraft, readout: Readout, *, target_layers: tuple[int, ...],
-                 n_max: int) -> None:
+                 n_max: int, in_graph: bool = False) -> None:
         from power_native.target import layer_feature
 
         self.draft = draft
         self.readout = readout
+        #: the noise rows' ids from the draft's graph (Power's first-maximum sampler), no logits rows
+        self.samples_in_graph = bool(in_graph and readout.outputs and readout.argmax_only
+                                     and draft.ctx.set_greedy(True))
         self.layers = tuple(layer_feature(lid) for lid in target_layers)
         self.features = frozenset(self.layers)
         self.n_max = n_max
@@ -117,8 +125,11 @@ class BlockDraftProposer:
         try:
             self.draft.noise(int(ctx.anchor), self.n_block, self.readout.outputs)
             c = self.draft.ctx
-            rows = BlockRows(logits=c.logits() if self.readout.outputs else None, hidden=c.embeddings_nextn(),
-                             n_block=self.n_block)
+            if self.samples_in_graph:
+                rows = BlockRows(logits=None, hidden=c.embeddings_nextn(), n_block=self.n_block, ids=c.sampled_ids())
+            else:
+                rows = BlockRows(logits=c.logits() if self.readout.outputs else None, hidden=c.embeddings_nextn(),
+                                 n_block=self.n_block)
             props = np.asarray(self.readout(rows, min(ctx.k, self.n_max)), dtype=np.int32)
         finally:
             self.draft.trim(pos0)  # the noise block never stays in the draft KV
@@ -151,6 +162,10 @@ class BlockDraftProposer:
         self._staged = None
         self.draft.trim(int(checkpoint))
 
+    def compute_seconds(self) -> float:
+        """Seconds inside llama.cpp's decode calls on the draft context (:class:`power_core.runtime.ComputeTimed`)."""
+        return float(self.draft.ctx.compute_ns) * 1e-9
+
     def close(self) -> None:
         self.draft.ctx.close()
 
@@ -162,7 +177,7 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     block size, causality, sample_from_anchor); the loaded model is cross-checked against it before
     any decode."""
     from power_native import _llama
-    from power_native.target import llama_target, load_model, offload
+    from power_native.target import draft_graph_sampling, llama_target, load_model, offload
 
     tctx = llama_target(req.opened.target, "block drafters run").ctx
     if req.draft is None or req.verified is None:
@@ -190,7 +205,8 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
         ctx.set_embeddings_nextn(True, readout.outputs)  # masked rows follow the outputs; DFlash2: all rows
         ctx.set_causal_attn(backbone.causal)
         draft = _llama.BlockDraft(ctx, len(layers), model.mask)
-        return BlockDraftProposer(draft, readout, target_layers=layers, n_max=n_max)
+        return BlockDraftProposer(draft, readout, target_layers=layers, n_max=n_max,
+                                  in_graph=draft_graph_sampling(req.config, placed.draft_gpu_layers != 0))
     except BaseException:
         ctx.close()
         raise

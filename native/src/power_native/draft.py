@@ -17,7 +17,7 @@ from power_core.errors import ArtifactMismatch, CapacityError
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
-from power_native.target import PREFILL_BATCH, llama_target, load_model, offload
+from power_native.target import PREFILL_BATCH, draft_graph_sampling, llama_target, load_model, offload
 
 __all__ = ["DraftModelProposer", "make_draft_proposer"]
 
@@ -30,11 +30,13 @@ class DraftModelProposer:
     features: frozenset[str] = frozenset()
 
     def __init__(self, model: _llama.Model, *, n_ctx: int, k_max: int, n_threads: int | None = None,
-                 flash_attn: str = "auto") -> None:
+                 flash_attn: str = "auto", in_graph: bool = False) -> None:
         n_batch = max(min(PREFILL_BATCH, n_ctx), k_max + 1)
         self.model = model
         self.ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_rs_seq=0,
                                   n_outputs_max=1, n_threads=n_threads or os.cpu_count(), flash_attn=flash_attn)
+        #: each draft id from the draft's graph (Power's first-maximum sampler) instead of its logits row
+        self.samples_in_graph = bool(in_graph and self.ctx.set_greedy(True))
         self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
         self._row_ready = False  # the context holds the logits row of the last token in memory
         self._history: list[int] = []  # committed tokens incl. the anchor
@@ -62,7 +64,7 @@ class DraftModelProposer:
         self._sync(committed + [self._history[-1]], last_logits=True)
         out = np.empty(k, dtype=np.int32)
         for i in range(k):
-            tok = int(np.argmax(self.ctx.logits()[-1]))
+            tok = int(self.ctx.sampled_ids()[-1]) if self.samples_in_graph else int(np.argmax(self.ctx.logits()[-1]))
             out[i] = tok
             if i + 1 < k:
                 self._decode([tok], last_logits=True)
@@ -109,6 +111,10 @@ class DraftModelProposer:
         self._kv.extend(tokens)
         self._row_ready = True  # a decode always outputs its last row
 
+    def compute_seconds(self) -> float:
+        """Seconds inside llama.cpp's decode calls on the draft context (:class:`power_core.runtime.ComputeTimed`)."""
+        return float(self.ctx.compute_ns) * 1e-9
+
     def close(self) -> None:
         self.ctx.close()
 
@@ -131,4 +137,5 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
         raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
                                f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
     return DraftModelProposer(model, n_ctx=target.capabilities.n_ctx, k_max=cfg.draft_max,
-                              n_threads=cfg.n_threads, flash_attn=cfg.flash_attn)
+                              n_threads=cfg.n_threads, flash_attn=cfg.flash_attn,
+                              in_graph=draft_graph_sampling(cfg, placed.draft_gpu_layers != 0))

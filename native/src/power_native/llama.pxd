@@ -226,6 +226,7 @@ cdef extern from "llama.h" nogil:
     void llama_synchronize(llama_context * ctx)
 
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)
+    int32_t llama_get_sampled_token_ith(llama_context * ctx, int32_t i)
 
     const char * llama_vocab_get_text(const llama_vocab * vocab, llama_token token)
     bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)

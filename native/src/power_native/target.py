@@ -156,6 +156,13 @@ def offload(cfg: PowerConfig) -> Offload:
                    draft_devices=draft_devices, used=cpu + tuple(dict.fromkeys(devices + draft_devices)))
 
 
+def draft_graph_sampling(cfg: PowerConfig, offloaded: bool) -> bool:
+    """Whether a drafter whose proposals are its rows' argmax samples them in its graph (config
+    ``sampling_in_graph``): ``on``, or ``auto`` where its rows would leave a device (``offloaded``).
+    Drafts are greedy whatever the request samples, so this is decided once, when the proposer opens."""
+    return cfg.sampling_in_graph == "on" or (cfg.sampling_in_graph == "auto" and offloaded)
+
+
 #: loaded models by (real path, size, mtime, load_mtp, repack, rpc servers, offload): sessions on the
 #: same file share one set of weights (each has its own contexts); an entry goes when its last context
 #: and session do
@@ -456,6 +463,10 @@ class LlamaTarget:
         self._rs_used = True
 
     # -- extras -------------------------------------------------------------------------------------------
+    def compute_seconds(self) -> float:
+        """Seconds inside llama.cpp's decode calls on this context (:class:`power_core.runtime.ComputeTimed`)."""
+        return float(self.ctx.compute_ns) * 1e-9
+
     def counters(self) -> dict[str, int]:
         """A snapshot of :attr:`stats` (``power_core.runtime.runtime_counters``: the core reports the
         difference over a request in its receipt's ``backend.rollback``)."""
@@ -634,6 +645,10 @@ class LlamaBatch:
     def token_budget(self) -> int:
         """The most tokens one pass takes (the context's ``n_batch``)."""
         return self.ctx.n_batch
+
+    def compute_seconds(self) -> float:
+        """Seconds inside llama.cpp's decode calls on the shared context (:class:`power_core.runtime.ComputeTimed`)."""
+        return float(self.ctx.compute_ns) * 1e-9
 
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
         index = {id(t): t for t in self.sequences}

@@ -28,7 +28,13 @@ class V1Readout:
     outputs: bool = True
     anchor_first: bool = False
 
+    @property
+    def argmax_only(self) -> bool:
+        return self.p_min <= 0  # the p_min cut reads the rows' top-10 logits
+
     def __call__(self, rows, n: int) -> np.ndarray:
+        if rows.ids is not None:  # sampled in the draft's graph: the rows' first maxima
+            return np.asarray(rows.ids[1:1 + n], dtype=np.int32)
         logits = rows.logits[1:1 + n]
         ids = np.argmax(logits, axis=1).astype(np.int32)
         if self.p_min > 0 and ids.size:

@@ -21,17 +21,26 @@ class LatticeReadout:
     p_min: float = 0.0
     outputs: bool = False
     anchor_first: bool = False
+    argmax_only: bool = False  # the lattice, not an argmax of logits rows
 
     def __call__(self, rows, n: int) -> np.ndarray:
         k = self.top_k
-        lattice = rows.hidden
+        m = min(n + 1, rows.n_block) - 1  # block positions 1..m
+        if m <= 0:
+            return np.zeros(0, dtype=np.int32)
+        lattice = rows.hidden[1:m + 1]
+        scores = lattice[:, k:k + k * k].reshape(m, k, k)  # [position, predecessor slot, successor slot]
+        best = scores.argmax(axis=2)  # every position's best successor of every slot at once (first maximum)
+        walk_best, cand = best.tolist(), lattice[:, :k].tolist()
+        conf = None
+        if self.p_min > 0:  # softmax probability of each best successor
+            top = np.take_along_axis(scores, best[:, :, None], axis=2)
+            conf = (1.0 / np.exp(scores - top).sum(axis=2).astype(np.float64)).tolist()  # float32 sum, f64 1/x
         out: list[int] = []
         pred = 0
-        for i in range(1, min(n + 1, rows.n_block)):
-            row = lattice[i]
-            scores = row[k + pred * k: k + (pred + 1) * k]
-            pred = int(np.argmax(scores))
-            if self.p_min > 0 and 1.0 / float(np.exp(scores - scores[pred]).sum()) < self.p_min:
+        for i in range(m):
+            if conf is not None and conf[i][pred] < self.p_min:  # the best successor of ``pred`` is unsure
                 break
-            out.append(int(row[pred]))
+            pred = walk_best[i][pred]
+            out.append(int(cand[i][pred]))
         return np.asarray(out, dtype=np.int32)

@@ -18,11 +18,13 @@ class DSparkReadout:
     anchor_first: bool
     p_min: float = 0.0
     outputs: bool = True
+    argmax_only: bool = True  # the p_min cut reads the confidence head's hidden row, not logits
 
     def __call__(self, rows, n: int) -> np.ndarray:
         first = 0 if self.anchor_first else 1
         idx = np.arange(first, min(first + n, rows.n_block))
-        ids = np.argmax(rows.logits[idx], axis=1).astype(np.int32)
+        ids = (np.asarray(rows.ids[idx], dtype=np.int32) if rows.ids is not None
+               else np.argmax(rows.logits[idx], axis=1).astype(np.int32))
         if self.p_min > 0 and ids.size:
             low = np.flatnonzero(rows.hidden[idx, 0] < self.p_min)
             if low.size:

@@ -9,16 +9,16 @@ carried over from the previous batch, ``pending``). A draft decodes ``(anchor, p
 feeds back the head's own hidden row, greedily, one token per pass.
 """
 
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
 cimport numpy as cnp
 
-from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_memory_seq_rm,
-                                 llama_process)
+from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_get_sampled_token_ith,
+                                 llama_memory_seq_rm, llama_process, llama_synchronize)
 from power_native.llama_ext cimport llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt,
-                                  Context, rc_raise, rc_status, rc_translate)
+                                  Context, clock_ns, rc_raise, rc_status, rc_translate)
 
 import numpy as np
 
@@ -158,7 +158,9 @@ cdef class MtpHead:
 
     def draft(self, int anchor, int k):
         """Greedy ``k`` tokens after ``anchor`` (at position ``n_kv``), each pass feeding back the
-        head's own hidden row; the draft rows are removed from the KV afterwards."""
+        head's own hidden row; the draft rows are removed from the KV afterwards. Each id is the first
+        maximum of the head's row: read on the host, or, with ``ctx.set_greedy(True)``, sampled in the
+        graph by Power's first-maximum sampler (only the id leaves the device)."""
         cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(max(k, 0), dtype=np.int32)
         if k <= 0:
             return out
@@ -178,6 +180,8 @@ cdef class MtpHead:
         cdef float v
         cdef size_t w = self.n_embd
         cdef int * abort_flag = self.ctx.abort_flag
+        cdef bint in_graph = self.ctx.greedy
+        cdef int64_t t0
         try:
             with nogil:
                 for i in range(k):
@@ -190,21 +194,29 @@ cdef class MtpHead:
                     if abort_flag[0]:
                         st.rc = 2  # as llama.cpp reports an abort
                         break
+                    t0 = clock_ns()
                     st.rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
+                    llama_synchronize(self.ctx.ptr)
+                    self.ctx.compute_ns += clock_ns() - t0
                     if rc_translate(st.op, st.rc) != RC_OK:
                         break
-                    row = llama_get_logits_ith(self.ctx.ptr, 0)
                     h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
-                    if row == NULL or h == NULL:
+                    if in_graph:
+                        best = llama_get_sampled_token_ith(self.ctx.ptr, 0)
+                        row = NULL
+                    else:
+                        best = 0
+                        row = llama_get_logits_ith(self.ctx.ptr, 0)
+                    if (row == NULL and not in_graph) or h == NULL or best < 0:
                         st.op = RC_OP_OUTPUT
                         st.rc = -1
                         break
-                    best = 0
-                    v = row[0]
-                    for j in range(1, fr):
-                        if row[j] > v:
-                            v = row[j]
-                            best = j
+                    if not in_graph:
+                        v = row[0]
+                        for j in range(1, fr):
+                            if row[j] > v:
+                                v = row[j]
+                                best = j
                     tok = best
                     out[i] = tok
             ok = rc_translate(st.op, st.rc) == RC_OK

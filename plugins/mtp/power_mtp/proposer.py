@@ -39,8 +39,10 @@ class MtpProposer:
 
     features: frozenset[str] = frozenset({"h_nextn"})
 
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: Any, *, in_graph: bool = False) -> None:
         self.head = head
+        #: each draft id from the head's graph (Power's first-maximum sampler) instead of its logits row
+        self.samples_in_graph = bool(in_graph and head.ctx.set_greedy(True))
         self._prefill = True  # the last observed batch was a prompt chunk, not a verify pass
 
     def begin(self, prompt: TokenArray) -> None:
@@ -75,6 +77,10 @@ class MtpProposer:
         n_kv, pending = checkpoint
         self.head.set_state(n_kv, pending)
 
+    def compute_seconds(self) -> float:
+        """Seconds inside llama.cpp's decode calls on the MTP context (:class:`power_core.runtime.ComputeTimed`)."""
+        return float(self.head.ctx.compute_ns) * 1e-9
+
     def close(self) -> None:
         self.head.ctx.close()
 
@@ -82,7 +88,7 @@ class MtpProposer:
 def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
     """Strategy factory: an MTP context on the target's loaded model (``ctx_other`` = the target)."""
     from power_native import _llama
-    from power_native.target import llama_target
+    from power_native.target import draft_graph_sampling, llama_target
 
     from power_mtp._mtp import MtpHead
 
@@ -103,7 +109,8 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
         ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
         if fr < model.n_vocab:
             ctx.set_fr_vocab(fr)  # the head's matmul covers ids < fr only; the draft reads no other
-        return MtpProposer(MtpHead(ctx, fr))
+        # the head runs on the target's weights: its rows leave a device where the target's do
+        return MtpProposer(MtpHead(ctx, fr), in_graph=draft_graph_sampling(cfg, target.offloaded))
     except BaseException:
         ctx.close()
         raise
