@@ -55,6 +55,9 @@ __all__ = ["PHASES", "CancelToken", "PendingRound", "RoundRecord", "TokenLogprob
 log = get_logger(__name__)
 
 PHASES = ("checkpoint", "propose", "verify", "accept", "commit", "emit", "restore")
+#: greedy rows of at most this many floats in all are argmax'ed in one call (tiny vocabularies); larger
+#: ones one row at a time, through the first mismatch only (a 262,144-float row costs more than a call)
+_BATCH_ARGMAX = 1 << 16
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 
@@ -448,13 +451,18 @@ class Transaction:
         n = props.shape[0]
         lp = self._round_logprobs
         lp.clear()
-        ids = res.greedy_ids if self.sampler.greedy else None  # the graph's first maximum: np.argmax's
+        greedy = self.sampler.greedy
+        ids = res.greedy_ids if greedy else None  # the graph's first maximum: np.argmax's
+        if ids is None and greedy and res.logits.shape[1] * (n + 1) <= _BATCH_ARGMAX:
+            ids = np.argmax(res.logits[: n + 1], axis=1)  # small rows: one call beats a call per row
+        first = ids[: n + 1].tolist() if ids is not None else None
+        drafted = props.tolist()
         for j in range(n + 1):
-            tok = int(ids[j]) if ids is not None else self.sampler.sample(res.logits[j], base + j)
+            tok = first[j] if first is not None else self.sampler.sample(res.logits[j], base + j)
             out.append(tok)
             if self.top_logprobs is not None:
                 lp.append(TokenLogprob.from_row(res.logits[j], tok, self.top_logprobs))
-            hit = j < n and tok == int(props[j])
+            hit = j < n and tok == drafted[j]
             accepted += hit
             if tok in self.stop_ids:
                 return out, accepted, "stop"
