@@ -67,29 +67,22 @@ static void synchronize(struct llama_context * ctx) {
     real(ctx);
 }
 
-int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch) {
-    static int32_t (*real)(struct llama_context *, struct llama_batch) = NULL;
-    if (real == NULL) real = (int32_t (*)(struct llama_context *, struct llama_batch)) next_symbol("llama_decode");
-    if (depth++ > 0) { const int32_t rc = real(ctx, batch); depth--; return rc; }
-    const int64_t t0 = now_ns();
-    const int32_t rc = real(ctx, batch);
-    synchronize(ctx);
-    record(ctx, t0, batch.n_tokens);
-    depth--;
-    return rc;
-}
+// llama_decode and llama_encode: the same wrapper around the next definition of the symbol
+#define TIMED_BATCH_CALL(name)                                                                             \
+    int32_t name(struct llama_context * ctx, struct llama_batch batch) {                                    \
+        static int32_t (*real)(struct llama_context *, struct llama_batch) = NULL;                          \
+        if (real == NULL) real = (int32_t (*)(struct llama_context *, struct llama_batch)) next_symbol(#name); \
+        if (depth++ > 0) { const int32_t rc = real(ctx, batch); depth--; return rc; }                       \
+        const int64_t t0 = now_ns();                                                                        \
+        const int32_t rc = real(ctx, batch);                                                                \
+        synchronize(ctx);                                                                                   \
+        record(ctx, t0, batch.n_tokens);                                                                    \
+        depth--;                                                                                            \
+        return rc;                                                                                          \
+    }
 
-int32_t llama_encode(struct llama_context * ctx, struct llama_batch batch) {
-    static int32_t (*real)(struct llama_context *, struct llama_batch) = NULL;
-    if (real == NULL) real = (int32_t (*)(struct llama_context *, struct llama_batch)) next_symbol("llama_encode");
-    if (depth++ > 0) { const int32_t rc = real(ctx, batch); depth--; return rc; }
-    const int64_t t0 = now_ns();
-    const int32_t rc = real(ctx, batch);
-    synchronize(ctx);
-    record(ctx, t0, batch.n_tokens);
-    depth--;
-    return rc;
-}
+TIMED_BATCH_CALL(llama_decode)
+TIMED_BATCH_CALL(llama_encode)
 
 int32_t llama_process(struct llama_context * ctx, enum llama_process_type type, struct llama_batch_ext * batch) {
     static int32_t (*real)(struct llama_context *, enum llama_process_type, struct llama_batch_ext *) = NULL;
