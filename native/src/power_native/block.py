@@ -106,14 +106,12 @@ class BlockDraftProposer:
         self._start = 0  # position of the last observed batch's first token
         self._rows = 0  # tokens of the last observed batch
         self._prefill = True
-        self._staged: list[np.ndarray] | None = None  # a verify pass's layer rows, injected at commit
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
         self.draft.reset()
         self._start = self._rows = 0
         self._prefill = True
-        self._staged = None
 
     def checkpoint(self) -> int:
         return int(self.draft.n_kv)
@@ -146,20 +144,19 @@ class BlockDraftProposer:
         self._prefill = result.kind == "prompt"
         if self._prefill:
             self.draft.inject(layers)
-        else:  # copies: a replay decode may overwrite the target's buffers before commit
-            self._staged = [np.array(a, dtype=np.float32) for a in layers]
+        else:  # copied into the draft's staging rows: a replay decode may overwrite the target's before commit
+            self.draft.stage(layers)
 
     def commit(self, n_accepted: int, emitted: TokenArray) -> None:
         # a verify pass [anchor, p1..pk] keeps the anchor's and the accepted proposals' features; the
         # prefill round (round 0) keeps the whole last prompt chunk, already injected
-        if self._staged is not None:
-            staged, self._staged = self._staged, None
-            self.draft.inject([a[: n_accepted + 1] for a in staged])
+        if self.draft.n_staged:
+            self.draft.inject_staged(n_accepted + 1)
         else:
             self.draft.trim(self._start + self._rows)
 
     def restore(self, checkpoint: int) -> None:
-        self._staged = None
+        self.draft.drop_staged()
         self.draft.trim(int(checkpoint))
 
     def compute_seconds(self) -> float:
