@@ -153,6 +153,8 @@ def _summary_line(receipt: Any, receipt_path: str | None) -> str:
             f"backend={receipt.backend['name']} tokens={receipt.output_tokens} rounds={s['rounds']} "
             f"acceptance={acc} tokens/pass={tpp} replays={s['replays']} "
             f"decode={receipt.timings['decode_tok_s']:.1f} tok/s")
+    if "host_us_per_round" in receipt.timings:  # the target keeps a compute clock
+        line += f" host={receipt.timings['host_us_per_round']:.1f} us/round"
     return line + (f" receipt={receipt_path}" if receipt_path else "")
 
 

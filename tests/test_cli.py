@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def test_run_plain_streams_text_then_one_summary_line(capsys):
     assert out == json.loads(js)["text"] + "\n"  # the text only: no receipt JSON on stdout
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("[completed] finish=max_tokens strategy=ref-draft"), err
+    assert re.search(r" decode=[\d.]+ tok/s host=[\d.]+ us/round$", lines[0]), lines[0]  # receipt timings.host_us_per_round
 
 
 def test_run_with_config_file(tmp_path, capsys):
