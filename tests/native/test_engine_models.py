@@ -87,9 +87,13 @@ def test_mixed_strategies_at_random_arrivals_give_every_request_its_solo_output(
             t.start()
         for t in threads:
             t.join(300)
+    from tests.test_config_sampling_receipt import check_host_split
+
     for i, res in enumerate(out):
         assert res.receipt.strategy["name"] == jobs[i][0]
         assert res.tokens == solo[i], (i, jobs[i])
+        # its share of the shared passes is target compute; a draft-model request's draft context is timed too
+        check_host_split(res.receipt, draft_timed=jobs[i][0] == "draft-model")
     assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
 
 
