@@ -70,17 +70,25 @@ def fixtures(out: Path, shape: str) -> dict[str, tuple[str, str | None]]:
 def parity(model: str, mode: str, draft: str | None, offload: list[str], prompt: list[str]) -> dict:
     base = ["run", "--model", model, *prompt, "--max-tokens", "64", *offload]
     off, _ = power(*base, "--mode", "off")
-    spec, wall = power(*base, "--mode", mode, *(["--draft", draft] if draft else []))
+    drafted = ["--draft", draft] if draft else []
+    if offload and mode != "mtp":  # the draft model on the GPU too (the MTP head follows the target)
+        drafted += ["--draft-gpu-layers", "-1"]
+    spec, wall = power(*base, "--mode", mode, *drafted)
     a, b = off["tokens"], spec["tokens"]
     first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     if first is None and len(a) != len(b):
         first = min(len(a), len(b))
+    r = spec["receipt"]
     return {"model": Path(model).name, "mode": mode, "identical": first is None, "first_difference": first,
-            "acceptance": spec["receipt"]["summary"].get("acceptance"), "wall_s": round(wall, 2)}
+            "acceptance": r["summary"].get("acceptance"), "sampling": r["backend"].get("sampling"),
+            "draft_sampling": r["backend"].get("draft_sampling"),
+            "host_us_per_round": round(r["timings"].get("host_us_per_round", float("nan")), 1),
+            "wall_s": round(wall, 2)}
 
 
 def paired(model: str, arms: dict[str, list[str]], runs: int, offload: list[str]) -> dict:
     rates: dict[str, list[float]] = {arm: [] for arm in arms}
+    hosts: dict[str, list[float]] = {arm: [] for arm in arms}
     digests: dict[str, set[str]] = {arm: set() for arm in arms}
     names = list(arms)
     for r in range(runs):
@@ -88,9 +96,12 @@ def paired(model: str, arms: dict[str, list[str]], runs: int, offload: list[str]
             got, _ = power("run", "--model", model, "--prompt-file", str(PROMPT), "--max-tokens", "128", *offload,
                            *arms[arm])
             rates[arm].append(got["receipt"]["timings"]["decode_tok_s"])
+            hosts[arm].append(got["receipt"]["timings"].get("host_us_per_round", float("nan")))
             digests[arm].add(got["receipt"]["output_sha256"])
     med = {arm: round(statistics.median(v), 1) for arm, v in rates.items()}
-    return {"model": model, "arms": arms, "decode_tok_s": med, "ratio": round(med[names[1]] / med[names[0]], 3),
+    return {"model": Path(model).name, "arms": arms, "decode_tok_s": med,
+            "ratio": round(med[names[1]] / med[names[0]], 3),
+            "host_us_per_round": {arm: round(statistics.median(v), 1) for arm, v in hosts.items()},
             "same_output": len(set().union(*digests.values())) == 1}
 
 
@@ -136,6 +147,11 @@ def main() -> int:
         report["paired"].append(paired(m, {"host ids": ["--mode", "suffix", "--sampling-in-graph", "off"],
                                            "in-graph ids": ["--mode", "suffix", "--sampling-in-graph", "on"]},
                                        args.runs, offload))
+    target, draft = fixtures(args.out / "fixtures", args.shape)["dflash"]
+    drafter = ["--mode", "dflash", "--draft", draft, *([] if args.cpu else ["--draft-gpu-layers", "-1"])]
+    report["paired"].append(paired(target, {"draft ids on the host": [*drafter, "--sampling-in-graph", "off"],
+                                            "draft ids in its graph": [*drafter, "--sampling-in-graph", "on"]},
+                                   args.runs, offload))
     report["steps"]["paired_s"] = round(time.perf_counter() - t2, 1)
     report["steps"]["total_s"] = round(time.perf_counter() - t0, 1)
 
@@ -145,12 +161,14 @@ def main() -> int:
              f"devices: {report['devices']}; build flags: {' '.join(report['build'].get('flags') or [])}", "",
              "| selftest model | identical | max abs diff |", "|---|---|---|"]
     lines += [f"| {s['model']} | {s.get('identical')} | {s.get('max_abs_diff')} |" for s in report["selftest"]]
-    lines += ["", "| parity: model | mode | identical to off | first difference | acceptance |", "|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['mode']} | {r['identical']} | {r['first_difference']} | {r['acceptance']} |"
-              for r in rows]
-    lines += ["", "| paired: model | arms | decode tok/s | ratio | same output |", "|---|---|---|---|---|"]
-    lines += [f"| {p['model']} | {' vs '.join(p['arms'])} | {p['decode_tok_s']} | {p['ratio']} | {p['same_output']} |"
-              for p in report["paired"]]
+    lines += ["", "| parity: model | mode | identical to off | first difference | acceptance | sampling | draft sampling "
+              "| host µs/round |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['mode']} | {r['identical']} | {r['first_difference']} | {r['acceptance']} | "
+              f"{r['sampling']} | {r['draft_sampling']} | {r['host_us_per_round']} |" for r in rows]
+    lines += ["", "| paired: model | arms | decode tok/s | ratio | host µs/round | same output |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {p['model']} | {' vs '.join(p['arms'])} | {p['decode_tok_s']} | {p['ratio']} | {p['host_us_per_round']} "
+              f"| {p['same_output']} |" for p in report["paired"]]
     lines += ["", f"steps (s): {report['steps']}; build: {args.build_seconds} s"]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
