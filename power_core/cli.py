@@ -108,6 +108,7 @@ def _config_from_args(args: argparse.Namespace):
         "draft_gpu_layers": args.draft_gpu_layers,
         "selftest": True if args.selftest else None,
         "require_identical": True if args.require_identical else None,
+        "warmup": False if args.no_warmup else None,
         "verify_capacity": args.verify_capacity,
     }
     if args.config:
@@ -347,6 +348,8 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
                    help="probe the target's batch numerics at open and record it in the receipt")
     r.add_argument("--require-identical", action="store_true",
                    help="decode target-only (with the reason) unless verify rows equal one-token decodes")
+    r.add_argument("--no-warmup", action="store_true",
+                   help="skip the throwaway pass on each context at open (warmup = false)")
     r.add_argument("--config", help="TOML file with configuration keys")
 
 

@@ -217,6 +217,10 @@ class PowerConfig:
     #: probe the target's batch numerics when the session opens (:mod:`power_core.numerics`); the
     #: result goes into every receipt (``selftest``)
     selftest: bool = attrs.field(default=False, validator=_bool)
+    #: one throwaway pass on each context when the session opens (target, draft model, MTP head), as
+    #: llama.cpp's tools do at load (``--warmup``, their default): the first pass of a context pages
+    #: its weights in and sizes its compute buffers, which no request should pay for
+    warmup: bool = attrs.field(default=True, validator=_bool)
     #: run target-only, with the reason, when the probe finds verify rows that differ from one-token
     #: decodes on the running build (implies ``selftest``)
     require_identical: bool = attrs.field(default=False, validator=_bool)

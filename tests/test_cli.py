@@ -225,3 +225,8 @@ def test_models_without_tokenizer_stream_ids(capsys):
     rc, out, err = run_cli(capsys, "run", *model, "--max-tokens", "7", "--prompt", "1 2 3")
     rc2, js, _ = run_cli(capsys, "run", *model, "--max-tokens", "7", "--prompt", "1 2 3", "--json")
     assert rc == rc2 == 0 and out.split() == [str(t) for t in json.loads(js)["tokens"]]
+
+
+def test_no_warmup_flag():
+    assert _config_from_args(build_parser().parse_args(["run"])).warmup is True  # llama.cpp's default too
+    assert _config_from_args(build_parser().parse_args(["run", "--no-warmup"])).warmup is False

@@ -139,7 +139,7 @@ def main() -> int:
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     results = []
-    for vocab in (49152, 262144):
+    for vocab in (128, 49152, 262144):
         for k, hit in ((0, 0), (3, 3), (7, 7), (7, 2), (16, 16)):
             r = measure(vocab, k, hit, args.rounds)
             results.append(r)

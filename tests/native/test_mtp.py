@@ -287,3 +287,19 @@ def test_receipt_times_the_mtp_head_as_draft_compute(tiny_qwen35_mtp):
 
     res = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], spec_draft_max=4, max_tokens=24)
     check_host_split(res.receipt, draft_timed=True)
+
+
+@pytest.mark.parametrize("mode", ["mtp", "draft-model"])
+def test_warmup_changes_no_token_and_no_proposal(tiny_qwen35_mtp, mode):
+    """Config ``warmup`` (the throwaway pass on each context at open) leaves nothing behind: the same
+    tokens and every round's proposals with and without it."""
+    out = {}
+    for warm in (True, False):
+        cfg = PowerConfig(spec_mode=mode, spec_draft_max=4, max_tokens=24, n_ctx=256, n_threads=2, trace=True,
+                          warmup=warm)
+        with Session.open(cfg, model=str(tiny_qwen35_mtp),
+                          draft=str(tiny_qwen35_mtp) if mode == "draft-model" else None) as s:
+            r = s.generate(PROMPTS[0])
+        out[warm] = (r.tokens, [rd.get("proposal") for rd in r.receipt.to_dict()["rounds"]])
+    assert out[True] == out[False]
+    assert sum(len(p or ()) for p in out[True][1]) > 0

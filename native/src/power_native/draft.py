@@ -17,7 +17,7 @@ from power_core.errors import ArtifactMismatch, CapacityError
 from power_core.runtime import DecodeResult, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
-from power_native.target import PREFILL_BATCH, draft_graph_sampling, llama_target, load_model, offload
+from power_native.target import PREFILL_BATCH, draft_graph_sampling, llama_target, load_model, offload, warm_up
 
 __all__ = ["DraftModelProposer", "make_draft_proposer"]
 
@@ -30,13 +30,15 @@ class DraftModelProposer:
     features: frozenset[str] = frozenset()
 
     def __init__(self, model: _llama.Model, *, n_ctx: int, k_max: int, n_threads: int | None = None,
-                 flash_attn: str = "auto", in_graph: bool = False) -> None:
+                 flash_attn: str = "auto", in_graph: bool = False, warmup: bool = False) -> None:
         n_batch = max(min(PREFILL_BATCH, n_ctx), k_max + 1)
         self.model = model
         self.ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_rs_seq=0,
                                   n_outputs_max=1, n_threads=n_threads or os.cpu_count(), flash_attn=flash_attn)
         #: each draft id from the draft's graph (Power's first-maximum sampler) instead of its logits row
         self.samples_in_graph = bool(in_graph and self.ctx.set_greedy(True))
+        if warmup:
+            warm_up(self.ctx)
         self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
         self._row_ready = False  # the context holds the logits row of the last token in memory
         self._history: list[int] = []  # committed tokens incl. the anchor
@@ -138,4 +140,4 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
                                f"{target.capabilities.n_vocab}", evidence="tokenizer.ggml.tokens")
     return DraftModelProposer(model, n_ctx=target.capabilities.n_ctx, k_max=cfg.draft_max,
                               n_threads=cfg.n_threads, flash_attn=cfg.flash_attn,
-                              in_graph=draft_graph_sampling(cfg, placed.draft_gpu_layers != 0))
+                              in_graph=draft_graph_sampling(cfg, placed.draft_gpu_layers != 0), warmup=cfg.warmup)

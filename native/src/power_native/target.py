@@ -156,6 +156,16 @@ def offload(cfg: PowerConfig) -> Offload:
                    draft_devices=draft_devices, used=cpu + tuple(dict.fromkeys(devices + draft_devices)))
 
 
+def warm_up(ctx: _llama.Context) -> None:
+    """One throwaway decode of ``[BOS, EOS]`` on ``ctx``, as llama.cpp's ``common_init_from_params``
+    does at load (``--warmup``): a context's first pass pages the weights in and sizes its compute
+    buffers, which no request should pay for (config ``warmup``). The memory is cleared after."""
+    model = ctx.model
+    toks = [t for t in (model.bos, model.eos) if 0 <= t < ctx.n_vocab] or [0]
+    ctx.decode(np.asarray(toks[: ctx.n_batch], dtype=np.int32), 0, all_outputs=False)
+    ctx.clear(False)
+
+
 def draft_graph_sampling(cfg: PowerConfig, offloaded: bool) -> bool:
     """Whether a drafter whose proposals are its rows' argmax samples them in its graph (config
     ``sampling_in_graph``): ``on``, or ``auto`` where its rows would leave a device (``offloaded``).
@@ -552,7 +562,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
                 digest: str | None = None, numerics: str = "exact", rpc_servers: tuple[str, ...] = (),
                 n_gpu_layers: int = 0, devices: tuple[str, ...] = (), flash_attn: str = "auto",
-                verify_capacity: int = 0) -> LlamaTarget:
+                verify_capacity: int = 0, warmup: bool = False) -> LlamaTarget:
     """Load ``path`` and create its target context (the pieces of :func:`open_llama`) with the
     given :data:`NUMERICS` and offload (:func:`offload` has checked it); ``verify_capacity`` B > 0
     pads every decode pass to B tokens (the context gets B cells more than ``n_ctx`` for the padding
@@ -566,6 +576,8 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
         cells = -(-n_ctx // KV_CELLS_PAD) * KV_CELLS_PAD if verify_capacity else n_ctx
         ctx = _llama.Context(model, n_ctx=cells + verify_capacity, n_threads=n_threads or os.cpu_count(),
                              flash_attn=flash_attn, **shape)
+        if warmup:
+            warm_up(ctx)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
                              n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity,
                              offloaded=bool(rpc_servers) or n_gpu_layers != 0)
@@ -723,6 +735,8 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
                              n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False,
                              flash_attn=cfg.flash_attn)
+        if cfg.warmup:
+            warm_up(ctx)
         per_seq = ctx.n_ctx // n
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, numerics=cfg.numerics,
                                     seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
@@ -756,7 +770,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
     target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
                          n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics,
                          rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices,
-                         flash_attn=cfg.flash_attn, verify_capacity=cfg.verify_capacity)
+                         flash_attn=cfg.flash_attn, verify_capacity=cfg.verify_capacity, warmup=cfg.warmup)
     if req.verify_cost:
         try:
             target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))

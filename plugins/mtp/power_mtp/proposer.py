@@ -110,7 +110,12 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
         if fr < model.n_vocab:
             ctx.set_fr_vocab(fr)  # the head's matmul covers ids < fr only; the draft reads no other
         # the head runs on the target's weights: its rows leave a device where the target's do
-        return MtpProposer(MtpHead(ctx, fr), in_graph=draft_graph_sampling(cfg, target.offloaded))
+        head = MtpHead(ctx, fr)
+        proposer = MtpProposer(head, in_graph=draft_graph_sampling(cfg, target.offloaded))
+        if cfg.warmup:  # one draft pass from the zero boundary row, as a round's first draft step runs it
+            head.draft(0, 1)
+            head.reset()
+        return proposer
     except BaseException:
         ctx.close()
         raise
