@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
 from power_core.config import PowerConfig
 from power_core.plugins import PowerPlugins, build_plugins
 from power_core.session import Result, Session
@@ -59,3 +61,15 @@ def build_tools():
         sys.modules[name] = module  # dataclasses resolves a class's module by name
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def check_host_split(receipt: Any, *, draft_timed: bool) -> dict[str, float]:
+    """The receipt's compute/host split of its decode time: target + draft compute + host = decode."""
+    t = receipt.timings
+    assert {"target_compute_s", "draft_compute_s", "host_s", "decode_rounds", "host_us_per_round"} <= set(t), t
+    assert t["decode_rounds"] == len(receipt.rounds)
+    assert t["target_compute_s"] > 0 and t["host_s"] > 0
+    assert (t["draft_compute_s"] > 0) is draft_timed
+    assert t["target_compute_s"] + t["draft_compute_s"] + t["host_s"] == pytest.approx(t["decode_s"], rel=1e-9, abs=1e-9)
+    assert t["host_us_per_round"] == pytest.approx(1e6 * t["host_s"] / t["decode_rounds"])
+    return t

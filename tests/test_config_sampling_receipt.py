@@ -15,7 +15,7 @@ from power_core.errors import ConfigError
 from power_core.receipt import token_digest
 from power_core.runtime import runtime_counters
 from power_core.sampling import TargetSampler
-from tests.helpers import open_session, run
+from tests.helpers import check_host_split, open_session, run
 
 
 @pytest.mark.parametrize("kw,key", [
@@ -192,18 +192,6 @@ def test_proposer_statistics_from_rounds():
               {"proposed": 2, "accepted": 2, "width": {"offered": 4, "chosen": 2}},
               {"proposed": 0, "accepted": 0, "width": {"offered": 2, "chosen": 0}}]
     assert proposer_stats(rounds) == {"drafts": 3, "drafted": 9, "accepted": 3, "accepted_per_position": [2, 1, 0, 0]}
-
-
-def check_host_split(receipt: Any, *, draft_timed: bool) -> dict[str, float]:
-    """The receipt's compute/host split of its decode time: target + draft compute + host = decode."""
-    t = receipt.timings
-    assert {"target_compute_s", "draft_compute_s", "host_s", "decode_rounds", "host_us_per_round"} <= set(t), t
-    assert t["decode_rounds"] == len(receipt.rounds)
-    assert t["target_compute_s"] > 0 and t["host_s"] > 0
-    assert (t["draft_compute_s"] > 0) is draft_timed
-    assert t["target_compute_s"] + t["draft_compute_s"] + t["host_s"] == pytest.approx(t["decode_s"], rel=1e-9, abs=1e-9)
-    assert t["host_us_per_round"] == pytest.approx(1e6 * t["host_s"] / t["decode_rounds"])
-    return t
 
 
 @pytest.mark.parametrize("mode,draft", [("off", None), ("ref-draft", "reference:accept=0.5")])

@@ -16,7 +16,7 @@ from power_core.config import PowerConfig
 from power_core.engine import Engine
 from power_core.errors import AdapterFault, Cancelled, RuntimeFault
 from power_core.session import SequenceSpec, Session
-from tests.helpers import core_plugins
+from tests.helpers import check_host_split, core_plugins
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
 
@@ -283,8 +283,6 @@ def test_open_batch_refuses_a_backend_without_shared_passes():
 def test_engine_receipts_split_decode_time_into_compute_and_host():
     """A request's share of the shared passes counts as its target compute; its own rounds' work (the
     proposer, sampling, commit) as host time."""
-    from tests.test_config_sampling_receipt import check_host_split
-
     with _engine("ref-draft", 2) as engine:
         results = _run_all(engine, [{"prompt": [1, 2, 3], "max_tokens": 20}, {"prompt": [4, 5], "max_tokens": 12}],
                            [0.0, 0.0])

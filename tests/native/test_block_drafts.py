@@ -29,6 +29,7 @@ from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ArtifactError, ConfigError, PowerError  # noqa: E402
 from power_core.session import Session  # noqa: E402
 from power_core.testing import AdapterConformance  # noqa: E402
+from tests.helpers import check_host_split  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -330,8 +331,6 @@ def test_trace_is_json(drafts):
 @pytest.mark.parametrize("mode", ["off", *KINDS])
 def test_receipt_splits_decode_time_into_compute_and_host(drafts, mode):
     """The target's and the draft's time inside llama.cpp's decode calls, and the host's rest."""
-    from tests.test_config_sampling_receipt import check_host_split
-
     res = generate(drafts[("target", "qwen35")], mode, "hello world", drafts[("qwen35", mode)] if mode != "off" else None)
     t = check_host_split(res.receipt, draft_timed=mode != "off")
     assert t["host_us_per_round"] < 1e6 * t["decode_s"] / t["decode_rounds"]

@@ -15,6 +15,7 @@ from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ArtifactMismatch  # noqa: E402
 from power_core.plugins import get_plugins  # noqa: E402
 from power_core.session import Session  # noqa: E402
+from tests.helpers import check_host_split  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -50,8 +51,6 @@ def test_self_draft_full_acceptance_and_parity(tiny_model, k, s):
     assert p["drafted"] == p["accepted"] == summary["proposed"] == sum(p["accepted_per_position"])
     assert p["drafts"] == p["accepted_per_position"][0] == sum(1 for r in got.receipt.rounds if r["proposed"])
     assert info["llama_cpp_commit"] and info["sdist_sha256"]
-    from tests.test_config_sampling_receipt import check_host_split
-
     check_host_split(ref.receipt, draft_timed=False)
     check_host_split(got.receipt, draft_timed=True)  # the draft context's decodes
 

@@ -11,6 +11,7 @@ from power_core import PowerConfig, Session
 from power_core.engine import Engine
 from power_core.errors import ConfigError
 from power_core.numerics import batch_probe
+from tests.helpers import check_host_split
 
 pytestmark = [pytest.mark.native, pytest.mark.model, pytest.mark.slow]
 
@@ -87,8 +88,6 @@ def test_mixed_strategies_at_random_arrivals_give_every_request_its_solo_output(
             t.start()
         for t in threads:
             t.join(300)
-    from tests.test_config_sampling_receipt import check_host_split
-
     for i, res in enumerate(out):
         assert res.receipt.strategy["name"] == jobs[i][0]
         assert res.tokens == solo[i], (i, jobs[i])

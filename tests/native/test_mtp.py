@@ -29,6 +29,7 @@ from power_core.errors import ArtifactError, ConfigError, PowerError  # noqa: E4
 from power_core.reference.proposers import NoisyProposer  # noqa: E402
 from power_core.session import Session  # noqa: E402
 from power_core.testing import AdapterConformance  # noqa: E402
+from tests.helpers import check_host_split  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -283,8 +284,6 @@ def test_fr_patch_shrinks_the_head_matmul(tiny_qwen35_mtp):
 
 
 def test_receipt_times_the_mtp_head_as_draft_compute(tiny_qwen35_mtp):
-    from tests.test_config_sampling_receipt import check_host_split
-
     res = generate(tiny_qwen35_mtp, "mtp", PROMPTS[0], spec_draft_max=4, max_tokens=24)
     check_host_split(res.receipt, draft_timed=True)
 
