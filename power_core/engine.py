@@ -353,6 +353,12 @@ class Engine:
         for (a, pending), res in zip(rounds, results[: len(rounds)], strict=True):
             self._close(a, pending, res, seconds)
         for (a, n), res in zip(chunks, results[len(rounds):], strict=True):
+            try:
+                a.txn.observe_prompt(res)
+            except BaseException as exc:  # its proposer failed on the prompt: only this request ends
+                a.txn.target.reset()
+                self._leave(a, exc)
+                continue
             a.remaining = a.remaining[n:]
             if a.remaining.shape[0] == 0:
                 a.txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer

@@ -263,7 +263,10 @@ class BatchRuntime(Protocol):
     :meth:`decode_batch` appends each item's tokens to its sequence (at its ``n_past``) in one pass
     and returns, per item, the rows it asked for; a sequence appears at most once per pass. The
     runtime guarantees nothing about one sequence's rows depending on the others' — whether they
-    are bit-identical to a solo pass is what ``power selftest``'s batch probe measures.
+    are bit-identical to a solo pass is what ``power selftest``'s batch probe measures. Each
+    result (rows and ``features``: one row per item token) stays valid until the next
+    :meth:`decode_batch`, also across a sequence's own :meth:`TargetRuntime.decode` (a replay)
+    while the pass's rounds close.
     """
 
     @property

@@ -285,7 +285,7 @@ class Transaction:
         """
         rest = self.start_prefill(prompt, resident)
         try:
-            row = self.target.prefill(rest, self._observe_prefill if self.proposer is not None else None)
+            row = self.target.prefill(rest, self.observe_prompt if self.proposer is not None else None)
         except BaseException:
             # nothing stays half-loaded: the request starts over (begin included) when it is run again
             self.target.reset()
@@ -306,9 +306,13 @@ class Transaction:
         self._n_hist = tokens.shape[0]
         self.anchor = int(tokens[-1])
 
-    def _observe_prefill(self, res: DecodeResult) -> None:
-        # a prompt chunk, whatever the runtime said (a third-party runtime may not set ``kind``)
-        self._call("observe", res if res.kind == "prompt" else attrs.evolve(res, kind="prompt"))
+    def observe_prompt(self, res: DecodeResult) -> None:
+        """A prompt chunk was decoded (by :meth:`prefill`, or by a round driver between
+        :meth:`start_prefill` and :meth:`finish_prefill`): the proposer observes it, e.g. to fill
+        an MTP or DFlash draft KV from its taps."""
+        if self.proposer is not None:
+            # a prompt chunk, whatever the runtime said (a third-party runtime may not set ``kind``)
+            self._call("observe", res if res.kind == "prompt" else attrs.evolve(res, kind="prompt"))
 
     # -- the one door into the proposer ---------------------------------------------------------------
     def _call(self, method: str, *args: Any) -> Any:

@@ -8,7 +8,6 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from power_core.errors import ConfigError  # noqa: E402
 from power_core.testing import AdapterConformance  # noqa: E402
 
 pytestmark = pytest.mark.native
@@ -35,9 +34,3 @@ class TestDraftModelOnLlama(_OnTinyModel):
 class TestDraftModelOnQwen35Hybrid(_OnTinyModel):
     fixture_name = "tiny_qwen35"
 
-    @pytest.mark.power_conformance
-    @pytest.mark.xfail(raises=ConfigError, strict=True, reason="a hybrid target's recurrent state is not split per "
-                       "sequence in a shared pass: its requests run as independent slots (docs/serving.md); the "
-                       "typed refusal is what this checks")
-    def test_shared_passes_parity(self) -> None:
-        super().test_shared_passes_parity()

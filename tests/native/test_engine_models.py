@@ -9,7 +9,6 @@ import pytest
 
 from power_core import PowerConfig, Session
 from power_core.engine import Engine
-from power_core.errors import ConfigError
 from power_core.numerics import batch_probe
 from tests.helpers import check_host_split
 
@@ -103,12 +102,6 @@ def test_batch_probe_exact_numerics_is_bit_identical(model):
         report = batch_probe(batch.runtime)
     assert report.identical, report.reason()
     assert report.rows_compared >= 19
-
-
-def test_strategies_reading_taps_or_recurrent_targets_do_not_share_passes(tiny_qwen35):
-    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=256)
-    with pytest.raises(ConfigError, match="parallel"):
-        Session.open_batch(2, cfg, model=str(tiny_qwen35))
 
 
 def test_each_sequence_gets_the_configured_context():

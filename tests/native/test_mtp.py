@@ -126,13 +126,6 @@ class TestMtpConformanceQwen35(AdapterConformance):
     def test_proposes(self) -> None:
         super().test_proposes()
 
-    @pytest.mark.power_conformance
-    @pytest.mark.xfail(raises=ConfigError, strict=True, reason="the MTP head reads the target's h_nextn tap, which "
-                       "a shared pass does not give per sequence (and qwen35/qwen3next are hybrids): its requests "
-                       "run as independent slots (docs/serving.md); the typed refusal is what this checks")
-    def test_shared_passes_parity(self) -> None:
-        super().test_shared_passes_parity()
-
 
 class TestMtpConformanceQwen3Next(TestMtpConformanceQwen35):
     fixture_name = "tiny_qwen3next_mtp"

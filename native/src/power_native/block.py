@@ -176,7 +176,8 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     from power_native import _llama
     from power_native.target import draft_graph_sampling, llama_target, load_model, offload
 
-    tctx = llama_target(req.opened.target, "block drafters run").ctx
+    target = llama_target(req.opened.target, "block drafters run")
+    tctx = target.ctx
     if req.draft is None or req.verified is None:
         raise ArtifactMismatch("a DFlash-family strategy needs a verified draft file (--draft)", evidence="draft")
     backbone = req.validated(Verified).backbone
@@ -195,7 +196,7 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     limit = block if anchor_first else block - 1
     n_max = min(req.config.draft_max, limit)
     n_block = n_max if anchor_first else n_max + 1
-    ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
+    ctx = _llama.Context(model, n_ctx=target.cells, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
                          n_outputs_max=max(n_block, 1), ctx_other=tctx,
                          n_threads=req.config.n_threads or os.cpu_count(), flash_attn=req.config.flash_attn)
     try:

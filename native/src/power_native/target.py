@@ -270,9 +270,6 @@ class LlamaTarget:
         self.shared = shared
         #: the model's layers, the output layer included, live off the host (a GPU or rpc-server)
         self.offloaded = offloaded
-        if shared and features:
-            raise ConfigError("features", sorted(features), "none on a sequence of a shared context",
-                              "hidden-state taps read whole-batch rows; run such strategies on a context of their own")
         recurrent = model.is_recurrent or model.is_hybrid
         if verify_capacity and recurrent:
             raise ConfigError("verify_capacity", verify_capacity, f"0 for a recurrent or hybrid target ({model.arch})",
@@ -514,6 +511,12 @@ class LlamaTarget:
         if not self.shared:
             self.ctx.clear_abort()
 
+    @property
+    def cells(self) -> int:
+        """The KV cells this sequence owns: the whole context's, or its share of a shared one (a draft
+        context beside this sequence, e.g. MTP's or a block draft's, gets as many)."""
+        return self._caps.n_ctx if self.shared else self.ctx.n_ctx
+
     def advance(self, n: int, *, rollable: bool) -> None:
         """``n`` tokens of this sequence were decoded by its :class:`LlamaBatch` (a verify block,
         ``rollable``, or a prompt chunk, not) in a shared pass: account for them as a decode would."""
@@ -652,6 +655,8 @@ class LlamaBatch:
         self.ctx = ctx
         self.sequences = targets
         self.passes = 0
+        #: a sequence may decode alone between the shared passes (a recurrent rollback past its snapshots)
+        self._replays = model.is_recurrent or model.is_hybrid
 
     @property
     def token_budget(self) -> int:
@@ -688,14 +693,23 @@ class LlamaBatch:
         rows = self.ctx.decode_multi(np.concatenate(parts), np.concatenate(pos), np.concatenate(seq),
                                      np.concatenate(out))
         self.passes += 1
-        results, at = [], 0
+        # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
+        taps = self.sequences[0]._features()
+        if self._replays:
+            # a recurrent sequence whose rejection runs deeper than its snapshots replays alone on this
+            # context while the other rounds of the pass still read their rows: they get copies
+            rows = np.array(rows)
+            taps = {name: np.array(v) for name, v in taps.items()}
+        results, at, t_at = [], 0, 0
         for item, toks, flags in zip(items, parts, out, strict=True):
-            k = int(flags.sum())
+            k, n = int(flags.sum()), toks.shape[0]
             target = index[id(item.target)]
-            target.advance(toks.shape[0], rollable=item.rows == "all")
+            target.advance(n, rollable=item.rows == "all")
             results.append(DecodeResult(tokens=toks, logits=rows[at:at + k],
+                                        features={name: v[t_at:t_at + n] for name, v in taps.items()},
                                         kind="verify" if item.rows == "all" else "prompt"))
             at += k
+            t_at += n
         return results
 
     def close(self) -> None:
@@ -714,32 +728,28 @@ def _offload_info(placed: Offload, cfg: PowerConfig) -> dict[str, Any]:
 def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     """The ``llama`` backend's batch: ``n`` sequences of ``req.model`` on one context whose passes
     hold every active request's verify block (and prompt chunks)."""
-    if req.features:
-        raise ConfigError("parallel", n, "independent slots for this strategy",
-                          f"it reads hidden-state taps ({', '.join(sorted(req.features))}) that a shared pass "
-                          "does not give per sequence")
     cfg = req.config
     placed = offload(cfg)
     path = resolve_model(req.model)
     digest = file_digest(path).sha256
     _numerics.acquire(cfg.numerics)
     try:
-        model = load_model(path, repack=cfg.numerics == "stock", rpc_servers=cfg.rpc_servers,
-                           n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
-        if model.is_recurrent or model.is_hybrid:
-            raise ConfigError("parallel", n, "independent slots for a recurrent or hybrid target",
-                              "the shared pass keeps attention KV per sequence; recurrent state runs per slot")
-        n_batch = max(PREFILL_BATCH, n * req.max_block)
+        model = load_model(path, load_mtp="mtp_head" in req.features, repack=cfg.numerics == "stock",
+                           rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
+        # recurrent state: one cell per sequence, each with its own n_rs_seq rollback snapshots
+        # (llama.cpp keeps a sequence's trailing 1 + n_rs_seq tokens of a pass in one ubatch)
+        shape = _context_shape(req.max_block, req.snapshots, PREFILL_BATCH, model.is_recurrent or model.is_hybrid)
+        n_batch = max(shape["n_batch"], n * req.max_block)
         # one KV stream per sequence: llama.cpp gives each n_ctx / n_seq_max cells, so each request
         # gets the configured context, as a session of its own would
         ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
                              n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False,
-                             flash_attn=cfg.flash_attn)
+                             n_rs_seq=shape["n_rs_seq"], flash_attn=cfg.flash_attn)
         if cfg.warmup:
             warm_up(ctx)
         per_seq = ctx.n_ctx // n
-        targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, numerics=cfg.numerics,
-                                    seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
+        targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
+                                    numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
         batch = LlamaBatch(model, ctx, targets)
     except BaseException:
         _numerics.release(cfg.numerics)
@@ -752,7 +762,7 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     info = dict(build_info())
     info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
                 arch=model.arch, desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch,
-                n_ubatch=ctx.n_ubatch, n_rs_seq=0,
+                n_ubatch=ctx.n_ubatch, n_rs_seq=ctx.n_rs_seq, rollback_window=targets[0].capabilities.rollback_window,
                 n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=False,
                 verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
     tokenizer = LlamaTokenizer(model)

@@ -102,7 +102,7 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
                                "single-head MTP target or another spec_mode")
     cfg = req.config
     fr = cfg.spec_mtp_fr_vocab_size or model.n_vocab
-    ctx = _llama.Context(model, n_ctx=tctx.n_ctx, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
+    ctx = _llama.Context(model, n_ctx=target.cells, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
                          n_outputs_max=1, ctx_type=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count(),
                          flash_attn=cfg.flash_attn)
     try:

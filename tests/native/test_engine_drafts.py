@@ -1,0 +1,190 @@
+"""Model-backed drafters in shared target passes (the round driver on llama.cpp): MTP and the DFlash
+family read the target's hidden-state taps, which a shared pass gives per sequence (one row per pass
+token, in batch order), and each sequence has its own draft context; hybrid targets keep one
+recurrent state per sequence, rolled back in place through its own ``n_rs_seq`` snapshots or
+restored and replayed alone. Every request emits, and its drafter offers, exactly what it does
+in a session of its own — greedy and seeded, at random arrival times, with strategies mixed, and
+when a neighbour is cancelled or its proposer fails."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("power_native._llama")
+pytest.importorskip("power_mtp._mtp")
+
+from native_helpers import make_tiny_draft, make_tiny_mtp  # noqa: E402
+
+from power_core import PowerConfig, Session  # noqa: E402
+from power_core.engine import Engine  # noqa: E402
+from power_core.errors import AdapterFault, Cancelled  # noqa: E402
+from power_core.session import SequenceSpec  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+PROMPTS = [[1, 5, 9, 3, 7, 2, 8, 4], [17], [100, 3, 3, 3, 3, 64, 2, 90, 11, 45, 12, 9, 70], [5] * 30, [9, 8, 7]]
+SAMPLING = [{} if i % 2 == 0 else {"temperature": 0.8, "seed": i} for i in range(len(PROMPTS))]
+BLOCK_KINDS = {"dflash": dict(kind="dflash", d2t=96), "dflash2": dict(kind="dflash2", borrow=True),
+               "dspark": dict(kind="dspark", block_size=16)}
+
+
+def _proposals(result) -> list:
+    return [r["proposal"] for r in result.receipt.to_dict()["rounds"]]
+
+
+def _solo(cfg: PowerConfig, model: Path, draft: Path | None = None) -> list:
+    with Session.open(cfg, model=str(model), draft=str(draft) if draft else None) as s:
+        return [s.start(p, sampling=kw).run() for p, kw in zip(PROMPTS, SAMPLING, strict=True)]
+
+
+def _shared(cfg: PowerConfig, model: Path, draft: Path | None = None, n: int = 3) -> list:
+    with Engine.open(n, cfg, model=str(model), draft=str(draft) if draft else None) as engine:
+        assert engine.probe is not None and engine.probe.identical, engine.probe
+        out: list = [None] * len(PROMPTS)
+
+        def go(i: int) -> None:
+            out[i] = engine.run(engine.submit(PROMPTS[i], sampling=SAMPLING[i]))
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    return out
+
+
+def _check(shared: list, solo: list, strategy: str) -> None:
+    for i, (res, alone) in enumerate(zip(shared, solo, strict=True)):
+        assert res is not None, i
+        assert res.receipt.strategy["name"] == strategy
+        assert res.tokens == alone.tokens, (i, PROMPTS[i])
+        assert _proposals(res) == _proposals(alone), i  # its drafter saw its own taps, not a neighbour's
+        assert res.receipt.backend["batch"]["rows_identical_to_solo"] is True
+    assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in shared) >= 2
+
+
+@pytest.fixture(scope="module")
+def mtp_targets(tiny_dir, tiny_qwen35_mtp, tiny_qwen3next_mtp) -> dict[str, Path]:
+    return {"qwen35": tiny_qwen35_mtp, "qwen3next": tiny_qwen3next_mtp, "glm4moe": make_tiny_mtp(tiny_dir, "glm4moe"),
+            "qwen35-predictable": make_tiny_mtp(tiny_dir, "qwen35", predictable=True, name="qwen35-mtp-predictable")}
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next", "glm4moe", "qwen35-predictable"])
+def test_mtp_in_shared_passes_equals_its_solo_run(mtp_targets, arch):
+    """qwen35: hybrid, rolled back in place per sequence; qwen3next: hybrid without ``n_rs_seq``
+    (every rejection restores its sequence and replays it alone, while the other rounds of that pass
+    still read their rows); glm4moe: attention only; predictable: most drafts accepted."""
+    cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    solo = _solo(cfg, mtp_targets[arch])
+    shared = _shared(cfg, mtp_targets[arch])
+    _check(shared, solo, "mtp")
+    rounds = [r for res in shared for r in res.receipt.to_dict()["rounds"]]
+    replayed = sum(r["replayed"] for r in rounds)
+    accepted = sum(r["accepted"] for r in rounds)
+    if arch == "qwen3next":
+        assert replayed > 0
+    elif arch == "qwen35":
+        assert replayed == 0 and sum(res.receipt.backend["rollback"]["rollback_in_place"] for res in shared) > 0
+    if arch == "qwen35-predictable":
+        assert accepted > len(rounds)  # several accepted drafts per round
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+@pytest.mark.parametrize("mode", sorted(BLOCK_KINDS))
+def test_block_drafts_in_shared_passes_equal_their_solo_run(tiny_dir, tiny_llama, tiny_qwen35, arch, mode):
+    target = {"llama": tiny_llama, "qwen35": tiny_qwen35}[arch]
+    draft = make_tiny_draft(tiny_dir, target, name=f"{arch}-{mode}", **BLOCK_KINDS[mode])
+    cfg = PowerConfig(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    _check(_shared(cfg, target, draft), _solo(cfg, target, draft), mode)
+
+
+def test_mixed_strategies_on_a_hybrid_mtp_target_at_random_arrivals(tiny_qwen35_mtp):
+    """Eight requests over four sequences of one hybrid MTP target running off, suffix, MTP and
+    draft-model (the target drafting for itself), greedy and seeded, arriving at random times."""
+    cfg = PowerConfig(spec_mode="off", max_tokens=32, n_ctx=256, n_threads=2, trace=True)
+    model = str(tiny_qwen35_mtp)
+    layout = [SequenceSpec("off"), SequenceSpec("suffix"), SequenceSpec("mtp"), SequenceSpec("draft-model", draft=model)]
+    rng = random.Random(11)
+    jobs = [(layout[i % 4], PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
+             rng.uniform(0.0, 0.4)) for i in range(8)]
+    solo: dict[int, object] = {}
+    for spec in layout:
+        with Session.open(cfg, model=model, draft=spec.draft, spec_mode=spec.mode) as s:
+            for i, (own, prompt, kw, _) in enumerate(jobs):
+                if own is spec:
+                    solo[i] = s.start(prompt, sampling=kw).run()
+    with Engine.open(4, cfg, model=model, sequences=layout) as engine:
+        assert engine.probe is not None and engine.probe.identical
+        out: list = [None] * len(jobs)
+
+        def go(i: int) -> None:
+            spec, prompt, kw, delay = jobs[i]
+            time.sleep(delay)
+            out[i] = engine.run(engine.submit(prompt, sampling=kw, strategy=spec.mode))
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for i, res in enumerate(out):
+        assert res.receipt.strategy["name"] == jobs[i][0].mode
+        assert res.tokens == solo[i].tokens, (i, jobs[i])
+        if jobs[i][0].mode != "suffix":  # suffix's tree also holds earlier requests' outputs: their order differs
+            assert _proposals(res) == _proposals(solo[i]), i
+    assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
+
+
+class _Flaky:
+    """A proposer whose n-th propose raises (a foreign exception: the core makes it an AdapterFault)."""
+
+    def __init__(self, inner, fail_at: int) -> None:
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, ctx):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ValueError("boom")
+        return self.inner.propose(ctx)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_a_cancelled_and_a_faulted_mtp_request_leave_the_others_unchanged(mtp_targets, arch):
+    cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2)
+    model = mtp_targets[arch]
+    prompts = PROMPTS[:4]
+    with Session.open(cfg, model=str(model)) as s:
+        solo = [s.generate(p).tokens for p in prompts]
+    with Engine.open(4, cfg, model=str(model)) as engine:
+        gens = [engine.submit(p) for p in prompts]
+        victim, faulty = gens[1], gens[2]
+        faulty.session.proposer = _Flaky(faulty.session.proposer, fail_at=4)
+        results: list = [None] * len(gens)
+
+        def go(i: int) -> None:
+            try:
+                for k, _ in enumerate(engine.rounds(gens[i])):
+                    if gens[i] is victim and k == 3:
+                        victim.cancel.cancel()
+                results[i] = gens[i].result()
+            except (Cancelled, AdapterFault) as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(gens))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert isinstance(results[1], Cancelled) and victim.receipt.status == "cancelled"
+    assert victim.tokens == solo[1][: len(victim.tokens)]  # what it committed is its solo prefix
+    assert isinstance(results[2], AdapterFault) and faulty.receipt.status == "failed"
+    for i in (0, 3):
+        assert results[i].tokens == solo[i], i
