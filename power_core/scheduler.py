@@ -62,6 +62,21 @@ class RoundOutcome:
     offered: int = 0  # proposals before the cost-aware width cut them
 
 
+def _tail_line(costs: tuple[float, ...]) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line through the widest half of a cost curve:
+    what a pass wider than the measured ones costs. One measured step would not do: the curve is
+    noisy and not smooth in the width (on CPUs a pass of a multiple of 8 tokens can cost less than
+    one of 7), so the last step's slope misjudges every wider pass."""
+    if len(costs) < 2:
+        return 0.0, costs[0]  # one point: a token costs what the one-token pass costs
+    xs = range(min(len(costs) // 2, len(costs) - 2), len(costs))
+    ys = [costs[x] for x in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    slope = max(slope, 0.0)
+    return my - slope * mx, slope
+
+
 @attrs.define(eq=False)
 class Scheduler:
     """Request-local scheduling state. Create one per request with :meth:`for_request`."""
@@ -146,13 +161,15 @@ class Scheduler:
         base_yield = float(load.requests) if load is not None else 0.0
         w_max = min(len(p), len(costs) - 1) if costs else 0
 
-        def cost(w: int) -> float:  # a pass of base + 1 + w tokens, in one-token passes (extrapolated linearly)
+        tail = _tail_line(costs) if costs and base_tokens + w_max >= len(costs) else None
+
+        def cost(w: int) -> float:  # a pass of base + 1 + w tokens, in one-token passes
             assert costs is not None
             b = base_tokens + w
             if b < len(costs):
                 return costs[b]
-            slope = costs[-1] - costs[-2] if len(costs) > 1 else costs[0]  # the widest passes' marginal cost
-            return costs[-1] + slope * (b - len(costs) + 1)
+            assert tail is not None  # wider than measured: the line through the widest half of the curve
+            return tail[0] + tail[1] * b
 
         best_w, best_e = 0, 1.0
         best_gain = (base_yield + 1.0) / cost(0) if costs else 1.0

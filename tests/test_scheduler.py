@@ -219,3 +219,24 @@ def test_width_under_load_weighs_the_whole_shared_pass():
     # hopeless proposals are not verified under load
     none, _ = sched.choose_width([0.05] * 7, 7, PassLoad(tokens=20, requests=5))
     assert none == 0
+
+
+def test_passes_wider_than_the_curve_follow_its_widest_half_not_its_last_step():
+    """A CPU curve is not smooth in the width (a multiple of 8 tokens can cost less than 7) and its
+    last step may be an outlier: wider passes are priced by the line through the widest half."""
+    from power_core.scheduler import PassLoad, Scheduler, _tail_line
+
+    # Gemma-3-270M on a 2-core CPU (measured): cheap at multiples of 8, the last step 1.59
+    costs = (1.0, 2.14, 2.85, 2.98, 4.27, 4.83, 5.46, 3.94, 5.22, 5.63, 6.34, 4.96, 6.18, 6.63, 7.4, 5.49,
+             6.87, 7.11, 7.86, 6.43, 11.23, 8.5, 9.06, 7.77, 9.18, 9.55, 10.0, 8.82, 10.18, 10.77, 11.0, 9.77, 11.36)
+    intercept, slope = _tail_line(costs)
+    assert 0.15 < slope < 0.4  # about a quarter of a one-token pass per token, not 1.59
+    sched = Scheduler(k_max=32, window=None, costs=costs)
+    # 40 tokens of other requests already in the pass; proposals that are nearly sure to be accepted
+    w, info = sched.choose_width([0.95] * 16, 16, PassLoad(tokens=40, requests=3))
+    assert w >= 8, info
+    assert info["relative_cost"] == round(intercept + slope * (40 + w), 4)
+    # alone, the dips are real: a pass of 8 tokens is cheaper than one of 7
+    solo, _ = sched.choose_width([0.9] * 6 + [0.5] * 10, 16)
+    assert solo + 1 in (8, 16, 24, 32)
+    assert _tail_line((1.0,)) == (0.0, 1.0) and _tail_line((1.0, 3.0)) == (1.0, 2.0)
