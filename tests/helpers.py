@@ -73,3 +73,19 @@ def check_host_split(receipt: Any, *, draft_timed: bool) -> dict[str, float]:
     assert t["target_compute_s"] + t["draft_compute_s"] + t["host_s"] == pytest.approx(t["decode_s"], rel=1e-9, abs=1e-9)
     assert t["host_us_per_round"] == pytest.approx(1e6 * t["host_s"] / t["decode_rounds"])
     return t
+
+
+class Flaky:
+    """A proposer whose n-th propose raises (a foreign exception: the core makes it an AdapterFault)."""
+
+    def __init__(self, inner: Any, fail_at: int) -> None:
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def propose(self, ctx: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ValueError("boom")
+        return self.inner.propose(ctx)

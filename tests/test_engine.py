@@ -16,7 +16,7 @@ from power_core.config import PowerConfig
 from power_core.engine import Engine
 from power_core.errors import AdapterFault, Cancelled, RuntimeFault
 from power_core.session import SequenceSpec, Session
-from tests.helpers import check_host_split, core_plugins
+from tests.helpers import Flaky, check_host_split, core_plugins
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
 
@@ -197,28 +197,12 @@ def test_cancel_of_one_request_leaves_the_others_unchanged():
         assert results[i].tokens == _solo("ref-draft", prompts[i], max_tokens=60)
 
 
-class _Flaky:
-    """A proposer whose n-th propose raises (a foreign exception: the core makes it an AdapterFault)."""
-
-    def __init__(self, inner, fail_at: int) -> None:
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def propose(self, ctx):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise ValueError("boom")
-        return self.inner.propose(ctx)
-
-
 def test_a_proposer_fault_fails_only_its_request():
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     with _engine("ref-draft", 3) as engine:
         gens = [engine.submit(p, max_tokens=40) for p in prompts]
         session = gens[2].session
-        session.proposer = _Flaky(session.proposer, fail_at=4)
+        session.proposer = Flaky(session.proposer, fail_at=4)
         results: list = [None] * 3
 
         def go(i: int) -> None:

@@ -24,6 +24,7 @@ from power_core import PowerConfig, Session  # noqa: E402
 from power_core.engine import Engine  # noqa: E402
 from power_core.errors import AdapterFault, Cancelled  # noqa: E402
 from power_core.session import SequenceSpec  # noqa: E402
+from tests.helpers import Flaky  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -140,22 +141,6 @@ def test_mixed_strategies_on_a_hybrid_mtp_target_at_random_arrivals(tiny_qwen35_
     assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
 
 
-class _Flaky:
-    """A proposer whose n-th propose raises (a foreign exception: the core makes it an AdapterFault)."""
-
-    def __init__(self, inner, fail_at: int) -> None:
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def propose(self, ctx):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise ValueError("boom")
-        return self.inner.propose(ctx)
-
-
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
 def test_a_cancelled_and_a_faulted_mtp_request_leave_the_others_unchanged(mtp_targets, arch):
     cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2)
@@ -166,7 +151,7 @@ def test_a_cancelled_and_a_faulted_mtp_request_leave_the_others_unchanged(mtp_ta
     with Engine.open(4, cfg, model=str(model)) as engine:
         gens = [engine.submit(p) for p in prompts]
         victim, faulty = gens[1], gens[2]
-        faulty.session.proposer = _Flaky(faulty.session.proposer, fail_at=4)
+        faulty.session.proposer = Flaky(faulty.session.proposer, fail_at=4)
         results: list = [None] * len(gens)
 
         def go(i: int) -> None:
