@@ -22,11 +22,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from power_native import _llama
 from power_native.models import resolve_model
 from power_native.target import _numerics, load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
+from native_helpers import rollback_rows_differ  # noqa: E402
 
 SHAPES = {"1x32": [32], "4x8": [8, 8, 8, 8], "3,3,3,3": [3, 3, 3, 3], "5,3,9,2": [5, 3, 9, 2],
           "7,4,1,12": [7, 4, 1, 12], "17,1,1,1": [17, 1, 1, 1]}
@@ -63,49 +67,12 @@ def costs(model: _llama.Model, unified: bool) -> dict[str, float]:
 
 
 def first_differences(model: _llama.Model, unified: bool) -> list[int | None]:
-    """Per sequence: the first of its 41 rows that differs from its solo decode (None: none does)."""
-    n = 3
-    ctx, solo = context(model, n, unified), context(model, 1, False)
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, 1000, length).astype(np.int32) for length in (37, 61, 20)]
-    outputs = np.zeros(sum(len(p) for p in prompts), dtype=np.uint8)
-    outputs[np.cumsum([len(p) for p in prompts]) - 1] = 1
-    rows = ctx.decode_multi(np.concatenate(prompts), np.concatenate([np.arange(len(p)) for p in prompts]).astype(np.int32),
-                            np.concatenate([np.full(len(p), i) for i, p in enumerate(prompts)]).astype(np.int32), outputs)
-    got = [[np.array(rows[i])] for i in range(n)]
-    gen = [[int(np.argmax(rows[i]))] for i in range(n)]
-    past = [len(p) for p in prompts]
-    for step in range(40):
-        cur = [g[-1] for g in gen]
-        if step in (10, 20, 30):  # sequence 1 rolls back 3 tokens; they go again after the others' tokens
-            ctx.seq_rm(1, past[1] - 3, -1)
-            toks = [cur[0], cur[2], *gen[1][-4:-1], cur[1]]
-            pos = [past[0], past[2], *range(past[1] - 3, past[1]), past[1]]
-            r = ctx.decode_multi(np.array(toks, dtype=np.int32), np.array(pos, dtype=np.int32),
-                                 np.array([0, 2, 1, 1, 1, 1], dtype=np.int32), np.array([1, 1, 0, 0, 0, 1], dtype=np.uint8))
-            rows = [r[0], r[2], r[1]]
-        else:
-            rows = ctx.decode_multi(np.array(cur, dtype=np.int32), np.array(past, dtype=np.int32),
-                                    np.arange(n, dtype=np.int32), np.ones(n, dtype=np.uint8))
-        for i in range(n):
-            got[i].append(np.array(rows[i]))
-            gen[i].append(int(np.argmax(rows[i])))
-            past[i] += 1
-    first: list[int | None] = []
-    for i in range(n):
-        solo.clear(False)
-        solo.decode(prompts[i], 0, all_outputs=False)
-        want = [np.array(solo.logits()[-1])]
-        p = len(prompts[i])
-        for t in gen[i][:-2]:
-            solo.decode(np.array([t], dtype=np.int32), p)
-            p += 1
-            want.append(np.array(solo.logits()[-1]))
-        first.append(next((k for k, (a, b) in enumerate(zip(want, got[i], strict=False)) if not np.array_equal(a, b)),
-                          None))
-    ctx.close()
-    solo.close()
-    return first
+    ctx, solo = context(model, 3, unified), context(model, 1, False)
+    try:
+        return rollback_rows_differ(ctx, solo)
+    finally:
+        ctx.close()
+        solo.close()
 
 
 def main() -> int:

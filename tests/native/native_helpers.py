@@ -7,6 +7,7 @@ import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -338,3 +339,50 @@ def assert_same_rounds(ours: list[dict], theirs: list[tuple[list[int], int, int]
             assert o_acc == t_acc, (p, ours_at[p], theirs_at[p])
             compared += 1
     return compared
+
+
+def rollback_rows_differ(ctx: Any, solo: Any) -> list[int | None]:
+    """Three sequences of ``ctx`` (a context with ``n_seq_max`` >= 3) decode greedily, one token each per
+    pass, while sequence 1 rolls back its last 3 tokens at steps 10, 20 and 30 and decodes them again
+    after the others' tokens (so a cache shared by the sequences gets cells freed among theirs). Per
+    sequence: the first of its 41 rows that differs from its decode alone on ``solo`` (None: none)."""
+    n = 3
+    rng = np.random.default_rng(1)
+    hi = min(1000, ctx.n_vocab)
+    prompts = [rng.integers(0, hi, length).astype(np.int32) for length in (37, 61, 20)]
+    outputs = np.zeros(sum(len(p) for p in prompts), dtype=np.uint8)
+    outputs[np.cumsum([len(p) for p in prompts]) - 1] = 1
+    rows = ctx.decode_multi(np.concatenate(prompts), np.concatenate([np.arange(len(p)) for p in prompts]).astype(np.int32),
+                            np.concatenate([np.full(len(p), i) for i, p in enumerate(prompts)]).astype(np.int32), outputs)
+    got = [[np.array(rows[i])] for i in range(n)]
+    gen = [[int(np.argmax(rows[i]))] for i in range(n)]
+    past = [len(p) for p in prompts]
+    for step in range(40):
+        cur = [g[-1] for g in gen]
+        if step in (10, 20, 30):  # sequence 1 rolls back 3 tokens; they go again after the others' tokens
+            ctx.seq_rm(1, past[1] - 3, -1)
+            toks = [cur[0], cur[2], *gen[1][-4:-1], cur[1]]
+            pos = [past[0], past[2], *range(past[1] - 3, past[1]), past[1]]
+            r = ctx.decode_multi(np.array(toks, dtype=np.int32), np.array(pos, dtype=np.int32),
+                                 np.array([0, 2, 1, 1, 1, 1], dtype=np.int32), np.array([1, 1, 0, 0, 0, 1], dtype=np.uint8))
+            rows = [r[0], r[2], r[1]]
+        else:
+            rows = ctx.decode_multi(np.array(cur, dtype=np.int32), np.array(past, dtype=np.int32),
+                                    np.arange(n, dtype=np.int32), np.ones(n, dtype=np.uint8))
+        for i in range(n):
+            got[i].append(np.array(rows[i]))
+            gen[i].append(int(np.argmax(rows[i])))
+            past[i] += 1
+    first: list[int | None] = []
+    for i in range(n):
+        solo.clear(False)
+        solo.decode(prompts[i], 0, all_outputs=False)
+        want = [np.array(solo.logits()[-1])]
+        p = len(prompts[i])
+        for t in gen[i][:-2]:
+            solo.decode(np.array([t], dtype=np.int32), p)
+            p += 1
+            want.append(np.array(solo.logits()[-1]))
+        first.append(next((k for k, (a, b) in enumerate(zip(want, got[i], strict=False)) if not np.array_equal(a, b)),
+                          None))
+    return first

@@ -6,8 +6,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from power_core.errors import CapacityError
+
 LAYER_INP_ARCHS: frozenset[str]
 LAYER_INP_FINAL_ARCHS: frozenset[str]
+
+class NoMemorySlot(CapacityError): ...
 
 def set_log_level(level: str) -> None: ...
 def last_errors() -> list[str]: ...

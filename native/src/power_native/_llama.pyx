@@ -34,6 +34,11 @@ from power_core.errors import (ArtifactError, Cancelled, CapacityError, ConfigEr
 
 cnp.import_array()
 
+
+class NoMemorySlot(CapacityError):
+    """llama_decode found no memory slot for the batch (rc=1): the context is full, or, in a cache
+    shared by several sequences, fragmented (:meth:`power_native.target.LlamaBatch.compact`)."""
+
 cdef extern from *:
     """
     #include <cmath>
@@ -134,7 +139,7 @@ cdef int rc_raise(rc_op op, long rc, str what) except -1:
     detail = "; llama.cpp said: " + " | ".join(list(_errors)[-2:]) if _errors else ""
     at = f"{what}: " if what else ""
     if kind == RC_NO_SLOT:
-        raise CapacityError(f"{at}llama_decode: no memory slot for the batch (rc=1); raise n_ctx or "
+        raise NoMemorySlot(f"{at}llama_decode: no memory slot for the batch (rc=1); raise n_ctx or "
                             f"shorten the request{detail}")
     if kind == RC_CANCELLED:
         raise Cancelled(f"{at}llama_decode was aborted through the cancel callback (rc=2); processed "

@@ -287,6 +287,8 @@ class LlamaTarget:
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
             features=frozenset(features), digest=digest, verify_capacity=verify_capacity)
         self._recurrent = recurrent
+        #: a shared cache's compaction (LlamaBatch.compact), tried once when a decode finds no slot
+        self._compact: Callable[[], bool] | None = None
         self._n_past = 0
         self._epoch = 0
         self._last_len = 0  # tokens of the last single llama_decode (0: none / not rollable)
@@ -327,7 +329,7 @@ class LlamaTarget:
         step = self.ctx.n_outputs_max
         greedy = self.ctx.greedy
         if n <= step:
-            self.ctx.decode(toks, self._n_past, seq_id=self.seq_id)
+            self._decode(toks)
             self._advance(n, rollable=True)
             if greedy:
                 return DecodeResult(tokens=toks, logits=self._no_rows, features=self._features(), kind="verify",
@@ -336,7 +338,7 @@ class LlamaTarget:
         rows, feats = [], []  # longer than one output buffer: several calls, rows copied
         for s in range(0, n, step):
             part = toks[s:s + step]
-            self.ctx.decode(part, self._n_past, seq_id=self.seq_id)
+            self._decode(part)
             self._advance(part.shape[0], rollable=False)
             rows.append(self.ctx.sampled_ids() if greedy else np.array(self.ctx.logits()))
             feats.append({k: np.array(v) for k, v in self._features().items()})
@@ -345,6 +347,14 @@ class LlamaTarget:
             return DecodeResult(tokens=toks, logits=self._no_rows, features=features, kind="verify",
                                 greedy_ids=np.concatenate(rows))
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
+
+    def _decode(self, toks: TokenArray, all_outputs: bool = True) -> None:
+        try:
+            self.ctx.decode(toks, self._n_past, seq_id=self.seq_id, all_outputs=all_outputs)
+        except _llama.NoMemorySlot:
+            if self._compact is None or not self._compact():
+                raise
+            self.ctx.decode(toks, self._n_past, seq_id=self.seq_id, all_outputs=all_outputs)
 
     def _decode_padded(self, toks: TokenArray) -> DecodeResult:
         """One pass of exactly ``verify_capacity`` tokens: ``toks``, then the last token repeated at
@@ -398,7 +408,7 @@ class LlamaTarget:
         self._room(toks.shape[0])
         for s in range(0, toks.shape[0], self.ctx.n_batch):
             part = toks[s:s + self.ctx.n_batch]
-            self.ctx.decode(part, self._n_past, seq_id=self.seq_id, all_outputs=False)
+            self._decode(part, all_outputs=False)
             self._advance(part.shape[0], rollable=False)
             if observe is not None:
                 observe(DecodeResult(tokens=part, logits=self._no_rows, features=self._features(), kind="prompt"))
@@ -650,11 +660,16 @@ class LlamaBatch:
     #: set by :func:`open_llama_batch`: releases the numerics mode once
     _release: weakref.finalize
 
-    def __init__(self, model: _llama.Model, ctx: _llama.Context, targets: tuple[LlamaTarget, ...]) -> None:
+    def __init__(self, model: _llama.Model, ctx: _llama.Context, targets: tuple[LlamaTarget, ...], *,
+                 unified: bool = False) -> None:
         self.model = model
         self.ctx = ctx
         self.sequences = targets
         self.passes = 0
+        #: compactions of the shared cache (:meth:`compact`) over the batch's life
+        self.compactions = 0
+        for t in targets:
+            t._compact = self.compact if unified else None
         #: a sequence may decode alone between the shared passes (a recurrent rollback past its snapshots)
         self._replays = model.is_recurrent or model.is_hybrid
 
@@ -690,8 +705,13 @@ class LlamaBatch:
             elif item.rows == "last":
                 flags[-1] = 1
             out.append(flags)
-        rows = self.ctx.decode_multi(np.concatenate(parts), np.concatenate(pos), np.concatenate(seq),
-                                     np.concatenate(out))
+        args = (np.concatenate(parts), np.concatenate(pos), np.concatenate(seq), np.concatenate(out))
+        try:
+            rows = self.ctx.decode_multi(*args)
+        except _llama.NoMemorySlot:
+            if not self.compact():
+                raise
+            rows = self.ctx.decode_multi(*args)
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
@@ -711,6 +731,30 @@ class LlamaBatch:
             at += k
             t_at += n
         return results
+
+    def compact(self) -> bool:
+        """Pack a shared cache's sequences into cells in sequence order, each one's in position order;
+        False when this batch's sequences have a stream each (nothing to pack).
+
+        In one cache for every sequence, the patched llama.cpp gives a sequence new cells only after
+        all of its own cells (batch-invariant kernels: attention sums over cells in cell order), so
+        cells freed below them (a finished request's, a rejected block's) may stay unused and a pass
+        can find no slot while the cache has room. Called then, before the pass runs again: each
+        sequence's state (its cells' bytes, positions) is saved, the cache cleared, and the states
+        restored one after the other. Rows read afterwards are bit for bit what they were."""
+        if self.sequences[0]._compact is None:
+            return False
+        states = [(t.seq_id, self.ctx.state_get(t.seq_id, 0)) for t in self.sequences if t.n_past > 0]
+        for t in self.sequences:
+            self.ctx.seq_rm(t.seq_id, 0, -1)
+        try:
+            for seq_id, state in states:
+                self.ctx.state_set(state, seq_id, 0)
+        except BaseException as exc:
+            raise StateLost(f"compacting the shared cache lost a sequence's state: {exc}") from exc
+        self.compactions += 1
+        log.info("native.batch_compact", sequences=len(states), compactions=self.compactions)
+        return True
 
     def close(self) -> None:
         self.ctx.close()
@@ -738,19 +782,26 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
                            rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
         # recurrent state: one cell per sequence, each with its own n_rs_seq rollback snapshots
         # (llama.cpp keeps a sequence's trailing 1 + n_rs_seq tokens of a pass in one ubatch)
-        shape = _context_shape(req.max_block, req.snapshots, PREFILL_BATCH, model.is_recurrent or model.is_hybrid)
+        recurrent = model.is_recurrent or model.is_hybrid
+        shape = _context_shape(req.max_block, req.snapshots, PREFILL_BATCH, recurrent)
         n_batch = max(shape["n_batch"], n * req.max_block)
-        # one KV stream per sequence: llama.cpp gives each n_ctx / n_seq_max cells, so each request
-        # gets the configured context, as a session of its own would
+        # n x n_ctx cells, so each request gets the configured context, as a session of its own would.
+        # Attention-only targets with flash attention: one cache for every sequence (one ubatch per
+        # pass; with one stream per sequence llama.cpp cuts a pass into ubatches holding as many
+        # tokens of each sequence, one per distinct block length, and each reads all the weights
+        # again). Batch-invariant kernels keep each sequence's cells in position order there
+        # (native/patches/0003-kv-cache-ordered-cells.patch), so its rows stay its solo rows.
+        # Recurrent state and attention without flash attention keep one stream per sequence.
+        unified = not recurrent and cfg.flash_attn != "off"
         ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
-                             n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=False,
+                             n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=unified,
                              n_rs_seq=shape["n_rs_seq"], flash_attn=cfg.flash_attn)
         if cfg.warmup:
             warm_up(ctx)
         per_seq = ctx.n_ctx // n
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
                                     numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
-        batch = LlamaBatch(model, ctx, targets)
+        batch = LlamaBatch(model, ctx, targets, unified=unified)
     except BaseException:
         _numerics.release(cfg.numerics)
         raise
@@ -763,7 +814,7 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
                 arch=model.arch, desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch,
                 n_ubatch=ctx.n_ubatch, n_rs_seq=ctx.n_rs_seq, rollback_window=targets[0].capabilities.rollback_window,
-                n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=False,
+                n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=unified,
                 verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
     tokenizer = LlamaTokenizer(model)
     models = tuple(OpenedModel(target=t, tokenizer=tokenizer, model_path=str(path), artifacts={"target": digest},

@@ -1,0 +1,97 @@
+"""The shared cache of a batch (one KV cache for every sequence, so a pass is one ubatch): with
+batch-invariant kernels the patched llama.cpp keeps each sequence's cells in position order, so its
+rows stay its solo rows through rollbacks among the others' cells; a pass that finds no slot
+compacts the cache and runs, its rows unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("power_native._llama")
+
+from native_helpers import rollback_rows_differ  # noqa: E402
+from power_native import _llama  # noqa: E402
+
+from power_core import PowerConfig, Session  # noqa: E402
+from power_core.runtime import BatchItem  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+
+def _solo(runtime) -> _llama.Context:
+    return _llama.Context(runtime.model, n_ctx=1024, n_threads=2, n_batch=512, n_ubatch=512, n_outputs_max=512)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "smollm2"])
+def test_rows_stay_solo_rows_through_rollbacks_in_the_shared_cache(request, fixture):
+    model = None if fixture == "smollm2" else str(request.getfixturevalue(fixture))
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=1024)
+    with Session.open_batch(3, cfg, model=model) as batch:
+        assert batch.sessions[0].opened.backend_info["kv_unified"] is True
+        solo = _solo(batch.runtime)
+        try:
+            for t in batch.runtime.sequences:
+                t.reset()
+            assert rollback_rows_differ(batch.runtime.ctx, solo) == [None, None, None]
+        finally:
+            solo.close()
+
+
+def test_a_stock_cache_shared_the_same_way_reorders_cells_and_rows_differ(tiny_llama):
+    """The check above can fail: without batch-invariant kernels the patch is off, freed cells are
+    reused wherever llama.cpp finds them, and rows stop being solo rows."""
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=1024, numerics="stock")
+    with Session.open_batch(3, cfg, model=str(tiny_llama)) as batch:
+        solo = _solo(batch.runtime)
+        try:
+            for t in batch.runtime.sequences:
+                t.reset()
+            differ = rollback_rows_differ(batch.runtime.ctx, solo)
+        finally:
+            solo.close()
+    # sequences 0 and 2 get cells that sequence 1 freed, before their own last ones
+    assert differ[0] is not None and differ[2] is not None
+
+
+class _NoSlotOnce:
+    """A context whose next ``decode_multi`` finds no memory slot (as a fragmented shared cache does)."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx, self.armed = ctx, True
+
+    def __getattr__(self, name):
+        return getattr(self.ctx, name)
+
+    def decode_multi(self, *args):
+        if self.armed:
+            self.armed = False
+            raise _llama.NoMemorySlot("llama_decode: no memory slot for the batch (rc=1)")
+        return self.ctx.decode_multi(*args)
+
+
+def test_a_pass_without_a_slot_compacts_the_cache_and_its_rows_are_unchanged(tiny_llama):
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=256)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 100, n).astype(np.int32) for n in (40, 17, 29)]
+    blocks = [rng.integers(0, 100, n).astype(np.int32) for n in (5, 1, 8)]
+
+    def run(fail: bool) -> tuple[list[np.ndarray], int]:
+        with Session.open_batch(3, cfg, model=str(tiny_llama)) as batch:
+            rt = batch.runtime
+            seqs = rt.sequences
+            rt.decode_batch([BatchItem(t, p, "last") for t, p in zip(seqs, prompts, strict=True)])
+            # sequence 1 leaves cells behind among the others' (a rejected block)
+            cp = seqs[1].checkpoint()
+            rt.decode_batch([BatchItem(seqs[1], blocks[2], "all")])
+            seqs[1].rollback(cp, 2)
+            if fail:
+                rt.ctx = _NoSlotOnce(rt.ctx)
+            res = rt.decode_batch([BatchItem(t, b, "all") for t, b in zip(seqs, blocks, strict=True)])
+            return [np.array(r.logits) for r in res], rt.compactions
+
+    want, none = run(False)
+    got, compactions = run(True)
+    assert none == 0 and compactions == 1
+    for a, b in zip(want, got, strict=True):
+        assert np.array_equal(a, b)
