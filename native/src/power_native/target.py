@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -36,6 +36,7 @@ __all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "Offload", "open_
            "llama_target", "offload", "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS", "CUDA_BUILD"]
 
 log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
+_T = TypeVar("_T")
 
 #: tokens per llama_decode call during prefill (llama-completion's n_ubatch default)
 PREFILL_BATCH = 512
@@ -349,12 +350,8 @@ class LlamaTarget:
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
 
     def _decode(self, toks: TokenArray, all_outputs: bool = True) -> None:
-        try:
-            self.ctx.decode(toks, self._n_past, seq_id=self.seq_id, all_outputs=all_outputs)
-        except _llama.NoMemorySlot:
-            if self._compact is None or not self._compact():
-                raise
-            self.ctx.decode(toks, self._n_past, seq_id=self.seq_id, all_outputs=all_outputs)
+        _or_compact(lambda: self.ctx.decode(toks, self._n_past, seq_id=self.seq_id, all_outputs=all_outputs),
+                    self._compact)
 
     def _decode_padded(self, toks: TokenArray) -> DecodeResult:
         """One pass of exactly ``verify_capacity`` tokens: ``toks``, then the last token repeated at
@@ -652,6 +649,18 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     return relative
 
 
+def _or_compact(decode: Callable[[], _T], compact: Callable[[], bool] | None) -> _T:
+    """``decode()``; when it finds no memory slot, ``compact()`` (a shared cache's
+    :meth:`LlamaBatch.compact`) and ``decode()`` once more. The failed call changed nothing: llama.cpp
+    looks for the slots before it computes."""
+    try:
+        return decode()
+    except _llama.NoMemorySlot:
+        if compact is None or not compact():
+            raise
+        return decode()
+
+
 class LlamaBatch:
     """Several sequences on one llama.cpp context (``n_seq_max`` = ``n``, one KV stream per sequence,
     llama.cpp's default), each a :class:`LlamaTarget`; :meth:`decode_batch` decodes every sequence's
@@ -666,10 +675,12 @@ class LlamaBatch:
         self.ctx = ctx
         self.sequences = targets
         self.passes = 0
+        #: one KV cache for every sequence (else a stream each): :meth:`compact` packs it
+        self.unified = unified
         #: compactions of the shared cache (:meth:`compact`) over the batch's life
         self.compactions = 0
         for t in targets:
-            t._compact = self.compact if unified else None
+            t._compact = self.compact
         #: a sequence may decode alone between the shared passes (a recurrent rollback past its snapshots)
         self._replays = model.is_recurrent or model.is_hybrid
 
@@ -706,12 +717,7 @@ class LlamaBatch:
                 flags[-1] = 1
             out.append(flags)
         args = (np.concatenate(parts), np.concatenate(pos), np.concatenate(seq), np.concatenate(out))
-        try:
-            rows = self.ctx.decode_multi(*args)
-        except _llama.NoMemorySlot:
-            if not self.compact():
-                raise
-            rows = self.ctx.decode_multi(*args)
+        rows = _or_compact(lambda: self.ctx.decode_multi(*args), self.compact)
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
@@ -742,7 +748,7 @@ class LlamaBatch:
         can find no slot while the cache has room. Called then, before the pass runs again: each
         sequence's state (its cells' bytes, positions) is saved, the cache cleared, and the states
         restored one after the other. Rows read afterwards are bit for bit what they were."""
-        if self.sequences[0]._compact is None:
+        if not self.unified:
             return False
         states = [(t.seq_id, self.ctx.state_get(t.seq_id, 0)) for t in self.sequences if t.n_past > 0]
         for t in self.sequences:
