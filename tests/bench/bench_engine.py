@@ -165,7 +165,7 @@ def main() -> int:
         for mode in args.modes.split(","):
             report["one_request"].append(bench_one(m, mode, args.runs, args.tokens, args.threads))
             print(json.dumps(report["one_request"][-1]), flush=True)
-            for n in (int(x) for x in args.concurrency.split(",")):
+            for n in (int(x) for x in args.concurrency.split(",") if x):
                 report["rows"].append(bench(m, mode, n, args.runs, args.tokens, args.threads))
                 print(json.dumps(report["rows"][-1]), flush=True)
                 if args.rss:

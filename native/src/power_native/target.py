@@ -662,9 +662,9 @@ def _or_compact(decode: Callable[[], _T], compact: Callable[[], bool] | None) ->
 
 
 class LlamaBatch:
-    """Several sequences on one llama.cpp context (``n_seq_max`` = ``n``, one KV stream per sequence,
-    llama.cpp's default), each a :class:`LlamaTarget`; :meth:`decode_batch` decodes every sequence's
-    tokens of a round in one ``llama_decode`` (:class:`power_core.runtime.BatchRuntime`)."""
+    """Several sequences on one llama.cpp context (``n_seq_max`` = ``n``; one KV cache for all of them
+    when ``unified``, else a stream each), each a :class:`LlamaTarget`; :meth:`decode_batch` decodes
+    every sequence's tokens of a round in one ``llama_decode`` (:class:`power_core.runtime.BatchRuntime`)."""
 
     #: set by :func:`open_llama_batch`: releases the numerics mode once
     _release: weakref.finalize
