@@ -35,7 +35,7 @@ import numpy as np
 from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport, batch_probe
-from power_core.runtime import BatchItem, DecodeResult, compute_seconds
+from power_core.runtime import BatchItem, ComputeTimed, DecodeResult
 from power_core.scheduler import PassLoad
 from power_core.session import Generation, Prompt, Result, Session, SessionBatch
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, Transaction
@@ -93,6 +93,9 @@ class Engine:
         self._last_prefill = 0  # prompt tokens in the previous pass
         self._closed = False
         self._held = 0  # held(): no pass starts
+        # the shared passes' compute clock, bound once (a protocol check costs more than the read)
+        runtime = batch.runtime
+        self._compute = runtime.compute_seconds if isinstance(runtime, ComputeTimed) else None
         self._thread = threading.Thread(target=self._loop, name="power-engine", daemon=True)
         self._thread.start()
 
@@ -324,7 +327,7 @@ class Engine:
         self._last_prefill = sum(n for _, n in chunks)
         if not items:
             return
-        t0, before = time.perf_counter(), compute_seconds(self.batch.runtime)
+        t0, before = time.perf_counter(), self._compute() if self._compute is not None else None
         try:
             results = self.batch.runtime.decode_batch(items)
         except BaseException as exc:  # the shared pass failed: every round of it restores
@@ -338,7 +341,7 @@ class Engine:
                 self._leave(a, exc)
             return
         seconds = time.perf_counter() - t0
-        after = compute_seconds(self.batch.runtime)
+        after = self._compute() if self._compute is not None else None
         for a, _ in rounds:  # the shared pass's compute is each decoding request's target compute
             if before is None or after is None:
                 a.gen._clock.timed = False

@@ -42,7 +42,6 @@ __all__ = [
     "CountingRuntime",
     "ComputeTimed",
     "runtime_counters",
-    "compute_seconds",
 ]
 
 #: 1-D ``int32`` token ids
@@ -223,11 +222,6 @@ class ComputeTimed(Protocol):
     on the host: all of its time is host time)."""
 
     def compute_seconds(self) -> float: ...
-
-
-def compute_seconds(component: object) -> float | None:
-    """``component.compute_seconds()`` when it is :class:`ComputeTimed`, else ``None``."""
-    return float(component.compute_seconds()) if isinstance(component, ComputeTimed) else None
 
 
 def runtime_counters(target: object) -> dict[str, int]:

@@ -154,3 +154,27 @@ def test_random_schedules_on_the_shared_cache_keep_every_row_a_solo_row(tiny_lla
                     past.extend(int(x) for x in block[:keep])
         finally:
             solo.close()
+
+
+@pytest.mark.parametrize(("tokens", "pos", "seq", "out", "error", "says"), [
+    ([1, 2], [0, 1], [0, 3], [1, 1], "ConfigError", "seq_id"),
+    ([1, 2], [0, 1], [-1, 0], [1, 1], "ConfigError", "seq_id"),
+    ([1, 2], [0, 5000], [0, 1], [1, 1], "CapacityError", "positions up to 5000"),
+    ([1, 2], [-1, 0], [0, 1], [0, 1], "CapacityError", "overflow the context"),
+    ([1, 100000], [0, 0], [0, 1], [1, 1], "CapacityError", "outside the vocabulary"),
+    ([-2, 1], [0, 0], [0, 1], [1, 1], "CapacityError", "outside the vocabulary"),
+    ([1, 2], [0, 0], [0, 1, 2], [1, 1], "ConfigError", "of one length"),
+])
+def test_a_multi_sequence_decode_checks_its_arrays_before_it_decodes(tiny_llama, tokens, pos, seq, out, error, says):
+    from power_core import errors
+
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=64)
+    with Session.open_batch(2, cfg, model=str(tiny_llama)) as batch:
+        ctx = batch.runtime.ctx
+        with pytest.raises(getattr(errors, error), match=says):
+            ctx.decode_multi(*(np.array(a, dtype=d) for a, d in zip(
+                (tokens, pos, seq, out), (np.int32, np.int32, np.int32, np.uint8), strict=True)))
+        # nothing was decoded: both sequences start at position 0
+        rows = ctx.decode_multi(np.array([1, 2], dtype=np.int32), np.array([0, 0], dtype=np.int32),
+                                np.array([0, 1], dtype=np.int32), np.array([1, 1], dtype=np.uint8))
+        assert rows.shape[0] == 2

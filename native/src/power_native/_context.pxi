@@ -234,17 +234,6 @@ cdef class Context:
                               "tokens, pos, seq_ids and outputs of one length")
         if n > self.n_batch:
             raise CapacityError(f"decode: {n} tokens exceed n_batch={self.n_batch}; split the batch")
-        cdef int32_t n_out = int(out.astype(bool).sum())
-        if n_out > self.n_outputs_max:
-            raise CapacityError(f"decode: {n_out} output rows exceed n_outputs_max={self.n_outputs_max}")
-        cdef int n_seq = <int>llama_n_seq_max(self.ptr)
-        if int(sq.min()) < 0 or int(sq.max()) >= n_seq:
-            raise ConfigError("seq_id", int(sq.max()), f"integers in [0, {n_seq})")
-        if int(ps.min()) < 0 or int(ps.max()) >= self.n_ctx:
-            raise CapacityError(f"decode: positions up to {int(ps.max())} overflow the context of {self.n_ctx} "
-                                "tokens; raise n_ctx or shorten the request")
-        if int(tok.min()) < 0 or int(tok.max()) >= self.n_vocab:
-            raise CapacityError(f"decode: a token id is outside the vocabulary [0, {self.n_vocab})")
         cdef llama_batch * b = &self.batch
         cdef llama_context * ctx = self.ptr
         cdef int32_t i, rc
@@ -253,6 +242,28 @@ cdef class Context:
         cdef int32_t * pp = <int32_t *>ps.data
         cdef int32_t * ss = <int32_t *>sq.data
         cdef uint8_t * oo = <uint8_t *>out.data
+        # the checks in one pass over the arrays (numpy's reductions cost more than this whole loop)
+        cdef int32_t n_out = 0
+        cdef int32_t s_lo = ss[0], s_hi = ss[0], p_lo = pp[0], p_hi = pp[0], t_lo = t[0], t_hi = t[0]
+        with nogil:
+            for i in range(n):
+                n_out += oo[i] != 0
+                s_lo = min(s_lo, ss[i])
+                s_hi = max(s_hi, ss[i])
+                p_lo = min(p_lo, pp[i])
+                p_hi = max(p_hi, pp[i])
+                t_lo = min(t_lo, t[i])
+                t_hi = max(t_hi, t[i])
+        if n_out > self.n_outputs_max:
+            raise CapacityError(f"decode: {n_out} output rows exceed n_outputs_max={self.n_outputs_max}")
+        cdef int n_seq = <int>llama_n_seq_max(self.ptr)
+        if s_lo < 0 or s_hi >= n_seq:
+            raise ConfigError("seq_id", s_hi if s_hi >= n_seq else s_lo, f"integers in [0, {n_seq})")
+        if p_lo < 0 or p_hi >= self.n_ctx:
+            raise CapacityError(f"decode: positions up to {p_hi} overflow the context of {self.n_ctx} "
+                                "tokens; raise n_ctx or shorten the request")
+        if t_lo < 0 or t_hi >= self.n_vocab:
+            raise CapacityError(f"decode: a token id is outside the vocabulary [0, {self.n_vocab})")
         with nogil:
             for i in range(n):
                 b.token[i] = t[i]

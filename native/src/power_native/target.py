@@ -524,12 +524,6 @@ class LlamaTarget:
         context beside this sequence, e.g. MTP's or a block draft's, gets as many)."""
         return self._caps.n_ctx if self.shared else self.ctx.n_ctx
 
-    def advance(self, n: int, *, rollable: bool) -> None:
-        """``n`` tokens of this sequence were decoded by its :class:`LlamaBatch` (a verify block,
-        ``rollable``, or a prompt chunk, not) in a shared pass: account for them as a decode would."""
-        self._room(n)
-        self._advance(n, rollable=rollable)
-
     def close(self) -> None:
         if self.shared:
             return  # the batch owns the context
@@ -679,6 +673,7 @@ class LlamaBatch:
         self.unified = unified
         #: compactions of the shared cache (:meth:`compact`) over the batch's life
         self.compactions = 0
+        self._index = {id(t): t for t in targets}
         for t in targets:
             t._compact = self.compact
         #: a sequence may decode alone between the shared passes (a recurrent rollback past its snapshots)
@@ -694,30 +689,31 @@ class LlamaBatch:
         return float(self.ctx.compute_ns) * 1e-9
 
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
-        index = {id(t): t for t in self.sequences}
-        seen: set[int] = set()
-        parts, pos, seq, out = [], [], [], []
+        index = self._index
+        placed: list[tuple[LlamaTarget, np.ndarray, int, int]] = []  # target, tokens, length, output rows
         for item in items:
             target = index.get(id(item.target))
-            if target is None or id(target) in seen:
+            if target is None or any(p[0] is target for p in placed):
                 raise ConfigError("decode_batch", item.target, "each a distinct sequence of this batch")
-            seen.add(id(target))
             toks = np.ascontiguousarray(item.tokens, dtype=np.int32)
             n = toks.shape[0]
             if n == 0:
                 raise CapacityError("decode_batch: an item without tokens")
             target._room(n)
-            parts.append(toks)
-            pos.append(np.arange(target.n_past, target.n_past + n, dtype=np.int32))
-            seq.append(np.full(n, target.seq_id, dtype=np.int32))
-            flags = np.zeros(n, dtype=np.uint8)
-            if item.rows == "all":
-                flags[:] = 1
-            elif item.rows == "last":
-                flags[-1] = 1
-            out.append(flags)
-        args = (np.concatenate(parts), np.concatenate(pos), np.concatenate(seq), np.concatenate(out))
-        rows = _or_compact(lambda: self.ctx.decode_multi(*args), self.compact)
+            placed.append((target, toks, n, item.n_rows))
+        total = sum(p[2] for p in placed)
+        pos = np.empty(total, dtype=np.int32)
+        seq = np.empty(total, dtype=np.int32)
+        out = np.zeros(total, dtype=np.uint8)
+        at = 0
+        for target, _, n, k in placed:
+            pos[at:at + n] = range(target.n_past, target.n_past + n)
+            seq[at:at + n] = target.seq_id
+            if k:
+                out[at + n - k:at + n] = 1  # every row ("all") or the last one ("last")
+            at += n
+        tokens = placed[0][1] if len(placed) == 1 else np.concatenate([p[1] for p in placed])
+        rows = _or_compact(lambda: self.ctx.decode_multi(tokens, pos, seq, out), self.compact)
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
@@ -727,12 +723,10 @@ class LlamaBatch:
             rows = np.array(rows)
             taps = {name: np.array(v) for name, v in taps.items()}
         results, at, t_at = [], 0, 0
-        for item, toks, flags in zip(items, parts, out, strict=True):
-            k, n = int(flags.sum()), toks.shape[0]
-            target = index[id(item.target)]
-            target.advance(n, rollable=item.rows == "all")
+        for (target, toks, n, k), item in zip(placed, items, strict=True):
+            target._advance(n, rollable=item.rows == "all")
             results.append(DecodeResult(tokens=toks, logits=rows[at:at + k],
-                                        features={name: v[t_at:t_at + n] for name, v in taps.items()},
+                                        features={name: v[t_at:t_at + n] for name, v in taps.items()} if taps else {},
                                         kind="verify" if item.rows == "all" else "prompt"))
             at += k
             t_at += n
