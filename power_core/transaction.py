@@ -211,6 +211,12 @@ class Transaction:
     #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
     reused: int = 0
     _prompt: np.ndarray = attrs.field(factory=lambda: _EMPTY)
+    #: the proposer says how sure it is of each proposal (checked once: a protocol check costs
+    #: more than the rest of the width choice)
+    _confident: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._confident = isinstance(self.proposer, ConfidentProposer)
 
     @property
     def history(self) -> TokenArray:
@@ -411,7 +417,7 @@ class Transaction:
         """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
         if self.scheduler.costs is None or props.shape[0] == 0:
             return props, None
-        conf = self.proposer.confidence if isinstance(self.proposer, ConfidentProposer) else None
+        conf = self.proposer.confidence if self._confident and self.proposer is not None else None
         if conf is None or len(conf) != props.shape[0]:
             return props, None
         w, info = self.scheduler.choose_width(conf, props.shape[0], self.load)
