@@ -211,12 +211,12 @@ class Transaction:
     #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
     reused: int = 0
     _prompt: np.ndarray = attrs.field(factory=lambda: _EMPTY)
-    #: the proposer says how sure it is of each proposal (checked once: a protocol check costs
-    #: more than the rest of the width choice)
-    _confident: bool = attrs.field(init=False, default=False)
+    #: the proposer, when it says how sure it is of each proposal (checked once: a protocol check
+    #: costs more than the rest of the width choice)
+    _confident: ConfidentProposer | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        self._confident = isinstance(self.proposer, ConfidentProposer)
+        self._confident = self.proposer if isinstance(self.proposer, ConfidentProposer) else None
 
     @property
     def history(self) -> TokenArray:
@@ -417,7 +417,7 @@ class Transaction:
         """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
         if self.scheduler.costs is None or props.shape[0] == 0:
             return props, None
-        conf = self.proposer.confidence if self._confident and self.proposer is not None else None
+        conf = self._confident.confidence if self._confident is not None else None
         if conf is None or len(conf) != props.shape[0]:
             return props, None
         w, info = self.scheduler.choose_width(conf, props.shape[0], self.load)
@@ -602,7 +602,7 @@ class Transaction:
             # the proposer's state is unknown: finish this request without it (exact, target-only);
             # the next request begins it afresh
             name = type(self.proposer).__name__
-            self.proposer = None
+            self.proposer = self._confident = None
             log.warning("txn.proposer_lost", round=len(self.rounds), error=str(fault))
             raise AdapterFault(f"{fault} (while restoring after {type(exc).__name__}: {exc}). The target was "
                                "restored; the rest of this request runs target-only (still exact) and the next "
