@@ -37,7 +37,7 @@ from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport, batch_probe
 from power_core.runtime import BatchItem, ComputeTimed, DecodeResult
 from power_core.scheduler import PassLoad
-from power_core.session import Generation, Prompt, Result, Session, SessionBatch
+from power_core.session import Generation, Prompt, Result, Session, SessionBatch, in_own_thread
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, Transaction
 
 __all__ = ["Engine"]
@@ -78,7 +78,10 @@ class Engine:
                              f"{max_block}")
         self.token_budget = budget
         #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
-        self.probe: BatchProbeReport | None = batch_probe(batch.runtime) if len(self.sessions) > 1 else None
+        # the probe decodes: on a thread that ends with it, so the driver leads the only compute team
+        # (see power_core.session.in_own_thread)
+        self.probe: BatchProbeReport | None = (in_own_thread(lambda: batch_probe(batch.runtime))
+                                                if len(self.sessions) > 1 else None)
         if self.probe is not None:
             log.info("engine.batch_probe", identical=self.probe.identical, reason=self.probe.reason())
         config = self.sessions[0].config

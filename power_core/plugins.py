@@ -223,11 +223,14 @@ def build_plugins(extra: tuple[object, ...] = ()) -> PowerPlugins:
 
 
 _cached: PowerPlugins | None = None
+_cached_allow: str | None = None  # the POWER_LOAD_PLUGINS it was built under
 
 
 def get_plugins(refresh: bool = False) -> PowerPlugins:
-    """The process-wide plugins (built on first use; ``refresh=True`` rebuilds)."""
-    global _cached
-    if _cached is None or refresh:
-        _cached = build_plugins()
+    """The process-wide plugins (built on first use, and again when ``POWER_LOAD_PLUGINS`` changed
+    since; ``refresh=True`` rebuilds)."""
+    global _cached, _cached_allow
+    allow = os.environ.get("POWER_LOAD_PLUGINS")
+    if _cached is None or refresh or allow != _cached_allow:
+        _cached, _cached_allow = build_plugins(), allow
     return _cached

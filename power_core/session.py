@@ -17,12 +17,13 @@ nothing) or serialize calls themselves.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -63,6 +64,45 @@ __all__ = ["RequestInfo", "Result", "Generation", "Session", "SessionBatch", "Se
            "SEQUENCE_KEYS"]
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T")
+
+
+def in_own_thread(fn: Callable[[], _T], *, discard: Callable[[_T], None] | None = None) -> _T:
+    """``fn()`` run on a thread of its own that ends with it; its result, or its exception, here.
+
+    Opening a model computes (a warm-up pass, the verify-cost curve, probes). llama.cpp's CPU
+    backend runs a graph as an OpenMP team led by the calling thread, and libgomp keeps a team for
+    every thread that has led one; once there are more of their threads than CPUs it stops
+    spinning at the barriers between a graph's ops, and every pass of the process pays a sleep and
+    a wake-up per barrier (a one-token SmolLM2 pass took 13-18 ms instead of 7 on a server worker
+    after the main thread had opened the model). A thread that ends takes its team with it, so the
+    thread that decodes afterwards (the caller, a server worker, the engine's driver) leads the only
+    team. Interrupted (Ctrl-C) while waiting, it lets ``fn`` finish, hands its result to
+    ``discard`` (nothing stays open) and re-raises."""
+    box: list[Any] = []
+    ctx = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            box.append((True, ctx.run(fn)))
+        except BaseException as exc:
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name="power-open", daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except BaseException:
+        thread.join()
+        if box and box[0][0] and discard is not None:
+            discard(box[0][1])
+        raise
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
 
 #: configuration keys a request may set for itself (:meth:`Session.start`'s ``sampling``)
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed")
@@ -211,12 +251,16 @@ class Session:
              stop_ids: frozenset[int] | None = None, **overrides: Any) -> Session:
         """Select, verify and load. Nothing stays loaded if any step fails."""
         plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
-        opened = plan.backend.open(plan.request)
-        try:
-            return cls._on(plan, opened, stop_ids)
-        except BaseException:
-            opened.close()
-            raise
+
+        def load() -> Session:
+            opened = plan.backend.open(plan.request)
+            try:
+                return cls._on(plan, opened, stop_ids)
+            except BaseException:
+                opened.close()
+                raise
+
+        return in_own_thread(load, discard=Session.close)
 
     @classmethod
     def open_batch(cls, n: int, config: PowerConfig | None = None, *, model: str | None = None,
@@ -256,17 +300,22 @@ class Session:
                                snapshots=max(p.request.snapshots for p in plans),
                                features=frozenset().union(*(p.request.features for p in plans)),
                                verify_cost=any(p.request.verify_cost for p in plans))
-        opened = plan.backend.open_batch(request, n)
-        sessions: list[Session] = []
-        try:
-            for one, own in zip(opened.models, plans, strict=True):
-                sessions.append(cls._on(own, one, stop_ids))
-        except BaseException:
-            for session in sessions:
-                session.close()
-            opened.close()
-            raise
-        return SessionBatch(runtime=opened.runtime, sessions=tuple(sessions), close_runtime=opened.close)
+        open_batch = plan.backend.open_batch
+
+        def load() -> SessionBatch:
+            opened = open_batch(request, n)
+            sessions: list[Session] = []
+            try:
+                for one, own in zip(opened.models, plans, strict=True):
+                    sessions.append(cls._on(own, one, stop_ids))
+            except BaseException:
+                for session in sessions:
+                    session.close()
+                opened.close()
+                raise
+            return SessionBatch(runtime=opened.runtime, sessions=tuple(sessions), close_runtime=opened.close)
+
+        return in_own_thread(load, discard=SessionBatch.close)
 
     @classmethod
     def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None) -> Session:

@@ -24,6 +24,7 @@ from pathlib import Path
 from power_core import PowerConfig, Session
 from power_core.engine import Engine
 from power_core.errors import ConfigError
+from power_core.session import in_own_thread
 
 QUESTIONS = ["Name three primary colors and say why.", "What is 12 times 12? Explain.",
              "Write a haiku about the sea.", "List the days of the week.", "Give two synonyms for 'fast'.",
@@ -83,7 +84,8 @@ def bench(model: str | None, mode: str, n: int, runs: int, tokens: int, threads:
     engine = Engine.open(n, cfg, model=model)
     try:
         prompts = _prompts(sessions[0], n)
-        solo = [sessions[0].generate(p).tokens for p in prompts]
+        # on a thread that ends: a thread that decoded keeps its OpenMP team (power_core.session.in_own_thread)
+        solo = in_own_thread(lambda: [sessions[0].generate(p).tokens for p in prompts])
         rows = []
         for r in range(runs):
             order = ("sessions", "engine") if r % 2 == 0 else ("engine", "sessions")
@@ -111,22 +113,38 @@ def bench(model: str | None, mode: str, n: int, runs: int, tokens: int, threads:
 
 
 def bench_one(model: str | None, mode: str, runs: int, tokens: int, threads: int) -> dict:
-    cfg = PowerConfig(spec_mode=mode, n_threads=threads, max_tokens=tokens, n_ctx=1024)
-    with Session.open(cfg, model=model) as session, Engine.open(2, cfg, model=model) as engine:
-        prompt = _prompts(session, 1)[0]
-        ratios, rates = [], {"session": [], "engine": []}
-        for r in range(runs):
-            got = {}
-            for arm in (("session", "engine") if r % 2 == 0 else ("engine", "session")):
-                t0 = time.perf_counter()
-                res = session.generate(prompt) if arm == "session" else engine.run(engine.submit(prompt))
-                got[arm] = len(res.tokens) / (time.perf_counter() - t0)
-                rates[arm].append(got[arm])
-            ratios.append(got["engine"] / got["session"])
+    """One request: ``Session.generate`` vs the engine with one request, each run in a fresh process
+    (a process holding both would hold two OpenMP teams, the engine driver's and the session's, and
+    libgomp then slows both: power_core.session.in_own_thread)."""
+    ratios, rates = [], {"session": [], "engine": []}
+    for r in range(runs):
+        got = {}
+        for arm in (("session", "engine") if r % 2 == 0 else ("engine", "session")):
+            out = subprocess.run([sys.executable, __file__, "--one-child", model or "smollm2", mode, arm,
+                                  "--tokens", str(tokens), "--threads", str(threads)],
+                                 capture_output=True, text=True, check=True)
+            got[arm] = json.loads(out.stdout.strip().splitlines()[-1])["tok_s"]
+            rates[arm].append(got[arm])
+        ratios.append(got["engine"] / got["session"])
     return {"model": model or "smollm2", "mode": mode, "concurrent": 1, "runs": runs,
             "session_tok_s": round(statistics.median(rates["session"]), 1),
             "engine_tok_s": round(statistics.median(rates["engine"]), 1),
-            "ratio_median": round(statistics.median(ratios), 3)}
+            "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(x, 3) for x in ratios]}
+
+
+def one_child(model: str | None, mode: str, arm: str, tokens: int, threads: int) -> None:
+    cfg = PowerConfig(spec_mode=mode, n_threads=threads, max_tokens=tokens, n_ctx=1024)
+    if arm == "session":
+        with Session.open(cfg, model=model) as session:
+            prompt = _prompts(session, 1)[0]
+            t0 = time.perf_counter()
+            res = session.generate(prompt)
+    else:
+        with Engine.open(2, cfg, model=model) as engine:
+            prompt = _prompts(engine.sessions[0], 1)[0]
+            t0 = time.perf_counter()
+            res = engine.run(engine.submit(prompt))
+    print(json.dumps({"tok_s": len(res.tokens) / (time.perf_counter() - t0)}))
 
 
 def rss_child(model: str | None, mode: str, n: int, arm: str, tokens: int, threads: int) -> None:
@@ -154,7 +172,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rss", action="store_true")
     ap.add_argument("--rss-child", nargs=4, metavar=("MODEL", "MODE", "N", "ARM"))
+    ap.add_argument("--one-child", nargs=3, metavar=("MODEL", "MODE", "ARM"))
     args = ap.parse_args()
+    if args.one_child:
+        model, mode, arm = args.one_child
+        one_child(None if model == "smollm2" else model, mode, arm, args.tokens, args.threads)
+        return 0
     if args.rss_child:
         model, mode, n, arm = args.rss_child
         rss_child(None if model == "smollm2" else model, mode, int(n), arm, args.tokens, args.threads)
