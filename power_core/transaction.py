@@ -61,6 +61,11 @@ _BATCH_ARGMAX = 1 << 16
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 
+def _given(value: Any) -> Any:
+    """A phase step that returns what it is given (round 0's verify pass: the prefill's row)."""
+    return value
+
+
 class CancelToken:
     """Thread-safe cancellation flag, checked between transaction steps.
 
@@ -340,8 +345,9 @@ class Transaction:
                                method=method) from exc
 
     # -- phases ------------------------------------------------------------------------------------
-    def _phase(self, name: str, step: Callable[[], Any], required: bool = False) -> Any:
-        """Run one phase, through the observers' ``power_txn_phase`` wrappers when there are any.
+    def _phase(self, name: str, step: Callable[..., Any], *args: Any, required: bool = False) -> Any:
+        """Run one phase, ``step(*args)``, through the observers' ``power_txn_phase`` wrappers when there
+        are any (none: a direct call, the hot path).
 
         The result (or exception) is the step's own: a wrapper may time, log or raise (a failure of
         the round, which then restores), but cannot swallow the step's exception or replace its
@@ -349,12 +355,12 @@ class Transaction:
         observer's exception there never replaces the round's own.
         """
         if self.phase_hook is None:
-            return step()
+            return step(*args)
         outcome: list[tuple[bool, Any]] = []
 
         def run() -> Any:
             try:
-                value = step()
+                value = step(*args)
             except BaseException as exc:
                 outcome.append((False, exc))
                 raise
@@ -385,12 +391,11 @@ class Transaction:
             raise Cancelled(f"generation cancelled in round {len(self.rounds)}; "
                             f"{len(self.emitted)} committed tokens are kept and generation can resume")
 
-    def _width(self, planned: int) -> int:
-        """Clamp the planned width so the round never emits past max_tokens or the context."""
-        caps = self.target.capabilities
+    def _width(self, planned: int, room: int, max_block: int) -> int:
+        """Clamp the planned width so the round never emits past max_tokens or the context (``room``:
+        the free slots after the anchor's)."""
         remaining = self.max_tokens - len(self.emitted)
-        room = caps.n_ctx - self.target.n_past - 1  # the anchor needs one slot
-        return max(0, min(planned, remaining - 1, room, caps.max_block - 1))
+        return max(0, min(planned, remaining - 1, room, max_block - 1))
 
     def _propose(self, k: int) -> TokenArray:
         if k == 0 or self.proposer is None:
@@ -400,7 +405,7 @@ class Transaction:
         props = np.asarray(self._call("propose", ctx))
         name = type(self.proposer).__name__
         where = f"proposer {name}.propose in round {len(self.rounds)}"
-        if props.ndim != 1 or (props.size and not np.issubdtype(props.dtype, np.integer)):
+        if props.ndim != 1 or (props.size and props.dtype.kind not in "iu"):  # signed or unsigned integers
             raise AdapterFault(f"{where} returned {props.dtype}{list(props.shape)}; expected 1-D integer ids",
                                proposer=name)
         if props.shape[0] > k:
@@ -464,7 +469,7 @@ class Transaction:
         greedy = self.sampler.greedy
         ids = res.greedy_ids if greedy else None  # the graph's first maximum: np.argmax's
         if ids is None and greedy and res.logits.shape[1] * (n + 1) <= _BATCH_ARGMAX:
-            ids = np.argmax(res.logits[: n + 1], axis=1)  # small rows: one call beats a call per row
+            ids = res.logits[: n + 1].argmax(axis=1)  # small rows: one call beats a call per row
         first = ids[: n + 1].tolist() if ids is not None else None
         drafted = props.tolist()
         for j in range(n + 1):
@@ -481,6 +486,10 @@ class Transaction:
             if not hit:
                 break
         return out, accepted, None
+
+    def _accept_round(self, props: TokenArray, res: DecodeResult) -> tuple[list[int], int, str | None]:
+        """The accept phase: :meth:`_accept`, cut at a completed stop string."""
+        return self._cut_at_stop_text(*self._accept(props, res))
 
     def _cut_at_stop_text(self, out: list[int], accepted: int, stop: str | None) -> tuple[list[int], int, str | None]:
         """End the round after the token that completes a stop string; later tokens are not emitted."""
@@ -515,13 +524,14 @@ class Transaction:
         if self.finished is not None:
             return None
         t0 = time.perf_counter()
-        room = self.target.capabilities.n_ctx - self.target.n_past - 1
+        caps = self.target.capabilities
+        room = caps.n_ctx - self.target.n_past - 1  # the anchor needs one slot
         if room < 0:
             self.finished = "context"
             return None
         first = self._prefilled
         plan = RoundPlan(0, "prefill") if first is not None else self.scheduler.plan()
-        k = self._width(plan.k)
+        k = self._width(plan.k, room, caps.max_block)
         self._check_cancel()
         cp_target, cp_proposer = self._phase("checkpoint", self._checkpoint)
         decoder = (len(self.emitted), self.anchor, self.finished)  # sampler state is len(emitted)
@@ -529,7 +539,7 @@ class Transaction:
                                decoder=decoder)
         try:
             self._check_cancel()
-            pending.offered = self._phase("propose", lambda: self._propose(k))
+            pending.offered = self._phase("propose", self._propose, k)
             props, pending.width = self._choose_width(pending.offered)
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
@@ -547,12 +557,13 @@ class Transaction:
         first, block, props = pending.first, pending.block, pending.props
         try:
             # round 0's verify pass is the prefill, which the proposer has already observed
-            res = self._phase("verify", lambda: self._verify(block, rows) if first is None else first)
+            res = self._phase("verify", self._verify, block, rows) if first is None else \
+                self._phase("verify", _given, first)
             self._check_cancel()
-            out, accepted, stop = self._phase("accept", lambda: self._cut_at_stop_text(*self._accept(props, res)))
+            out, accepted, stop = self._phase("accept", self._accept_round, props, res)
             self._check_cancel()
-            replayed = self._phase("commit", lambda: self._commit(pending.cp_target, block, out, accepted))
-            self._phase("emit", lambda: self._emit(out, stop))
+            replayed = self._phase("commit", self._commit, pending.cp_target, block, out, accepted)
+            self._phase("emit", self._emit, out, stop)
         except BaseException as exc:
             self.abort_round(pending, exc)
             raise
@@ -573,7 +584,7 @@ class Transaction:
 
     def abort_round(self, pending: PendingRound, exc: BaseException) -> None:
         """Step 7: return target, proposer, sampler and decoder to the start of the open round."""
-        self._phase("restore", lambda: self._restore(pending.cp_target, pending.cp_proposer, pending.decoder, exc),
+        self._phase("restore", self._restore, pending.cp_target, pending.cp_proposer, pending.decoder, exc,
                     required=True)
 
     def _checkpoint(self) -> tuple[Any, Any]:

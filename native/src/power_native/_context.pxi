@@ -151,7 +151,7 @@ cdef class Context:
         return 0
 
     # -- decoding ------------------------------------------------------------------------------------
-    def decode(self, tokens, int pos0, *, int seq_id=0, bint all_outputs=True) -> int:
+    def decode(self, tokens, int pos0, int seq_id=0, bint all_outputs=True) -> int:
         """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` with the GIL released.
 
         ``all_outputs`` asks for one logits row per token (else only the last). Returns the number

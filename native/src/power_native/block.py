@@ -103,6 +103,7 @@ class BlockDraftProposer:
         self.features = frozenset(self.layers)
         self.n_max = n_max
         self.n_block = n_max if readout.anchor_first else n_max + 1
+        self._outputs = bool(readout.outputs)
         self._start = 0  # position of the last observed batch's first token
         self._rows = 0  # tokens of the last observed batch
         self._prefill = True
@@ -117,20 +118,22 @@ class BlockDraftProposer:
         return int(self.draft.n_kv)
 
     def propose(self, ctx: ProposalContext) -> TokenArray:
-        if ctx.k <= 0:
+        k = ctx.k
+        if k <= 0:
             return _EMPTY
-        pos0 = self.draft.n_kv
+        draft = self.draft
+        pos0 = draft.n_kv
         try:
-            self.draft.noise(int(ctx.anchor), self.n_block, self.readout.outputs)
-            c = self.draft.ctx
+            draft.noise(ctx.anchor, self.n_block, self._outputs)
+            c = draft.ctx
             if self.samples_in_graph:
                 rows = BlockRows(logits=None, hidden=c.embeddings_nextn(), n_block=self.n_block, ids=c.sampled_ids())
             else:
-                rows = BlockRows(logits=c.logits() if self.readout.outputs else None, hidden=c.embeddings_nextn(),
+                rows = BlockRows(logits=c.logits() if self._outputs else None, hidden=c.embeddings_nextn(),
                                  n_block=self.n_block)
-            props = np.asarray(self.readout(rows, min(ctx.k, self.n_max)), dtype=np.int32)
+            props = np.asarray(self.readout(rows, k if k < self.n_max else self.n_max), dtype=np.int32)
         finally:
-            self.draft.trim(pos0)  # the noise block never stays in the draft KV
+            draft.trim(pos0)  # the noise block never stays in the draft KV
         return props
 
     def observe(self, result: DecodeResult) -> None:
@@ -139,13 +142,14 @@ class BlockDraftProposer:
         except KeyError as exc:
             raise ArtifactMismatch(f"the target publishes no {exc.args[0]!r} rows; it must be opened with the "
                                    "strategy's target features", evidence=str(exc.args[0])) from None
-        self._start = int(self.draft.n_kv)
-        self._rows = int(result.tokens.shape[0])
+        draft = self.draft
+        self._start = draft.n_kv
+        self._rows = result.tokens.shape[0]
         self._prefill = result.kind == "prompt"
         if self._prefill:
-            self.draft.inject(layers)
+            draft.inject(layers)
         else:  # copied into the draft's staging rows: a replay decode may overwrite the target's before commit
-            self.draft.stage(layers)
+            draft.stage(layers)
 
     def commit(self, n_accepted: int, emitted: TokenArray) -> None:
         # a verify pass [anchor, p1..pk] keeps the anchor's and the accepted proposals' features; the

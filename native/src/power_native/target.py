@@ -296,6 +296,7 @@ class LlamaTarget:
         self._rs_used = True
         self._no_rows = np.zeros((0, model.n_vocab), dtype=np.float32)
         self._layers = sorted(lid for f in self._caps.features if (lid := _layer_of(f)) is not None)
+        self._taps = tuple((layer_feature(lid), lid) for lid in self._layers)  # named once, read every pass
         unknown = {f for f in self._caps.features - TARGET_FEATURES if _layer_of(f) is None}
         if unknown:
             raise ConfigError("features", sorted(unknown), f"features of the llama target: {sorted(TARGET_FEATURES)} and layer_inp:<L>",
@@ -350,8 +351,7 @@ class LlamaTarget:
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
 
     def _decode(self, toks: TokenArray, all_outputs: bool = True) -> None:
-        _or_compact(lambda: self.ctx.decode(toks, self._n_past, seq_id=self.seq_id, all_outputs=all_outputs),
-                    self._compact)
+        _or_compact(self._compact, self.ctx.decode, toks, self._n_past, self.seq_id, all_outputs)
 
     def _decode_padded(self, toks: TokenArray) -> DecodeResult:
         """One pass of exactly ``verify_capacity`` tokens: ``toks``, then the last token repeated at
@@ -390,9 +390,10 @@ class LlamaTarget:
 
     def _features(self) -> dict[str, np.ndarray]:
         """The hidden-state taps of the last decode (zero-copy views, one row per token)."""
-        out = {"h_nextn": self.ctx.embeddings_nextn()} if self._nextn else {}
-        for lid in self._layers:
-            out[layer_feature(lid)] = self.ctx.embeddings_layer_inp(lid)
+        ctx = self.ctx
+        out = {"h_nextn": ctx.embeddings_nextn()} if self._nextn else {}
+        for name, lid in self._taps:
+            out[name] = ctx.embeddings_layer_inp(lid)
         return out
 
     def prefill(self, tokens: TokenArray,
@@ -643,16 +644,16 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     return relative
 
 
-def _or_compact(decode: Callable[[], _T], compact: Callable[[], bool] | None) -> _T:
-    """``decode()``; when it finds no memory slot, ``compact()`` (a shared cache's
-    :meth:`LlamaBatch.compact`) and ``decode()`` once more. The failed call changed nothing: llama.cpp
-    looks for the slots before it computes."""
+def _or_compact(compact: Callable[[], bool] | None, decode: Callable[..., _T], *args: Any) -> _T:
+    """``decode(*args)``; when it finds no memory slot, ``compact()`` (a shared cache's
+    :meth:`LlamaBatch.compact`) and ``decode(*args)`` once more. The failed call changed nothing:
+    llama.cpp looks for the slots before it computes."""
     try:
-        return decode()
+        return decode(*args)
     except _llama.NoMemorySlot:
         if compact is None or not compact():
             raise
-        return decode()
+        return decode(*args)
 
 
 class LlamaBatch:
@@ -713,7 +714,7 @@ class LlamaBatch:
                 out[at + n - k:at + n] = 1  # every row ("all") or the last one ("last")
             at += n
         tokens = placed[0][1] if len(placed) == 1 else np.concatenate([p[1] for p in placed])
-        rows = _or_compact(lambda: self.ctx.decode_multi(tokens, pos, seq, out), self.compact)
+        rows = _or_compact(self.compact, self.ctx.decode_multi, tokens, pos, seq, out)
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
