@@ -93,6 +93,32 @@ def test_restore_is_exact_and_repeatable(tiny_model):
         t.restore(cp)
 
 
+def test_recurrent_checkpoints_reuse_two_state_buffers(tiny_qwen35):
+    """A recurrent target copies its state at every checkpoint into one of two buffers taken in turn (no
+    allocation per round); a checkpoint whose buffer a newer one took raises StateLost, never restores
+    another checkpoint's state."""
+    t = _open(tiny_qwen35, 4, 4)
+    t.reset()
+    t.prefill(PROMPT[:3])
+    cp1 = t.checkpoint()
+    first = np.array(t.decode(PROMPT[3:5]).logits)
+    cp2 = t.checkpoint()
+    t.decode(PROMPT[5:6])
+    assert isinstance(cp1.state, bytearray) and cp1.state is not cp2.state and len(cp1.state) > 0
+    t.restore(cp1)  # the previous round's checkpoint is still whole
+    assert t.n_past == 3
+    np.testing.assert_array_equal(first, np.array(t.decode(PROMPT[3:5]).logits))
+    cp3 = t.checkpoint()
+    assert cp3.state is cp1.state  # cp1's buffer, reused
+    t.decode(PROMPT[5:6])
+    with pytest.raises(StateLost, match="superseded"):
+        t.restore(cp1)
+    t.restore(cp3)
+    assert t.n_past == 5
+    t.restore(cp2)  # still the owner of its buffer
+    assert t.n_past == 5
+
+
 def test_capacity_and_cancel(tiny_llama):
     t = _open(tiny_llama, 4, 4, n_ctx=16)
     n_ctx = t.capabilities.n_ctx  # llama.cpp may round the context up; the target reports what it got

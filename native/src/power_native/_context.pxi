@@ -505,22 +505,38 @@ cdef class Context:
         self._alive()
         return llama_memory_seq_pos_max(self.mem, seq_id)
 
-    def state_get(self, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> bytes:
-        """The sequence state (``PARTIAL_ONLY`` by default: recurrent/SWA part, not the full KV)."""
+    def state_get(self, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, bytearray out=None):
+        """The sequence state (``PARTIAL_ONLY`` by default: recurrent/SWA part, not the full KV), as
+        ``bytes``; with ``out``, written into that ``bytearray`` (a new one when the size differs) and
+        returned: a buffer reused every round needs no allocation and no fresh pages to fault in (a
+        recurrent state is 100s of KB even on a tiny model)."""
         self._alive()
         cdef size_t size = llama_state_seq_get_size_ext(self.ptr, seq_id, flags)
-        cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
-        cdef uint8_t * dst = <uint8_t *>PyBytes_AS_STRING(out)
+        cdef object result
+        cdef uint8_t * dst
+        if out is not None:
+            if <size_t>len(out) != size:
+                out = bytearray(size)
+            result = out
+            dst = <uint8_t *>PyByteArray_AS_STRING(out)
+        else:
+            result = PyBytes_FromStringAndSize(NULL, size)
+            dst = <uint8_t *>PyBytes_AS_STRING(result)
         cdef size_t got
         with nogil:
             got = llama_state_seq_get_data_ext(self.ptr, dst, size, seq_id, flags)
         if got != size:
             rc_raise(RC_OP_STATE_GET, <long>got, None)
-        return out
+        return result
 
-    def state_set(self, bytes data, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> None:
+    def state_set(self, data, int seq_id=0, int flags=LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> None:
+        """Load a state from :meth:`state_get` (``bytes`` or the ``bytearray`` it filled)."""
         self._alive()
-        cdef const uint8_t * src = <const uint8_t *>PyBytes_AS_STRING(data)
+        cdef const uint8_t * src
+        if isinstance(data, bytearray):
+            src = <const uint8_t *>PyByteArray_AS_STRING(data)
+        else:
+            src = <const uint8_t *>PyBytes_AS_STRING(data)  # a TypeError for anything but bytes
         cdef size_t size = len(data)
         cdef size_t got
         _errors.clear()

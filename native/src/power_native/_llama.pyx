@@ -10,6 +10,7 @@ ids outside the vocabulary, context overflow, reading an untapped layer input an
 the architecture does not record.
 """
 
+from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free

@@ -98,11 +98,16 @@ def _layer_of(name: str) -> int | None:
 
 @attrs.frozen
 class LlamaCheckpoint:
-    """Position mark (+ recurrent ``PARTIAL_ONLY`` state) of one :class:`LlamaTarget`."""
+    """Position mark (+ recurrent ``PARTIAL_ONLY`` state) of one :class:`LlamaTarget`.
+
+    The state lives in one of the target's two state buffers (``slot``), reused every round: it stays
+    this checkpoint's until the target takes two more, and ``ident`` tells whether it still is."""
 
     n_past: int
     epoch: int
-    state: bytes | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
+    state: bytes | bytearray | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
+    slot: int = 0
+    ident: int = 0
 
 
 #: the install that gives power-native llama.cpp's CUDA backend
@@ -288,6 +293,11 @@ class LlamaTarget:
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
             features=frozenset(features), digest=digest, verify_capacity=verify_capacity)
         self._recurrent = recurrent
+        # a recurrent target's checkpoints copy its state every round: into two buffers taken in turn
+        # (a round's checkpoint and its predecessor's), each owned by the last checkpoint written to it
+        self._states = [bytearray(), bytearray()]
+        self._state_owner = [0, 0]
+        self._checkpoints = 0
         #: a shared cache's compaction (LlamaBatch.compact), tried once when a decode finds no slot
         self._compact: Callable[[], bool] | None = None
         self._n_past = 0
@@ -415,8 +425,14 @@ class LlamaTarget:
         return self.ctx.logits()[-1]
 
     def checkpoint(self) -> LlamaCheckpoint:
-        state = self.ctx.state_get(self.seq_id) if self._recurrent else None
-        return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state)
+        if not self._recurrent:
+            return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch)
+        self._checkpoints += 1
+        slot = self._checkpoints & 1
+        state = self._states[slot] = self.ctx.state_get(self.seq_id, out=self._states[slot])
+        self._state_owner[slot] = self._checkpoints
+        return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state, slot=slot,
+                               ident=self._checkpoints)
 
     def rollback(self, checkpoint: LlamaCheckpoint, keep: int) -> bool:
         last = self._last_len
@@ -448,6 +464,10 @@ class LlamaTarget:
         if not isinstance(checkpoint, LlamaCheckpoint) or checkpoint.epoch != self._epoch:
             raise StateLost(f"checkpoint {checkpoint!r} does not belong to this request of the llama target "
                             "(reset since); discard the session")
+        if checkpoint.state is not None and self._state_owner[checkpoint.slot] != checkpoint.ident:
+            raise StateLost(f"checkpoint {checkpoint.ident} of the llama target was superseded: its state buffer "
+                            f"holds checkpoint {self._state_owner[checkpoint.slot]}'s now (a recurrent target keeps "
+                            "the states of its two newest checkpoints); restore a checkpoint before taking two more")
         if checkpoint.n_past > self._n_past and checkpoint.state is None:
             raise StateLost(f"checkpoint at {checkpoint.n_past} tokens is ahead of the target "
                             f"({self._n_past} tokens); the tokens after it are gone")
