@@ -36,6 +36,7 @@ cdef class MtpHead:
     cdef BatchExt batch
     cdef readonly int n_embd, n_vocab, fr
     cdef float[::1] pending
+    cdef object pending_array  # the ndarray behind ``pending`` (its copy is a checkpoint's boundary row)
     cdef float[:, ::1] rows
     cdef int32_t[::1] toks
     cdef readonly bint staged  # the last observed batch is copied but not yet in the KV
@@ -54,7 +55,8 @@ cdef class MtpHead:
         if fr < 1 or fr > self.n_vocab:
             raise CapacityError(f"spec_mtp_fr_vocab_size={fr} outside [1, {self.n_vocab}]")
         self.fr = fr
-        self.pending = np.zeros(self.n_embd, dtype=np.float32)
+        self.pending_array = np.zeros(self.n_embd, dtype=np.float32)
+        self.pending = self.pending_array
         self.rows = np.zeros((ctx.n_batch, self.n_embd), dtype=np.float32)
         self.toks = np.zeros(ctx.n_batch, dtype=np.int32)
         self.reset()
@@ -142,7 +144,7 @@ cdef class MtpHead:
 
     def state(self):
         """What a checkpoint needs: (n_kv, boundary row)."""
-        return self.n_kv, np.array(self.pending, copy=True)
+        return self.n_kv, self.pending_array.copy()  # ndarray.copy: np.array over the memoryview costs more
 
     def set_state(self, int n_kv, pending) -> None:
         """Back to a :meth:`state`: the KV is trimmed (the draft chain and any observed rows after
