@@ -117,6 +117,8 @@ def test_recurrent_checkpoints_reuse_two_state_buffers(tiny_qwen35):
     assert t.n_past == 5
     t.restore(cp2)  # still the owner of its buffer
     assert t.n_past == 5
+    with pytest.raises(TypeError, match="bytes or bytearray"):
+        t.ctx.state_set(memoryview(bytes(cp2.state)))
 
 
 def test_capacity_and_cancel(tiny_llama):

@@ -535,8 +535,10 @@ cdef class Context:
         cdef const uint8_t * src
         if isinstance(data, bytearray):
             src = <const uint8_t *>PyByteArray_AS_STRING(data)
+        elif isinstance(data, bytes):
+            src = <const uint8_t *>PyBytes_AS_STRING(data)
         else:
-            src = <const uint8_t *>PyBytes_AS_STRING(data)  # a TypeError for anything but bytes
+            raise TypeError(f"state_set takes a state from state_get (bytes or bytearray), not {type(data).__name__}")
         cdef size_t size = len(data)
         cdef size_t got
         _errors.clear()
