@@ -429,6 +429,7 @@ class LlamaTarget:
             return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch)
         self._checkpoints += 1
         slot = self._checkpoints & 1
+        self._state_owner[slot] = 0  # nobody's while it is overwritten (a failed copy leaves it so)
         state = self._states[slot] = self.ctx.state_get(self.seq_id, out=self._states[slot])
         self._state_owner[slot] = self._checkpoints
         return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state, slot=slot,
