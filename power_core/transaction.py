@@ -26,10 +26,9 @@ The transaction knows no adapter and no backend: only the protocols in :mod:`pow
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import numpy as np
@@ -74,7 +73,7 @@ class CancelToken:
     """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False  # one bool: reading or writing it is atomic under the GIL
         self._subscribers: list[tuple[Callable[[], None], Callable[[], None]]] = []
 
     def subscribe(self, on_cancel: Callable[[], None], on_reset: Callable[[], None]) -> None:
@@ -82,18 +81,18 @@ class CancelToken:
             self._subscribers.append((on_cancel, on_reset))
 
     def cancel(self) -> None:
-        self._event.set()
+        self._set = True
         for on_cancel, _ in self._subscribers:
             on_cancel()
 
     def reset(self) -> None:
-        self._event.clear()
+        self._set = False
         for _, on_reset in self._subscribers:
             on_reset()
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
 
 @attrs.frozen
@@ -333,12 +332,12 @@ class Transaction:
         does a ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``). The caller's
         round then restores, as for any failure.
         """
-        name = type(self.proposer).__name__
         try:
             return getattr(self.proposer, method)(*args)
         except PowerError:
             raise
         except Exception as exc:
+            name = type(self.proposer).__name__
             raise AdapterFault(f"proposer {name}.{method} raised {type(exc).__name__}: {exc} (round "
                                f"{len(self.rounds)}); Power restores the last committed state. Fix the adapter: "
                                "a proposer raises only power_core errors on purpose", proposer=name,
@@ -400,23 +399,21 @@ class Transaction:
     def _propose(self, k: int) -> TokenArray:
         if k == 0 or self.proposer is None:
             return _EMPTY
-        ctx = ProposalContext(history=self.history, anchor=self.anchor,
-                              k=k, round_index=len(self.rounds))
-        props = np.asarray(self._call("propose", ctx))
-        name = type(self.proposer).__name__
-        where = f"proposer {name}.propose in round {len(self.rounds)}"
+        props = np.asarray(self._call("propose", ProposalContext(history=self.history, anchor=self.anchor, k=k,
+                                                                 round_index=len(self.rounds))))
         if props.ndim != 1 or (props.size and props.dtype.kind not in "iu"):  # signed or unsigned integers
-            raise AdapterFault(f"{where} returned {props.dtype}{list(props.shape)}; expected 1-D integer ids",
-                               proposer=name)
+            self._refuse(f"returned {props.dtype}{list(props.shape)}; expected 1-D integer ids")
         if props.shape[0] > k:
-            raise AdapterFault(f"{where} returned {props.shape[0]} tokens but the round allows at most "
-                               f"ctx.k={k}", proposer=name)
+            self._refuse(f"returned {props.shape[0]} tokens but the round allows at most ctx.k={k}")
         n_vocab = self.target.capabilities.n_vocab
         ids = props.tolist()  # a few ids: Python's min/max beat two numpy reductions
         if ids and (min(ids) < 0 or max(ids) >= n_vocab):
-            raise AdapterFault(f"{where} returned token id outside [0, {n_vocab}) (the target's n_vocab): "
-                               f"{props.tolist()}", proposer=name)
+            self._refuse(f"returned token id outside [0, {n_vocab}) (the target's n_vocab): {ids}")
         return props.astype(np.int32, copy=False)
+
+    def _refuse(self, what: str) -> NoReturn:
+        name = type(self.proposer).__name__
+        raise AdapterFault(f"proposer {name}.propose in round {len(self.rounds)} {what}", proposer=name)
 
     def _choose_width(self, props: TokenArray) -> tuple[TokenArray, dict[str, Any] | None]:
         """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
