@@ -282,7 +282,7 @@ _ACCEPT = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
 def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spec_type: str,
-                draft: Path | None = None, n_ctx: int = 256) -> list[tuple[list[int], int, int]]:
+                draft: Path | None = None, n_ctx: int = 256, p_min: float = 0.0) -> list[tuple[list[int], int, int]]:
     """Per round of ``llama-speculative-simple --spec-type T --spec-draft-n-max K -lv 5``:
     (draft ids as logged, drafted count, accepted count). DFlash2 logs no ids, only the counts.
 
@@ -292,7 +292,7 @@ def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spe
     env, numerics_args = peer_launch("exact")
     cmd = [str(peer_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", spec_type,
            "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "-c", str(n_ctx),
-           "-t", "2", "-lv", "5", *numerics_args]
+           "-t", "2", "-lv", "5", "--spec-draft-p-min", str(p_min), *numerics_args]
     if draft is not None:
         cmd[3:3] = ["-md", str(draft)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

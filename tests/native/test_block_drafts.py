@@ -185,6 +185,34 @@ def test_same_proposals_as_llama_cpp(peer_bin, drafts, arch, mode, k):
     assert compared >= 3
 
 
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_dflash2_p_min_cuts_where_llama_cpp_does(peer_bin, drafts, arch):
+    """With ``p_min`` the DFlash2 walk stops at the first position whose softmax confidence is below
+    it (llama.cpp's float comparison): at every position both sides drafted from, with the budget
+    wide enough for a full draft, the draft is as long as ``llama-speculative-simple --spec-draft-p-min``'s."""
+    target, draft = drafts[("target", arch)], drafts[(arch, "dflash2")]
+    prompt, k, n, p_min = "hello world, this is a test prompt", 7, 32, 0.5
+    cfg = PowerConfig(spec_mode="dflash2", spec_draft_max=k, spec_draft_p_min=p_min, max_tokens=n, n_ctx=256,
+                      n_threads=2, trace=True)
+    with Session.open(cfg, model=str(target), draft=str(draft)) as s:
+        n_prompt = len(s.encode(prompt))
+        ours = s.generate(prompt)
+    theirs = peer_rounds(peer_bin, target, prompt, k, n, spec_type="draft-dflash", draft=draft, p_min=p_min)
+    ours_at, pos = {}, n_prompt - 1
+    for r in ours.receipt.rounds:
+        if r["index"] > 0:
+            ours_at[pos] = (r["proposed"], r["accepted"])
+        pos += r["emitted"]
+    theirs_at, pos = {}, n_prompt - 1
+    for _, gen, acc in theirs:
+        theirs_at[pos] = (gen, acc)
+        pos += acc + 1
+    full_budget = [p for p in sorted(set(ours_at) & set(theirs_at)) if n - (p - n_prompt + 1) - 1 >= k]
+    assert len(full_budget) >= 5, (ours_at, theirs_at)
+    assert [ours_at[p] for p in full_budget] == [theirs_at[p] for p in full_budget]
+    assert any(ours_at[p][0] < k for p in full_budget), "p_min cut no draft short: the test proves nothing"
+
+
 # -- selection -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", list(KINDS))
 def test_auto_classifies_a_given_draft(drafts, mode):
