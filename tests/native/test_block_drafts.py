@@ -175,29 +175,32 @@ def test_same_proposals_as_llama_cpp(peer_bin, drafts, arch, mode, k):
     accepted counts."""
     target, draft = drafts[("target", arch)], drafts[(arch, mode)]
     prompt = "hello world, this is a test prompt"
-    cfg = PowerConfig(spec_mode=mode, spec_draft_max=k, max_tokens=32, n_ctx=256, n_threads=2, trace=True)
+    cfg = PowerConfig(spec_mode=mode.removesuffix("-conf"), spec_draft_max=k, max_tokens=32, n_ctx=256, n_threads=2, trace=True)
     with Session.open(cfg, model=str(target), draft=str(draft)) as s:
         n_prompt = len(s.encode(prompt))
         ours = s.generate(prompt)
-    spec_type = "draft-dspark" if mode == "dspark" else "draft-dflash"
+    spec_type = "draft-dspark" if mode == "dspark-conf" else "draft-dflash"
     theirs = peer_rounds(peer_bin, target, prompt, k, 32, spec_type=spec_type, draft=draft)
     compared = assert_same_rounds(ours.receipt.rounds, theirs, n_prompt, k, ids=mode != "dflash2")
     assert compared >= 3
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])
-def test_dflash2_p_min_cuts_where_llama_cpp_does(peer_bin, drafts, arch):
-    """With ``p_min`` the DFlash2 walk stops at the first position whose softmax confidence is below
-    it (llama.cpp's float comparison): at every position both sides drafted from, with the budget
-    wide enough for a full draft, the draft is as long as ``llama-speculative-simple --spec-draft-p-min``'s."""
-    target, draft = drafts[("target", arch)], drafts[(arch, "dflash2")]
-    prompt, k, n, p_min = "hello world, this is a test prompt", 7, 32, 0.5
-    cfg = PowerConfig(spec_mode="dflash2", spec_draft_max=k, spec_draft_p_min=p_min, max_tokens=n, n_ctx=256,
+@pytest.mark.parametrize(("mode", "p_min"), [("dflash", 0.3), ("dflash2", 0.5), ("dspark-conf", 0.5)])
+def test_p_min_cuts_where_llama_cpp_does(peer_bin, drafts, arch, mode, p_min):
+    """With ``p_min`` a draft stops at the first position whose confidence is below it (DFlash v1: the
+    top-10 softmax; DFlash2: the lattice softmax, llama.cpp's float comparison; DSpark: its confidence
+    head): at every position both sides drafted from, with the budget wide enough for a full draft, the
+    draft is as long as ``llama-speculative-simple --spec-draft-p-min``'s and accepts as many."""
+    target, draft = drafts[("target", arch)], drafts[(arch, mode)]
+    prompt, k, n = "hello world, this is a test prompt", 7, 32
+    cfg = PowerConfig(spec_mode=mode.removesuffix("-conf"), spec_draft_max=k, spec_draft_p_min=p_min, max_tokens=n, n_ctx=256,
                       n_threads=2, trace=True)
     with Session.open(cfg, model=str(target), draft=str(draft)) as s:
         n_prompt = len(s.encode(prompt))
         ours = s.generate(prompt)
-    theirs = peer_rounds(peer_bin, target, prompt, k, n, spec_type="draft-dflash", draft=draft, p_min=p_min)
+    spec_type = "draft-dspark" if mode == "dspark-conf" else "draft-dflash"
+    theirs = peer_rounds(peer_bin, target, prompt, k, n, spec_type=spec_type, draft=draft, p_min=p_min)
     ours_at, pos = {}, n_prompt - 1
     for r in ours.receipt.rounds:
         if r["index"] > 0:
