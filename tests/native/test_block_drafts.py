@@ -179,7 +179,7 @@ def test_same_proposals_as_llama_cpp(peer_bin, drafts, arch, mode, k):
     with Session.open(cfg, model=str(target), draft=str(draft)) as s:
         n_prompt = len(s.encode(prompt))
         ours = s.generate(prompt)
-    spec_type = "draft-dspark" if mode == "dspark-conf" else "draft-dflash"
+    spec_type = "draft-dspark" if mode == "dspark" else "draft-dflash"
     theirs = peer_rounds(peer_bin, target, prompt, k, 32, spec_type=spec_type, draft=draft)
     compared = assert_same_rounds(ours.receipt.rounds, theirs, n_prompt, k, ids=mode != "dflash2")
     assert compared >= 3
