@@ -73,7 +73,8 @@ def test_lattice_candidates_that_are_no_token_ids_read_minus_one():
     assert LatticeReadout(top_k=2)(rows, 3).tolist() == [-1, -1, -1]
 
 
-@pytest.mark.parametrize(("shape", "top_k", "match"), [((4, 5), 2, "width 5"), ((4, 6), 0, "top_k=0")])
+@pytest.mark.parametrize(("shape", "top_k", "match"), [((4, 5), 2, "width 5"), ((4, 6), 0, "top_k=0"),
+                                                     ((4, 6), 70000, "cannot hold")])  # top_k² overflows an int
 def test_lattice_of_the_wrong_shape_is_refused(shape, top_k, match):
     rows = BlockRows(logits=None, hidden=np.zeros(shape, dtype=np.float32), n_block=4)
     with pytest.raises(ValueError, match=match):

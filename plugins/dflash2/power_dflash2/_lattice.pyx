@@ -17,16 +17,18 @@ def walk(const float[:, :] lattice, int top_k, int m, float p_min):
         raise ValueError(f"selector top_k={top_k}: expected at least 1")
     if m < 0 or m >= lattice.shape[0]:
         raise ValueError(f"a walk over {m} block positions needs {m + 1} lattice rows; got {lattice.shape[0]}")
-    if lattice.shape[1] < top_k + top_k * top_k:
+    cdef Py_ssize_t width = <Py_ssize_t>top_k * (top_k + 1)  # no int overflow, whatever top_k says
+    if lattice.shape[1] < width:
         raise ValueError(f"lattice rows of width {lattice.shape[1]} cannot hold top_k={top_k} candidates and "
                          f"{top_k}x{top_k} scores")
     out = np.empty(m, dtype=np.int32)
     cdef int32_t[::1] ids = out
-    cdef int i, s, at, best, n = 0, pred = 0
+    cdef Py_ssize_t at
+    cdef int i, s, best, n = 0, pred = 0
     cdef float top, total, cand
     with nogil:
         for i in range(1, m + 1):
-            at = top_k + pred * top_k  # the scores of pred's successors
+            at = top_k + <Py_ssize_t>pred * top_k  # the scores of pred's successors
             best = 0
             top = lattice[i, at]
             for s in range(1, top_k):  # the first maximum
