@@ -20,8 +20,8 @@ PROMPT = np.array([1, 17, 42, 99, 5, 63, 8], dtype=np.int32)
 N = 48
 
 
-def _open(path, k: int, s: int, n_ctx: int = 256) -> LlamaTarget:
-    return open_target(path, n_ctx=n_ctx, max_block=k + 1, snapshots=s, n_threads=2)
+def _open(path, k: int, s: int, n_ctx: int = 256, device_states: bool | None = None) -> LlamaTarget:
+    return open_target(path, n_ctx=n_ctx, max_block=k + 1, snapshots=s, n_threads=2, device_states=device_states)
 
 
 def test_protocol_and_capabilities(tiny_llama, tiny_qwen35):
@@ -45,11 +45,17 @@ def test_decode_rows_match_sequential(tiny_model):
     np.testing.assert_allclose(rows, np.stack(seq), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("device_states", [None, True])
 @pytest.mark.parametrize("k,s", [(4, 4), (4, 1), (6, 2)])
-def test_speculative_parity(tiny_model, k, s):
+def test_speculative_parity(tiny_model, k, s, device_states):
+    """Greedy speculative decoding with every acceptance depth equals one-token decoding; on the
+    recurrent target also with its checkpoints kept in the context's backend buffers (``device_states``,
+    what an offloaded target does; here the CPU backend's), whose restores the S < K runs exercise."""
     ref_t = _open(tiny_model, 0, 1)
     ref = greedy_reference(ref_t, PROMPT, N)
-    t = _open(tiny_model, k, s)
+    t = _open(tiny_model, k, s, device_states=device_states)
+    assert t.state_checkpoints == (None if t.capabilities.rollback_window is None
+                                   else "device" if device_states else "host")
     run = speculative(t, PROMPT, N, k, oracle(ref, len(PROMPT), 128))
     assert run["tokens"] == ref
     assert 0 < run["accepted"] < run["proposed"]
@@ -119,6 +125,34 @@ def test_recurrent_checkpoints_reuse_two_state_buffers(tiny_qwen35):
     assert t.n_past == 5
     with pytest.raises(TypeError, match="bytes or bytearray"):
         t.ctx.state_set(memoryview(bytes(cp2.state)))
+
+
+def test_device_checkpoints_keep_the_newest_state(tiny_qwen35):
+    """Device checkpoints (llama.cpp's ON_DEVICE: the state stays in the context's backend buffers, one copy
+    per sequence) leave only a header on the host and restore the newest checkpoint exactly; an older one,
+    whose copy the newer replaced, raises StateLost."""
+    host = _open(tiny_qwen35, 4, 4)
+    t = _open(tiny_qwen35, 4, 4, device_states=True)
+    assert host.state_checkpoints == "host" and t.state_checkpoints == "device"
+    for target in (host, t):
+        target.reset()
+        target.prefill(PROMPT[:3])
+    host_cp = host.checkpoint()
+    cp1 = t.checkpoint()
+    assert 0 < len(cp1.state) < len(host_cp.state) // 10  # the header; the tensors stay in backend buffers
+    first = np.array(t.decode(PROMPT[3:5]).logits)
+    np.testing.assert_array_equal(first, np.array(host.decode(PROMPT[3:5]).logits))
+    t.restore(cp1)
+    assert t.n_past == 3
+    np.testing.assert_array_equal(first, np.array(t.decode(PROMPT[3:5]).logits))
+    cp2 = t.checkpoint()
+    after = np.array(t.decode(PROMPT[5:7]).logits)
+    with pytest.raises(StateLost, match="newest checkpoint, on the device"):
+        t.restore(cp1)
+    t.restore(cp2)
+    t.restore(cp2)  # a restore leaves the copy in place
+    assert t.n_past == 5
+    np.testing.assert_array_equal(after, np.array(t.decode(PROMPT[5:7]).logits))
 
 
 def test_capacity_and_cancel(tiny_llama):

@@ -10,6 +10,8 @@ from power_core.errors import CapacityError
 
 LAYER_INP_ARCHS: frozenset[str]
 LAYER_INP_FINAL_ARCHS: frozenset[str]
+STATE_PARTIAL_ONLY: int
+STATE_ON_DEVICE: int
 
 class NoMemorySlot(CapacityError): ...
 

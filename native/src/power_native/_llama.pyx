@@ -89,6 +89,10 @@ __all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "syste
 #: artifact validator checks, generated from the pinned llama.cpp source (power_core.artifacts.archs)
 LAYER_INP_ARCHS = _archs.LAYER_INPUT_ARCHS
 LAYER_INP_FINAL_ARCHS = _archs.FINAL_TAP_ARCHS
+#: ``llama_state_seq_flags`` of Context.state_get/state_set: the partial (recurrent/SWA) state only, and
+#: its tensors kept in backend buffers of the context (one copy per sequence; a newer one replaces it)
+STATE_PARTIAL_ONLY = LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+STATE_ON_DEVICE = LLAMA_STATE_SEQ_FLAGS_ON_DEVICE
 
 # -- logging ---------------------------------------------------------------------------------------
 _log = get_logger("power_native.llama")  # stdlib logging: the host decides

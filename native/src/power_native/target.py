@@ -267,7 +267,7 @@ class LlamaTarget:
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
                  shared: bool = False, n_ctx: int | None = None, verify_capacity: int = 0,
-                 offloaded: bool = False) -> None:
+                 offloaded: bool = False, device_states: bool | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.numerics = numerics
@@ -293,10 +293,16 @@ class LlamaTarget:
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
             features=frozenset(features), digest=digest, verify_capacity=verify_capacity)
         self._recurrent = recurrent
-        # a recurrent target's checkpoints copy its state every round: into two buffers taken in turn
-        # (a round's checkpoint and its predecessor's), each owned by the last checkpoint written to it
-        self._states = [bytearray(), bytearray()]
-        self._state_owner = [0, 0]
+        # a recurrent target's checkpoints copy its state every round. Offloaded (``device_states``
+        # None: where the model runs), the copy stays in the context's backend buffers (llama.cpp's
+        # ON_DEVICE: a copy between device buffers, not a device-to-host transfer every round) and the
+        # host buffer holds only its header; llama.cpp keeps one such copy per sequence, so only the
+        # newest checkpoint can be restored. On the host: two buffers taken in turn (a round's
+        # checkpoint and its predecessor's). Each buffer is owned by the last checkpoint written to it.
+        self.device_states = recurrent and (offloaded if device_states is None else bool(device_states))
+        self._state_flags = _llama.STATE_PARTIAL_ONLY | (_llama.STATE_ON_DEVICE if self.device_states else 0)
+        self._states = [bytearray() for _ in range(1 if self.device_states else 2)]
+        self._state_owner = [0] * len(self._states)
         self._checkpoints = 0
         #: a shared cache's compaction (LlamaBatch.compact), tried once when a decode finds no slot
         self._compact: Callable[[], bool] | None = None
@@ -330,6 +336,12 @@ class LlamaTarget:
     @property
     def n_past(self) -> int:
         return self._n_past
+
+    @property
+    def state_checkpoints(self) -> str | None:
+        """Where a checkpoint's copy of the recurrent state lives: ``"device"`` (the context's backend
+        buffers), ``"host"``, or ``None`` (an attention-only target rolls back by trimming its KV)."""
+        return None if not self._recurrent else "device" if self.device_states else "host"
 
     def decode(self, tokens: TokenArray) -> DecodeResult:
         """Append ``tokens`` at ``n_past``; one logits row per token (zero-copy when one call)."""
@@ -428,9 +440,9 @@ class LlamaTarget:
         if not self._recurrent:
             return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch)
         self._checkpoints += 1
-        slot = self._checkpoints & 1
+        slot = self._checkpoints % len(self._states)
         self._state_owner[slot] = 0  # nobody's while it is overwritten (a failed copy leaves it so)
-        state = self._states[slot] = self.ctx.state_get(self.seq_id, out=self._states[slot])
+        state = self._states[slot] = self.ctx.state_get(self.seq_id, self._state_flags, out=self._states[slot])
         self._state_owner[slot] = self._checkpoints
         return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state, slot=slot,
                                ident=self._checkpoints)
@@ -466,15 +478,16 @@ class LlamaTarget:
             raise StateLost(f"checkpoint {checkpoint!r} does not belong to this request of the llama target "
                             "(reset since); discard the session")
         if checkpoint.state is not None and self._state_owner[checkpoint.slot] != checkpoint.ident:
+            kept = "newest checkpoint, on the device" if self.device_states else "two newest checkpoints"
             raise StateLost(f"checkpoint {checkpoint.ident} of the llama target was superseded: its state buffer "
                             f"holds checkpoint {self._state_owner[checkpoint.slot]}'s now (a recurrent target keeps "
-                            "the states of its two newest checkpoints); restore a checkpoint before taking two more")
+                            f"the states of its {kept}); restore a checkpoint before taking newer ones")
         if checkpoint.n_past > self._n_past and checkpoint.state is None:
             raise StateLost(f"checkpoint at {checkpoint.n_past} tokens is ahead of the target "
                             f"({self._n_past} tokens); the tokens after it are gone")
         try:
             if checkpoint.state is not None:
-                self.ctx.state_set(checkpoint.state, self.seq_id)
+                self.ctx.state_set(checkpoint.state, self.seq_id, self._state_flags)
             ok = self.ctx.seq_rm(self.seq_id, checkpoint.n_past, -1)
         except StateLost:
             raise
@@ -588,7 +601,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
                 n_threads: int | None = None, features: frozenset[str] = frozenset(),
                 digest: str | None = None, numerics: str = "exact", rpc_servers: tuple[str, ...] = (),
                 n_gpu_layers: int = 0, devices: tuple[str, ...] = (), flash_attn: str = "auto",
-                verify_capacity: int = 0, warmup: bool = False) -> LlamaTarget:
+                verify_capacity: int = 0, warmup: bool = False, device_states: bool | None = None) -> LlamaTarget:
     """Load ``path`` and create its target context (the pieces of :func:`open_llama`) with the
     given :data:`NUMERICS` and offload (:func:`offload` has checked it); ``verify_capacity`` B > 0
     pads every decode pass to B tokens (the context gets B cells more than ``n_ctx`` for the padding
@@ -606,7 +619,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
             warm_up(ctx)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
                              n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity,
-                             offloaded=bool(rpc_servers) or n_gpu_layers != 0)
+                             offloaded=bool(rpc_servers) or n_gpu_layers != 0, device_states=device_states)
     except BaseException:
         _numerics.release(numerics)
         raise
@@ -822,7 +835,8 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
             warm_up(ctx)
         per_seq = ctx.n_ctx // n
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
-                                    numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq) for i in range(n))
+                                    numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq,
+                                    offloaded=bool(cfg.rpc_servers) or placed.n_gpu_layers != 0) for i in range(n))
         batch = LlamaBatch(model, ctx, targets, unified=unified)
     except BaseException:
         _numerics.release(cfg.numerics)
@@ -836,6 +850,7 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
                 arch=model.arch, desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch,
                 n_ubatch=ctx.n_ubatch, n_rs_seq=ctx.n_rs_seq, rollback_window=targets[0].capabilities.rollback_window,
+                state_checkpoints=targets[0].state_checkpoints,
                 n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=unified,
                 verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
     tokenizer = LlamaTokenizer(model)
@@ -865,6 +880,7 @@ def open_llama(req: OpenRequest) -> OpenedModel:
                 arch=target.model.arch, desc=target.model.desc, n_ctx=target.capabilities.n_ctx,
                 n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
                 snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
+                state_checkpoints=target.state_checkpoints,
                 n_threads=cfg.n_threads or os.cpu_count(),
                 verify_cost=list(target.capabilities.verify_cost) if target.capabilities.verify_cost else None)
     log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
