@@ -12,7 +12,8 @@ Every step goes through the installed ``power`` CLI (a fresh process each) and i
    its one-token rows (batch invariance; expect not on CUDA) — and the same with ``--require-identical``
    on a ``suffix`` run, whose receipt then says it fell back to target-only and why;
 2. parity of every mode with ``--mode off``, greedy, all layers offloaded: ``suffix`` and
-   ``draft-model`` (self-draft) on both real models; MTP on a tiny synthetic qwen35 with an MTP head;
+   ``draft-model`` (self-draft) on both real models; MTP on a tiny synthetic qwen35 with an MTP head
+   (a recurrent target: its checkpoints stay in device buffers, the receipt's ``state_checkpoints``);
    DFlash v1, DFlash2 and DSpark on a synthetic llama target with its drafts (random weights, shaped
    by ``--shape``: ``tiny`` as the test suite's, ``full`` a 1024-wide, 8-layer, 32k-vocabulary
    target); a differing output is reported with its first differing token, never hidden;
@@ -81,7 +82,7 @@ def parity(model: str, mode: str, draft: str | None, offload: list[str], prompt:
     r = spec["receipt"]
     return {"model": Path(model).name, "mode": mode, "identical": first is None, "first_difference": first,
             "acceptance": r["summary"].get("acceptance"), "sampling": r["backend"].get("sampling"),
-            "draft_sampling": r["backend"].get("draft_sampling"),
+            "draft_sampling": r["backend"].get("draft_sampling"), "state_checkpoints": r["backend"].get("state_checkpoints"),
             "host_us_per_round": round(r["timings"].get("host_us_per_round", float("nan")), 1),
             "wall_s": round(wall, 2)}
 
@@ -162,9 +163,10 @@ def main() -> int:
              "| selftest model | identical | max abs diff |", "|---|---|---|"]
     lines += [f"| {s['model']} | {s.get('identical')} | {s.get('max_abs_diff')} |" for s in report["selftest"]]
     lines += ["", "| parity: model | mode | identical to off | first difference | acceptance | sampling | draft sampling "
-              "| host µs/round |", "|---|---|---|---|---|---|---|---|"]
+              "| state checkpoints | host µs/round |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['mode']} | {r['identical']} | {r['first_difference']} | {r['acceptance']} | "
-              f"{r['sampling']} | {r['draft_sampling']} | {r['host_us_per_round']} |" for r in rows]
+              f"{r['sampling']} | {r['draft_sampling']} | {r['state_checkpoints']} | {r['host_us_per_round']} |"
+              for r in rows]
     lines += ["", "| paired: model | arms | decode tok/s | ratio | host µs/round | same output |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {p['model']} | {' vs '.join(p['arms'])} | {p['decode_tok_s']} | {p['ratio']} | {p['host_us_per_round']} "
