@@ -309,15 +309,14 @@ def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spe
     return rounds
 
 
-def assert_same_rounds(ours: list[dict], theirs: list[tuple[list[int], int, int]], n_prompt: int, k: int, *,
-                       ids: bool = True) -> int:
-    """Power's traced rounds against llama.cpp's, matched by the anchor's position.
+def rounds_by_position(ours: list[dict], theirs: list[tuple[list[int], int, int]],
+                       n_prompt: int) -> tuple[dict[int, tuple], dict[int, tuple]]:
+    """Power's traced rounds and llama.cpp's, each keyed by its anchor's position: ``(ids, drafted,
+    accepted)``.
 
     llama.cpp's first round drafts from the last prompt token (it prefills ``prompt[:-1]``); Power's
     round 0 emits from the prefill of the whole prompt (DESIGN.md: round 0 is the prefill round),
-    so round ``i`` of one side pairs with the round of the other that drafts at the same position.
-    Proposals (when llama.cpp logs them), drafted and accepted counts must be equal wherever both
-    drafted the full width; returns the number of rounds compared."""
+    so round ``i`` of one side pairs with the round of the other that drafts at the same position."""
     ours_at, pos = {}, n_prompt - 1
     for r in ours:
         if r["index"] > 0:
@@ -327,6 +326,15 @@ def assert_same_rounds(ours: list[dict], theirs: list[tuple[list[int], int, int]
     for draft, gen, acc in theirs:
         theirs_at[pos] = (draft, gen, acc)
         pos += acc + 1
+    return ours_at, theirs_at
+
+
+def assert_same_rounds(ours: list[dict], theirs: list[tuple[list[int], int, int]], n_prompt: int, k: int, *,
+                       ids: bool = True) -> int:
+    """Power's traced rounds against llama.cpp's, matched by the anchor's position
+    (:func:`rounds_by_position`). Proposals (when llama.cpp logs them), drafted and accepted counts
+    must be equal wherever both drafted the full width; returns the number of rounds compared."""
+    ours_at, theirs_at = rounds_by_position(ours, theirs, n_prompt)
     common = sorted(set(ours_at) & set(theirs_at))
     assert len(common) >= 0.8 * len(ours_at) and len(common) >= 5, (sorted(ours_at), sorted(theirs_at))
     compared = 0

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("power_native._llama")
 
-from native_helpers import assert_same_rounds, make_tiny_draft, peer_rounds  # noqa: E402
+from native_helpers import assert_same_rounds, make_tiny_draft, peer_rounds, rounds_by_position  # noqa: E402
 
 from power_core.artifacts import synthetic  # noqa: E402
 from power_core.artifacts.binding import register_draft, write_binding  # noqa: E402
@@ -201,19 +201,11 @@ def test_p_min_cuts_where_llama_cpp_does(peer_bin, drafts, arch, mode, p_min):
         ours = s.generate(prompt)
     spec_type = "draft-dspark" if mode == "dspark-conf" else "draft-dflash"
     theirs = peer_rounds(peer_bin, target, prompt, k, n, spec_type=spec_type, draft=draft, p_min=p_min)
-    ours_at, pos = {}, n_prompt - 1
-    for r in ours.receipt.rounds:
-        if r["index"] > 0:
-            ours_at[pos] = (r["proposed"], r["accepted"])
-        pos += r["emitted"]
-    theirs_at, pos = {}, n_prompt - 1
-    for _, gen, acc in theirs:
-        theirs_at[pos] = (gen, acc)
-        pos += acc + 1
+    ours_at, theirs_at = rounds_by_position(ours.receipt.rounds, theirs, n_prompt)
     full_budget = [p for p in sorted(set(ours_at) & set(theirs_at)) if n - (p - n_prompt + 1) - 1 >= k]
     assert len(full_budget) >= 5, (ours_at, theirs_at)
-    assert [ours_at[p] for p in full_budget] == [theirs_at[p] for p in full_budget]
-    assert any(ours_at[p][0] < k for p in full_budget), "p_min cut no draft short: the test proves nothing"
+    assert [ours_at[p][1:] for p in full_budget] == [theirs_at[p][1:] for p in full_budget]  # drafted, accepted
+    assert any(ours_at[p][1] < k for p in full_budget), "p_min cut no draft short: the test proves nothing"
 
 
 # -- selection -------------------------------------------------------------------------------------------

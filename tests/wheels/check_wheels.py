@@ -102,18 +102,20 @@ def main() -> int:
         if receipt["strategy"]["name"] != "suffix" or receipt["output_tokens"] <= 0:
             sys.exit(f"the Quick start run did not decode with suffix: {receipt['strategy']} {receipt['summary']}")
 
-        fixture = run([py, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-                       "from native_helpers import make_tiny_mtp; print(make_tiny_mtp(Path(sys.argv[2]), 'qwen35'))",
-                       str(REPO / "tests" / "native"), str(work)], env=env, cwd=work).strip().splitlines()[-1]
+        def fixtures(code: str) -> list[str]:
+            """Paths the tests' fixture writers print, run by the installed power-native (``d``: the work folder)."""
+            return run([py, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); d = Path(sys.argv[2]); "
+                        "from native_helpers import make_tiny, make_tiny_draft, make_tiny_mtp; " + code,
+                        str(REPO / "tests" / "native"), str(work)], env=env, cwd=work).strip().splitlines()
+
+        fixture = fixtures("print(make_tiny_mtp(d, 'qwen35'))")[-1]
         mtp = json.loads(run([power, "run", "--model", fixture, "--mode", "mtp", "--draft-max", "3", "--max-tokens", "16",
                               "--prompt", "hello world", "--json"], env=env, cwd=work))
         if mtp["receipt"]["strategy"]["name"] != "mtp":
             sys.exit(f"the MTP run did not run the mtp strategy: {mtp['receipt']['strategy']}")
 
-        target, draft = run([py, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-                             "from native_helpers import make_tiny, make_tiny_draft; t = make_tiny(Path(sys.argv[2]), "
-                             "'qwen35'); print(t); print(make_tiny_draft(Path(sys.argv[2]), t, 'dflash2', borrow=True))",
-                             str(REPO / "tests" / "native"), str(work)], env=env, cwd=work).strip().splitlines()[-2:]
+        target, draft = fixtures("t = make_tiny(d, 'qwen35'); print(t); "
+                                 "print(make_tiny_draft(d, t, 'dflash2', borrow=True))")[-2:]
         dflash2 = json.loads(run([power, "run", "--model", target, "--draft", draft, "--mode", "dflash2", "--draft-max",
                                   "7", "--max-tokens", "16", "--prompt", "hello world", "--json"], env=env, cwd=work))
         if dflash2["receipt"]["strategy"]["name"] != "dflash2" or not dflash2["receipt"]["summary"]["proposed"]:

@@ -172,6 +172,11 @@ def warm_up(ctx: _llama.Context) -> None:
     ctx.clear(False)
 
 
+def is_offloaded(rpc_servers: tuple[str, ...] | list[str], n_gpu_layers: int) -> bool:
+    """A target's layers run off the host (a GPU or rpc-server): its rows and state live there."""
+    return bool(rpc_servers) or n_gpu_layers != 0
+
+
 def draft_graph_sampling(cfg: PowerConfig, offloaded: bool) -> bool:
     """Whether a drafter whose proposals are its rows' argmax samples them in its graph (config
     ``sampling_in_graph``): ``on``, or ``auto`` where its rows would leave a device (``offloaded``).
@@ -299,7 +304,7 @@ class LlamaTarget:
         # host buffer holds only its header; llama.cpp keeps one such copy per sequence, so only the
         # newest checkpoint can be restored. On the host: two buffers taken in turn (a round's
         # checkpoint and its predecessor's). Each buffer is owned by the last checkpoint written to it.
-        self.device_states = recurrent and (offloaded if device_states is None else bool(device_states))
+        self.device_states = recurrent and (offloaded if device_states is None else device_states)
         self._state_flags = _llama.STATE_PARTIAL_ONLY | (_llama.STATE_ON_DEVICE if self.device_states else 0)
         self._states = [bytearray() for _ in range(1 if self.device_states else 2)]
         self._state_owner = [0] * len(self._states)
@@ -619,7 +624,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
             warm_up(ctx)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
                              n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity,
-                             offloaded=bool(rpc_servers) or n_gpu_layers != 0, device_states=device_states)
+                             offloaded=is_offloaded(rpc_servers, n_gpu_layers), device_states=device_states)
     except BaseException:
         _numerics.release(numerics)
         raise
@@ -836,7 +841,7 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         per_seq = ctx.n_ctx // n
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
                                     numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq,
-                                    offloaded=bool(cfg.rpc_servers) or placed.n_gpu_layers != 0) for i in range(n))
+                                    offloaded=is_offloaded(cfg.rpc_servers, placed.n_gpu_layers)) for i in range(n))
         batch = LlamaBatch(model, ctx, targets, unified=unified)
     except BaseException:
         _numerics.release(cfg.numerics)

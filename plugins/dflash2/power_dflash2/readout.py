@@ -17,8 +17,6 @@ from power_dflash2._lattice import walk
 
 __all__ = ["LatticeReadout"]
 
-_EMPTY = np.zeros(0, dtype=np.int32)
-
 
 @attrs.frozen
 class LatticeReadout:
@@ -29,5 +27,4 @@ class LatticeReadout:
     argmax_only: bool = False  # the lattice, not an argmax of logits rows
 
     def __call__(self, rows, n: int) -> np.ndarray:
-        m = min(n + 1, rows.n_block) - 1  # block positions 1..m
-        return walk(rows.hidden, self.top_k, m, self.p_min) if m > 0 else _EMPTY
+        return walk(rows.hidden, self.top_k, min(n + 1, rows.n_block) - 1, self.p_min)  # block positions 1..m
