@@ -177,6 +177,15 @@ def bench_serve(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_sampling(session: nox.Session) -> None:
+    """Greedy ids sampled in llama.cpp's graph vs logits rows on the host, paired: SmolLM2 and Gemma-3,
+    off, suffix and draft-model; tok/s, host µs per round, identical tokens."""
+    install_all(session)
+    session.run("python", "tests/bench/bench_sampling.py", "--out", str(ROOT / "evidence" / "bench_sampling"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_rss(session: nox.Session) -> None:
     """RSS of 4 sessions sharing one loaded model vs 4 separate loads (SmolLM2, Gemma-3; both numerics)."""
     install_all(session)

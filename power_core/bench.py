@@ -41,11 +41,12 @@ from typing import Any
 
 import attrs
 
-from power_core.config import PowerConfig
+from power_core.config import PowerConfig, _device_names
 from power_core.errors import ConfigError, MissingDependency
 from power_core.runtime import InGraphGreedyRuntime
 
-__all__ = ["BenchSpec", "run_bench", "check_dependencies", "peer_launch", "NGRAM_TYPES", "OPTIONAL_DEPENDENCIES"]
+__all__ = ["BenchSpec", "run_bench", "check_dependencies", "peer_launch", "peer_offload", "NGRAM_TYPES",
+           "OPTIONAL_DEPENDENCIES"]
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 PEERS = ("llama-completion", "llama-speculative-simple")
@@ -74,6 +75,11 @@ class BenchSpec:
     peer_numerics: str = attrs.field(default=attrs.Factory(lambda self: self.numerics, takes_self=True))
     #: force a backend for Power's runs (None: the one that accepts ``model``)
     backend: str | None = None
+    #: offload, the config keys of the same names, for Power's runs and the peers alike (:func:`peer_offload`)
+    n_gpu_layers: int = 0
+    devices: tuple[str, ...] = attrs.field(default=(), converter=_device_names)
+    flash_attn: str = "auto"
+    draft_gpu_layers: int = 0
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float] | None:
@@ -143,7 +149,8 @@ class _PowerCell:
         spec = self.spec
         # trace: each round's proposals, so a parity failure can be replayed pass by pass (_numerics_probe)
         cfg = PowerConfig(spec_mode=self.mode, n_threads=spec.threads, n_ctx=spec.n_ctx, max_tokens=spec.tokens,
-                          trace=True, numerics=spec.numerics)
+                          trace=True, numerics=spec.numerics, n_gpu_layers=spec.n_gpu_layers, devices=spec.devices,
+                          flash_attn=spec.flash_attn, draft_gpu_layers=spec.draft_gpu_layers)
         # the draft goes to model-backed strategies only: a model-free one (suffix) refuses a second mechanism
         kind = self.plugins.strategy(self.mode).kind
         return Session.open(cfg, model=spec.model, draft=spec.draft if kind == "model-backed" else None,
@@ -179,10 +186,25 @@ def peer_launch(numerics: str, env: Mapping[str, str] | None = None) -> tuple[di
     return out, []
 
 
+def peer_offload(n_gpu_layers: int, devices: Sequence[str] = (), flash_attn: str = "auto") -> list[str]:
+    """A llama.cpp tool's arguments for Power's offload keys. Always explicit: the tools' own default
+    (``-ngl auto``) offloads every layer on a GPU build, where Power's default (0) keeps them on the CPU."""
+    args = ["-ngl", "all" if n_gpu_layers < 0 else str(n_gpu_layers), "-fa", flash_attn]
+    return args + (["-dev", ",".join(devices)] if devices else [])
+
+
+def graph_reuse(env: Mapping[str, str] | None = None) -> bool:
+    """Whether llama.cpp contexts reuse their last graph, as every context of this process and its peers
+    reads it (``LLAMA_GRAPH_REUSE_DISABLE``, ``atoi`` != 0 turns reuse off)."""
+    m = re.match(r"\s*[+-]?\d+", (os.environ if env is None else env).get("LLAMA_GRAPH_REUSE_DISABLE", ""))
+    return not (m and int(m.group()) != 0)
+
+
 def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) -> dict[str, Any]:
     assert spec.peer_bin is not None
     cmd = [str(spec.peer_bin / exe), "-m", model, "-p", prompt, "-n", str(spec.tokens),
-           "-t", str(spec.threads), "--temp", "0", "--top-k", "1", "-c", str(spec.n_ctx), *extra]
+           "-t", str(spec.threads), "--temp", "0", "--top-k", "1", "-c", str(spec.n_ctx), *extra,
+           *peer_offload(spec.n_gpu_layers, spec.devices, spec.flash_attn)]
     if exe == "llama-completion":
         cmd.append("-no-cnv")
     env, numerics_args = peer_launch(spec.peer_numerics)
@@ -242,6 +264,9 @@ def run_bench(spec: BenchSpec, *, progress: bool = True, plugins: Any = None) ->
     report: dict[str, Any] = {"schema": "power.bench/1", "model": spec.model, "modes": list(modes),
                               "runs": spec.runs, "tokens": spec.tokens, "threads": spec.threads,
                               "numerics": spec.numerics, "peer_numerics": spec.peer_numerics if spec.peer_bin else None,
+                              "offload": {"n_gpu_layers": spec.n_gpu_layers, "devices": list(spec.devices),
+                                          "flash_attn": spec.flash_attn, "draft_gpu_layers": spec.draft_gpu_layers},
+                              "graph_reuse": graph_reuse(),
                               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                                           "cpus": os.cpu_count()},
                               "prompts": {}, "parity_failures": []}
@@ -417,6 +442,11 @@ def _markdown(report: dict[str, Any]) -> str:
              "decode tok/s median (min–max); ratios are per-run pairs. Numerics: Power "
              f"{report['numerics']}, llama.cpp peers {report.get('peer_numerics') or '—'}; *text = off*: the cell "
              "wrote `--mode off`'s text (Power: token for token; a peer: its printed text).", ""]
+    off = report.get("offload") or {}
+    if off.get("n_gpu_layers") or off.get("draft_gpu_layers"):
+        lines += [f"Offload, both sides: {off['n_gpu_layers']} target layers (-1: all), draft "
+                  f"{off['draft_gpu_layers']}, devices {','.join(off['devices']) or 'every GPU'}, flash attention "
+                  f"{off['flash_attn']}; llama.cpp graph reuse {'on' if report.get('graph_reuse') else 'off'}.", ""]
     if report["parity_failures"]:
         lines += ["**Parity failures** (excluded from every ratio):", ""]
         for f in report["parity_failures"]:

@@ -273,7 +273,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      prompts=tuple(Path(p) for p in args.prompts), runs=args.runs, tokens=args.tokens,
                      threads=args.threads, draft=args.draft, n_ctx=args.n_ctx,
                      peer_bin=Path(args.peer_bin) if args.peer_bin else None, out=Path(args.out),
-                     numerics=args.numerics or "exact",
+                     numerics=args.numerics or "exact", n_gpu_layers=args.gpu_layers or 0,
+                     devices=args.devices or (), flash_attn=args.flash_attn or "auto",
+                     draft_gpu_layers=args.draft_gpu_layers,
                      **({"peer_numerics": args.peer_numerics} if args.peer_numerics else {}))
     try:
         report = run_bench(spec, progress=not args.no_progress and sys.stderr.isatty())
@@ -497,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer-numerics", choices=("exact", "stock"),
                    help="the llama.cpp peers' kernels (default: the same as --numerics, so both sides write the "
                         "same text; stock: llama.cpp as shipped)")
+    _offload_flags(b)
+    b.add_argument("--draft-gpu-layers", type=int, default=0,
+                   help="draft_gpu_layers for model-backed modes (-1: all); the peers get the target's offload")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_cmd_bench)
 

