@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from power_core.config import PowerConfig, _device_names
+from power_core.config import PowerConfig, device_names
 from power_core.errors import ConfigError, MissingDependency
 from power_core.runtime import InGraphGreedyRuntime
 
@@ -77,7 +77,7 @@ class BenchSpec:
     backend: str | None = None
     #: offload, the config keys of the same names, for Power's runs and the peers alike (:func:`peer_offload`)
     n_gpu_layers: int = 0
-    devices: tuple[str, ...] = attrs.field(default=(), converter=_device_names)
+    devices: tuple[str, ...] = attrs.field(default=(), converter=device_names)
     flash_attn: str = "auto"
     draft_gpu_layers: int = 0
 

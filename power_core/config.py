@@ -20,7 +20,7 @@ import attrs
 from power_core.errors import ConfigError
 
 __all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX",
-           "SAMPLING_IN_GRAPH"]
+           "SAMPLING_IN_GRAPH", "device_names"]
 
 #: modes whose names Power reserves; third-party strategies may add more names.
 FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
@@ -102,7 +102,7 @@ def _endpoints(value: Any) -> tuple[str, ...]:
     return out
 
 
-def _device_names(value: Any) -> tuple[str, ...]:
+def device_names(value: Any) -> tuple[str, ...]:
     """``"CUDA0,CUDA1"`` or a list of names -> a tuple of distinct llama.cpp device names."""
     if isinstance(value, str):
         value = [v for v in value.split(",") if v.strip()]
@@ -199,7 +199,7 @@ class PowerConfig:
     n_gpu_layers: int = attrs.field(default=0, validator=_gpu_layers)
     #: llama.cpp device names the offloaded layers go to (e.g. ``["CUDA0", "CUDA1"]``); empty: every GPU
     #: of the build
-    devices: tuple[str, ...] = attrs.field(default=(), converter=_device_names)
+    devices: tuple[str, ...] = attrs.field(default=(), converter=device_names)
     #: flash attention for every context of the session (llama.cpp ``--flash-attn``): ``auto`` (its
     #: per-device choice), ``on`` or ``off``
     flash_attn: str = attrs.field(default="auto", validator=_choice(FLASH_ATTN))
