@@ -95,6 +95,7 @@ def versus_llama_cpp(model: str, peer_bin: Path, runs: int, offload: list[str], 
         raise SystemExit(f"power bench on {model} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads((out / "report.json").read_text())
     (prompt,) = report["prompts"].values()
+
     def med(s: dict | None, digits: int = 1) -> float | None:
         return round(s["median"], digits) if s else None
 
