@@ -292,11 +292,10 @@ class Engine:
             # the pass so far: the blocks opened before this one, at least the anchor of each one after,
             # and the prompt chunks joining it (the cost-aware width weighs the whole pass)
             others = sum(int(i.tokens.shape[0]) for i in items) + (len(decoding) - j - 1)
-            a.txn.load = PassLoad(tokens=others + self._last_prefill, requests=len(decoding) - 1) \
-                if len(active) > 1 else None
+            load = PassLoad(tokens=others + self._last_prefill, requests=len(decoding) - 1) if len(active) > 1 else None
             c0, t0 = self._clock(a), time.perf_counter()
             try:
-                pending = a.txn.open_round()
+                pending = a.txn.open_round(load)
             except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
                 self._account(a, c0, time.perf_counter() - t0, 0)
                 self._leave(a, exc)

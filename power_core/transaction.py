@@ -188,9 +188,6 @@ class Transaction:
     stop_text: Callable[[Sequence[int], list[int]], int | None] | None = None
     #: record a :class:`TokenLogprob` with this many alternatives for every emitted token (None: off)
     top_logprobs: int | None = None
-    #: set by a round driver before :meth:`open_round`: what the shared pass already holds, so the
-    #: cost-aware width weighs this request's block against the whole pass (None: a solo pass)
-    load: PassLoad | None = None
     #: config ``sampling_in_graph``: take greedy token ids from the target's graph when the request
     #: allows it, where it pays (``"auto"``) or wherever the runtime can (``"on"``); see :attr:`in_graph`
     sampling_in_graph: str = "off"
@@ -415,14 +412,14 @@ class Transaction:
         name = type(self.proposer).__name__
         raise AdapterFault(f"proposer {name}.propose in round {len(self.rounds)} {what}", proposer=name)
 
-    def _choose_width(self, props: TokenArray) -> tuple[TokenArray, dict[str, Any] | None]:
+    def _choose_width(self, props: TokenArray, load: PassLoad | None) -> tuple[TokenArray, dict[str, Any] | None]:
         """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
         if self.scheduler.costs is None or props.shape[0] == 0:
             return props, None
         conf = self._confident.confidence if self._confident is not None else None
         if conf is None or len(conf) != props.shape[0]:
             return props, None
-        w, info = self.scheduler.choose_width(conf, props.shape[0], self.load)
+        w, info = self.scheduler.choose_width(conf, props.shape[0], load)
         return props[:w], info
 
     def _verify(self, block: TokenArray, res: DecodeResult | None = None) -> DecodeResult:
@@ -509,13 +506,14 @@ class Transaction:
 
     # -- one round -------------------------------------------------------------------------------
     def step(self) -> RoundRecord | None:
-        """Run one round. Returns its record, or ``None`` when the request had already finished."""
+        """Run one round (a solo pass). Returns its record, or ``None`` when the request had already finished."""
         pending = self.open_round()
         return None if pending is None else self.close_round(pending)
 
-    def open_round(self) -> PendingRound | None:
+    def open_round(self, load: PassLoad | None = None) -> PendingRound | None:
         """Steps 1-2 of a round: checkpoint, propose. Returns the verify block to decode (``None``
-        when the request has finished). A round driver that batches several requests' verify passes
+        when the request has finished). ``load``: what the shared pass already holds, so the
+        cost-aware width weighs this request's block against the whole pass (``None``: a solo pass). A round driver that batches several requests' verify passes
         decodes ``pending.block`` itself and hands the rows to :meth:`close_round`; the round is then
         open until :meth:`close_round` or :meth:`abort_round` (on any failure of the shared pass)."""
         if self.finished is not None:
@@ -537,7 +535,7 @@ class Transaction:
         try:
             self._check_cancel()
             pending.offered = self._phase("propose", self._propose, k)
-            props, pending.width = self._choose_width(pending.offered)
+            props, pending.width = self._choose_width(pending.offered, load)
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
