@@ -17,8 +17,10 @@ tokenizer (llama.cpp ``parse_special``), not spelled out.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -62,9 +64,26 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _environment() -> Any:
+    """The sandboxed Jinja environment chat templates compile in (as transformers')."""
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # pragma: no cover - jinja2 is a dependency
+        raise ConfigError("chat_template", "jinja2", "jinja2 installed", "pip install jinja2") from exc
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
 @attrs.frozen
 class ChatTemplate:
-    """A model's chat template with the vocabulary facts its rendering needs."""
+    """A model's chat template with the vocabulary facts its rendering needs.
+
+    The Jinja source is compiled once, on the first :meth:`compile` or :meth:`render`, and the
+    compiled template is kept with the object: build one per model (a server builds one per server)
+    and render it per request."""
 
     source: str
     bos_token: str = ""
@@ -74,21 +93,27 @@ class ChatTemplate:
     bos_id: int | None = None
     #: who it belongs to, for error messages
     model: str = "model"
+    #: the compiled Jinja template (set once, by the first compile; two racing threads compile the same)
+    _compiled: Any = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str]) -> ChatTemplate:
+    def from_gguf(cls, path: str | os.PathLike[str], *, source: str | None = None) -> ChatTemplate:
         """Read ``tokenizer.chat_template`` and the BOS/EOS texts from a GGUF header.
 
-        Raises :class:`~power_core.errors.ConfigError` when the file has no chat template.
+        ``source`` (a ``--chat-template`` file's text) replaces the file's template; the BOS/EOS
+        texts, ``add_bos`` and the BOS id still come from the file, so ``{{ bos_token }}`` and
+        ``{{ eos_token }}`` render the model's tokens. Raises :class:`~power_core.errors.ConfigError`
+        when neither ``source`` nor the file gives a template.
         """
         from power_core.artifacts.reader import parse_gguf
 
         raw = parse_gguf(path)
         meta = raw.metadata
         name = str(meta.get("general.name") or os.path.basename(os.fspath(path)))
-        source = meta.get("tokenizer.chat_template")
-        if not isinstance(source, str) or not source.strip():
-            raise no_template(f"{name} ({os.fspath(path)})")
+        if source is None:
+            source = meta.get("tokenizer.chat_template")
+            if not isinstance(source, str) or not source.strip():
+                raise no_template(f"{name} ({os.fspath(path)})")
         tokens = meta.get("tokenizer.ggml.tokens") or ()
 
         def text(key: str) -> tuple[str, int | None]:
@@ -104,26 +129,37 @@ class ChatTemplate:
             add_bos = meta.get("tokenizer.ggml.model") == "llama"
         return cls(source=source, bos_token=bos, eos_token=eos, add_bos=bool(add_bos), bos_id=bos_id, model=name)
 
+    def compile(self) -> Any:
+        """The compiled Jinja template (compiled on the first call, then kept).
+
+        Raises :class:`~power_core.errors.ConfigError` when the source is not a valid template."""
+        from jinja2 import TemplateError
+
+        try:
+            return self._template()
+        except TemplateError as exc:
+            raise ConfigError("chat_template", self.model, "a Jinja template that compiles",
+                              f"jinja said: {exc}") from None
+
+    def _template(self) -> Any:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = _environment().from_string(self.source)
+            object.__setattr__(self, "_compiled", compiled)  # a cache, not state: eq/hash ignore it
+        return compiled
+
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt text for ``messages`` (``extra`` reaches the template as variables, e.g. ``tools``).
 
         Raises :class:`~power_core.errors.ConfigError` when the template fails or rejects the
         conversation (its ``raise_exception``, e.g. roles that do not alternate).
         """
-        try:
-            from jinja2 import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as exc:  # pragma: no cover - jinja2 is a dependency
-            raise ConfigError("chat_template", self.model, "jinja2 installed", "pip install jinja2") from exc
+        from jinja2 import TemplateError
+
         msgs = check_messages(messages)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = _strftime_now
         try:
-            template = env.from_string(self.source)
-            return template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+            return self._template().render(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                           bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except TemplateError as exc:
             raise ConfigError("messages", f"{len(msgs)} messages", f"a conversation {self.model}'s chat template "
                               "accepts", f"the template said: {exc}") from None
@@ -148,14 +184,42 @@ def no_template(model: str) -> ConfigError:
 
 
 def template_for(model_path: str | None, override: str | ChatTemplate | None) -> ChatTemplate:
-    """The chat template of a loaded model: ``override`` (Jinja source or a ChatTemplate) or its GGUF's."""
+    """The chat template of a loaded model: ``override`` (Jinja source or a ChatTemplate) or its GGUF's.
+
+    Jinja source gets the GGUF's BOS/EOS facts like the file's own template (a model that is no GGUF
+    file, e.g. the reference backend's, gets none), and the same source for the same file gives the
+    same :class:`ChatTemplate`, compiled once."""
     if isinstance(override, ChatTemplate):
         return override
     if isinstance(override, str):
-        return ChatTemplate(source=override, model=model_path or "model")
+        stamp = _file_stamp(model_path)
+        return _with_source(model_path if stamp else None, stamp, override, model_path or "model")
     if not model_path or not os.path.isfile(model_path):
         raise no_template(model_path or "this model")
     try:
         return ChatTemplate.from_gguf(model_path)
     except ArtifactError as exc:
         raise ConfigError("chat", model_path, "a readable GGUF with tokenizer.chat_template", str(exc)) from None
+
+
+def _file_stamp(path: str | None) -> tuple[int, int] | None:
+    """A regular file's (mtime, size); None when ``path`` names no file (e.g. ``reference:...``)."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_mtime_ns, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+
+@functools.lru_cache(maxsize=32)
+def _with_source(path: str | None, stamp: tuple[int, int] | None, source: str, model: str) -> ChatTemplate:
+    """``source`` with ``path``'s vocabulary facts (``stamp``: the file's mtime and size, so a replaced
+    file is read again); cached, so a caller passing source text per request compiles it once."""
+    if path is None:
+        return ChatTemplate(source=source, model=model)
+    try:
+        return ChatTemplate.from_gguf(path, source=source)
+    except ArtifactError as exc:
+        raise ConfigError("chat", path, "a readable GGUF (its BOS/EOS tokens)", str(exc)) from None

@@ -393,14 +393,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if sessions[0].opened.tokenizer is None:
             raise ConfigError("model", sessions[0].opened.model_path, "a model with a tokenizer",
                               "the OpenAI API speaks text; this model has no tokenizer")
+        chat_template = None
         if template is not None:
-            from power_core.chat import ChatTemplate
+            from power_core.chat import template_for
 
-            template_obj = ChatTemplate(source=template, model=sessions[0].opened.model_path or "model")
-            template_obj.render([{"role": "user", "content": "ping"}])  # a broken template fails now, not per request
+            # built and compiled once per server, with the GGUF's BOS/EOS; every request renders this object
+            chat_template = template_for(sessions[0].opened.model_path, template)
+            chat_template.render([{"role": "user", "content": "ping"}])  # a broken template fails now, not per request
         name = args.served_model_name or Path(sessions[0].opened.model_path or "model").name.removesuffix(".gguf")
         options = ServeOptions(model_name=name, queue=args.queue, timeout=args.timeout, api_key=api_key,
-                               max_body=args.max_body, receipts=args.receipts, chat_template=template,
+                               max_body=args.max_body, receipts=args.receipts, chat_template=chat_template,
                                drain_timeout=args.drain_timeout)
         serve(slots, options, args.host, args.port, log_level="info" if args.verbose else "warning")
     finally:

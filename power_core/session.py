@@ -460,8 +460,10 @@ class Session:
                     chat_template: str | ChatTemplate | None = None, **template_vars: Any) -> np.ndarray:
         """Token ids of ``messages`` rendered with the model's chat template (with the generation prompt).
 
-        ``chat_template`` overrides the GGUF's ``tokenizer.chat_template`` (Jinja source). Raises
-        :class:`ConfigError` when the model has none, naming the model.
+        ``chat_template`` overrides the GGUF's ``tokenizer.chat_template``: a :class:`ChatTemplate`
+        (used as it is), or Jinja source, which gets the GGUF's BOS/EOS tokens and is compiled once per
+        model and source, not per call. Raises :class:`ConfigError` when the model has none, naming
+        the model.
         """
         if self.opened.tokenizer is None:
             raise ConfigError("chat", self.opened.model_path, "a model with a tokenizer", "pass token ids instead")
@@ -469,7 +471,7 @@ class Session:
             if self._chat_template is None:
                 self._chat_template = template_for(self.opened.model_path, None)
             template = self._chat_template
-        else:
+        else:  # template_for keeps one compiled ChatTemplate per (model file, source)
             template = template_for(self.opened.model_path, chat_template)
         text = template.prompt_text(template.render(messages, **template_vars))
         tokens = template.dedupe_bos(list(self.opened.tokenizer.encode(text)))

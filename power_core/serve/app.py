@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from power_core.chat import ChatTemplate, template_for
 from power_core.engine import Engine
 from power_core.errors import (
     AdapterFault,
@@ -67,10 +68,21 @@ class ServeOptions:
     api_key: str | None = None
     max_body: int = 1 << 20
     receipts: int = 256
-    #: Jinja source of the chat template (``None``: the GGUF's)
-    chat_template: str | None = None
+    #: the chat template instead of the GGUF's (``None``): a :class:`~power_core.chat.ChatTemplate`, or Jinja
+    #: source, which the server builds into one (with the GGUF's BOS/EOS) and compiles once, when it is created
+    chat_template: str | ChatTemplate | None = None
     #: seconds in-flight requests get to finish once the server is told to stop
     drain_timeout: float = 30.0
+
+
+def _server_template(state: ServerState) -> ChatTemplate | None:
+    """``options.chat_template`` built and compiled once per server (requests render it, never compile)."""
+    source = state.options.chat_template
+    if source is None:
+        return None
+    template = template_for(state.sessions[0].opened.model_path, source)
+    template.compile()
+    return template
 
 
 @attrs.define(eq=False)
@@ -86,6 +98,8 @@ class ServerState:
     jobs: set[Job] = attrs.field(factory=set)
     draining: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
+    #: the chat template every chat request renders (``None``: each session's GGUF template)
+    chat_template: ChatTemplate | None = attrs.field(default=attrs.Factory(_server_template, takes_self=True))
 
     @property
     def n_ctx(self) -> int:
@@ -420,8 +434,7 @@ async def chat_completions(request: Request) -> Response:
     req: ChatRequest = parse_request(ChatRequest, await _json_body(request))
     session = state.sessions[0]
     try:
-        ids = session.chat_prompt([m.as_template_message() for m in req.messages],
-                                  chat_template=state.options.chat_template)
+        ids = session.chat_prompt([m.as_template_message() for m in req.messages], chat_template=state.chat_template)
     except PowerError as exc:
         err = _from_power_error(exc)
         raise APIError(err.status, err.message, type=err.type, param="messages", code=err.code) from None
