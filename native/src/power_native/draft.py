@@ -35,10 +35,14 @@ class DraftModelProposer:
         self.model = model
         self.ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_rs_seq=0,
                                   n_outputs_max=1, n_threads=n_threads or os.cpu_count(), flash_attn=flash_attn)
-        #: each draft id from the draft's graph (Power's first-maximum sampler) instead of its logits row
-        self.samples_in_graph = bool(in_graph and self.ctx.set_greedy(True))
-        if warmup:
-            warm_up(self.ctx)
+        try:  # a failing step closes the context it opened
+            #: each draft id from the draft's graph (Power's first-maximum sampler) instead of its logits row
+            self.samples_in_graph = bool(in_graph and self.ctx.set_greedy(True))
+            if warmup:
+                warm_up(self.ctx)
+        except BaseException:
+            self.ctx.close()
+            raise
         self._kv: list[int] = []  # tokens in the draft memory, positions 0..len-1
         self._row_ready = False  # the context holds the logits row of the last token in memory
         self._history: list[int] = []  # committed tokens incl. the anchor

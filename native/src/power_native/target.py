@@ -10,6 +10,7 @@ restored and the core replays the accepted prefix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -611,8 +612,9 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
     given :data:`NUMERICS` and offload (:func:`offload` has checked it); ``verify_capacity`` B > 0
     pads every decode pass to B tokens (the context gets B cells more than ``n_ctx`` for the padding
     of a pass at the end)."""
-    _numerics.acquire(numerics)
-    try:
+    with contextlib.ExitStack() as undo:  # a failing step closes what the steps before it opened
+        _numerics.acquire(numerics)
+        undo.callback(_numerics.release, numerics)
         model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock", rpc_servers=rpc_servers,
                            n_gpu_layers=n_gpu_layers, devices=devices)
         shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
@@ -620,14 +622,13 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
         cells = -(-n_ctx // KV_CELLS_PAD) * KV_CELLS_PAD if verify_capacity else n_ctx
         ctx = _llama.Context(model, n_ctx=cells + verify_capacity, n_threads=n_threads or os.cpu_count(),
                              flash_attn=flash_attn, **shape)
+        undo.callback(ctx.close)
         if warmup:
             warm_up(ctx)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
                              n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity,
                              offloaded=is_offloaded(rpc_servers, n_gpu_layers), device_states=device_states)
-    except BaseException:
-        _numerics.release(numerics)
-        raise
+        undo.pop_all()  # opened: the target owns its context and the numerics mode now
     # released once: by close(), or when a target nobody closed is collected
     target._release = weakref.finalize(target, _numerics.release, numerics)
     return target
@@ -816,8 +817,9 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     placed = offload(cfg)
     path = resolve_model(req.model)
     digest = file_digest(path).sha256
-    _numerics.acquire(cfg.numerics)
-    try:
+    with contextlib.ExitStack() as undo:  # a failing step (the cost curve too) closes what was opened
+        _numerics.acquire(cfg.numerics)
+        undo.callback(_numerics.release, cfg.numerics)
         model = load_model(path, load_mtp="mtp_head" in req.features, repack=cfg.numerics == "stock",
                            rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
         # recurrent state: one cell per sequence, each with its own n_rs_seq rollback snapshots
@@ -836,6 +838,7 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
                              n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=unified,
                              n_rs_seq=shape["n_rs_seq"], flash_attn=cfg.flash_attn)
+        undo.callback(ctx.close)
         if cfg.warmup:
             warm_up(ctx)
         per_seq = ctx.n_ctx // n
@@ -843,24 +846,25 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
                                     numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq,
                                     offloaded=is_offloaded(cfg.rpc_servers, placed.n_gpu_layers)) for i in range(n))
         batch = LlamaBatch(model, ctx, targets, unified=unified)
-    except BaseException:
-        _numerics.release(cfg.numerics)
-        raise
+        if req.verify_cost:
+            relative = verify_cost_curve(targets[0], n_threads=cfg.n_threads or os.cpu_count() or 1)
+            for t in targets:
+                t.set_verify_cost(relative)
+        info = dict(build_info())
+        info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers),
+                    **_offload_info(placed, cfg), arch=model.arch, desc=model.desc, n_ctx=per_seq,
+                    n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, n_rs_seq=ctx.n_rs_seq,
+                    rollback_window=targets[0].capabilities.rollback_window,
+                    state_checkpoints=targets[0].state_checkpoints,
+                    n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=unified,
+                    verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost
+                    else None)
+        tokenizer = LlamaTokenizer(model)
+        models = tuple(OpenedModel(target=t, tokenizer=tokenizer, model_path=str(path), artifacts={"target": digest},
+                                   backend_info={**info, "seq_id": t.seq_id}) for t in targets)
+        undo.pop_all()  # opened: the batch owns its context and the numerics mode now
+    # released once: by close(), or when a batch nobody closed is collected
     batch._release = weakref.finalize(batch, _numerics.release, cfg.numerics)
-    if req.verify_cost:
-        relative = verify_cost_curve(targets[0], n_threads=cfg.n_threads or os.cpu_count() or 1)
-        for t in targets:
-            t.set_verify_cost(relative)
-    info = dict(build_info())
-    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
-                arch=model.arch, desc=model.desc, n_ctx=per_seq, n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch,
-                n_ubatch=ctx.n_ubatch, n_rs_seq=ctx.n_rs_seq, rollback_window=targets[0].capabilities.rollback_window,
-                state_checkpoints=targets[0].state_checkpoints,
-                n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=unified,
-                verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost else None)
-    tokenizer = LlamaTokenizer(model)
-    models = tuple(OpenedModel(target=t, tokenizer=tokenizer, model_path=str(path), artifacts={"target": digest},
-                               backend_info={**info, "seq_id": t.seq_id}) for t in targets)
     return OpenedBatch(runtime=batch, models=models, close=batch.close)
 
 
@@ -874,21 +878,22 @@ def open_llama(req: OpenRequest) -> OpenedModel:
                          n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics,
                          rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices,
                          flash_attn=cfg.flash_attn, verify_capacity=cfg.verify_capacity, warmup=cfg.warmup)
-    if req.verify_cost:
-        try:
+    try:  # a failing step (the cost curve too) closes the target
+        if req.verify_cost:
             target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
-        except BaseException:
-            target.close()
-            raise
-    info = dict(build_info())
-    info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers), **_offload_info(placed, cfg),
-                arch=target.model.arch, desc=target.model.desc, n_ctx=target.capabilities.n_ctx,
-                n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch, n_rs_seq=target.ctx.n_rs_seq,
-                snapshots_requested=req.snapshots, rollback_window=target.capabilities.rollback_window,
-                state_checkpoints=target.state_checkpoints,
-                n_threads=cfg.n_threads or os.cpu_count(),
-                verify_cost=list(target.capabilities.verify_cost) if target.capabilities.verify_cost else None)
+        info = dict(build_info())
+        info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers),
+                    **_offload_info(placed, cfg), arch=target.model.arch, desc=target.model.desc,
+                    n_ctx=target.capabilities.n_ctx, n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch,
+                    n_rs_seq=target.ctx.n_rs_seq, snapshots_requested=req.snapshots,
+                    rollback_window=target.capabilities.rollback_window, state_checkpoints=target.state_checkpoints,
+                    n_threads=cfg.n_threads or os.cpu_count(),
+                    verify_cost=list(target.capabilities.verify_cost) if target.capabilities.verify_cost else None)
+        tokenizer = LlamaTokenizer(target.model)
+    except BaseException:
+        target.close()
+        raise
     log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
              n_rs_seq=target.ctx.n_rs_seq)
-    return OpenedModel(target=target, tokenizer=LlamaTokenizer(target.model), model_path=str(path),
+    return OpenedModel(target=target, tokenizer=tokenizer, model_path=str(path),
                        artifacts={"target": digest}, backend_info=info, close=target.close)

@@ -1,0 +1,115 @@
+"""Every opener closes what it opened when a later step fails: the llama contexts it created are
+closed and the numerics mode it took is released, while the caller still holds the exception (whose
+traceback keeps the opener's locals alive, so collection would not free them)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("power_native._llama")
+
+from power_native import _llama, draft, target  # noqa: E402
+
+from power_core.config import PowerConfig  # noqa: E402
+from power_core.errors import RuntimeFault  # noqa: E402
+from power_core.spec import OpenRequest  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+
+class Boom(RuntimeError):
+    """The injected failure."""
+
+
+def _boom(*args, **kwargs):
+    raise Boom("injected")
+
+
+@pytest.fixture
+def contexts(monkeypatch):
+    """Every llama context created during the test (a spy subclass of ``_llama.Context``)."""
+    made: list[_llama.Context] = []
+
+    class Spy(_llama.Context):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(_llama, "Context", Spy)
+    return made
+
+
+@pytest.fixture
+def numerics():
+    """The open-target count per numerics mode before the test; the test compares after."""
+    return dict(target._numerics._open)
+
+
+def _closed(ctx: _llama.Context) -> bool:
+    try:
+        ctx.pos_max(0)
+    except RuntimeFault:
+        return True
+    return False
+
+
+def _request(path, *, verify_cost: bool = False, **cfg) -> OpenRequest:
+    config = PowerConfig(spec_mode="off", n_ctx=256, n_threads=2, **cfg)
+    return OpenRequest(model=str(path), config=config, max_block=4, snapshots=0, verify_cost=verify_cost)
+
+
+def test_open_llama_batch_closes_its_batch_when_the_cost_curve_fails(tiny_llama, contexts, numerics, monkeypatch):
+    monkeypatch.setattr(target, "verify_cost_curve", _boom)
+    with pytest.raises(Boom) as failed:
+        target.open_llama_batch(_request(tiny_llama, verify_cost=True), 2)
+    assert failed.value is not None  # the traceback (and the opener's frame) is still alive here
+    assert contexts and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_open_llama_batch_closes_its_context_when_warm_up_fails(tiny_llama, contexts, numerics, monkeypatch):
+    monkeypatch.setattr(target, "warm_up", _boom)
+    with pytest.raises(Boom):
+        target.open_llama_batch(_request(tiny_llama, warmup=True), 2)
+    assert contexts and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_open_target_closes_its_context_when_warm_up_fails(tiny_llama, contexts, numerics, monkeypatch):
+    monkeypatch.setattr(target, "warm_up", _boom)
+    with pytest.raises(Boom):
+        target.open_target(tiny_llama, n_ctx=256, max_block=4, snapshots=0, n_threads=2, warmup=True)
+    assert contexts and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_open_llama_closes_its_target_when_the_cost_curve_fails(tiny_llama, contexts, numerics, monkeypatch):
+    monkeypatch.setattr(target, "verify_cost_curve", _boom)
+    with pytest.raises(Boom):
+        target.open_llama(_request(tiny_llama, verify_cost=True))
+    assert contexts and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_open_llama_closes_its_target_when_a_late_step_fails(tiny_llama, contexts, numerics, monkeypatch):
+    monkeypatch.setattr(target, "LlamaTokenizer", _boom)
+    with pytest.raises(Boom):
+        target.open_llama(_request(tiny_llama))
+    assert contexts and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_open_llama_batch_closes_its_batch_when_a_late_step_fails(tiny_llama, contexts, numerics, monkeypatch):
+    monkeypatch.setattr(target, "LlamaTokenizer", _boom)
+    with pytest.raises(Boom):
+        target.open_llama_batch(_request(tiny_llama), 2)
+    assert contexts and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_the_draft_model_proposer_closes_its_context_when_warm_up_fails(tiny_llama, contexts, monkeypatch):
+    model = target.load_model(tiny_llama, role="draft")
+    monkeypatch.setattr(draft, "warm_up", _boom)
+    with pytest.raises(Boom):
+        draft.DraftModelProposer(model, n_ctx=256, k_max=4, n_threads=2, warmup=True)
+    assert contexts and all(_closed(c) for c in contexts)
