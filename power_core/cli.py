@@ -96,8 +96,6 @@ def _config_from_args(args: argparse.Namespace):
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
         "spec_mtp_adaptive": True if args.adaptive else None,
-        "spec_mtp_fr_vocab_size": args.fr_vocab,
-        "spec_draft_p_min": args.p_min,
         "trace": True if args.trace else None,
         "numerics": args.numerics,
         "sampling_in_graph": args.sampling_in_graph,
@@ -111,6 +109,8 @@ def _config_from_args(args: argparse.Namespace):
         "warmup": False if args.no_warmup else None,
         "verify_capacity": args.verify_capacity,
     }
+    # the strategies' own keys: their flags store under the key's name (_strategy_flags)
+    overrides.update({key.name: getattr(args, key.name, None) for key in _strategy_keys()})
     if args.config:
         return PowerConfig.from_toml(args.config, **overrides)
     return PowerConfig.from_mapping({}, **overrides)
@@ -319,7 +319,7 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     """The model, strategy and configuration flags ``run`` and ``serve`` share."""
     r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
     r.add_argument("--draft", help="draft artifact for strategies that need one")
-    r.add_argument("--mode", help="spec_mode: off | auto | mtp | dflash | dflash2 | dspark | draft-model | ...")
+    r.add_argument("--mode", help="spec_mode: off | auto | an installed strategy (power plugins lists them)")
     r.add_argument("--backend", help="force a backend (llama, reference)")
     r.add_argument("--chat-template", metavar="FILE",
                    help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
@@ -332,8 +332,6 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--draft-max", type=int, help="K: proposal width")
     r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
     r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
-    r.add_argument("--fr-vocab", type=int, help="spec_mtp_fr_vocab_size: MTP drafts only from the first N token ids")
-    r.add_argument("--p-min", type=float, help="spec_draft_p_min: block drafters stop below this confidence")
     r.add_argument("--trace", action="store_true", help="record each round's proposed token ids in the receipt")
     r.add_argument("--n-ctx", type=int)
     r.add_argument("--verify-capacity", type=int, metavar="B",
@@ -353,6 +351,35 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--no-warmup", action="store_true",
                    help="skip the throwaway pass on each context at open (warmup = false)")
     r.add_argument("--config", help="TOML file with configuration keys")
+    _strategy_flags(r)
+
+
+def _strategy_keys() -> tuple[Any, ...]:
+    """The installed strategies' own configuration keys (none when a plugin fails to load: the command
+    then reports that plugin's error when it opens a session)."""
+    from power_core.config import CORE_KEYS
+    from power_core.errors import PluginError
+    from power_core.plugins import get_plugins
+
+    try:
+        keys = get_plugins().config_keys()
+    except PluginError:
+        return ()
+    return keys[len(CORE_KEYS):]
+
+
+def _strategy_flags(r: argparse.ArgumentParser) -> None:
+    """One flag per strategy key that declares one (``ConfigKey.flag``), stored under the key's name."""
+    from power_core.config import key_owners
+
+    for key in _strategy_keys():
+        if key.flag is None:
+            continue
+        text = f"{key.name} ({', '.join(key_owners(key.name))}): {key.help}"
+        if key.type is bool:
+            r.add_argument(key.flag, dest=key.name, action="store_const", const=True, help=text)
+        else:
+            r.add_argument(key.flag, dest=key.name, type=key.type, help=text, choices=key.choices or None)
 
 
 def _chat_template(args: argparse.Namespace) -> str | None:
@@ -386,8 +413,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"power serve: --port must be in [0, 65535], not {args.port}")
     config = _config_from_args(args)
     template = _chat_template(args)
-    slots = open_sessions(config, args.parallel, batch=not args.no_batch, model=args.model, draft=args.draft,
-                          backend=args.backend)
+    slots = open_sessions(config, args.parallel, batch=not args.no_batch, queue=args.queue, model=args.model,
+                          draft=args.draft, backend=args.backend)
     sessions = slots.sessions
     try:
         if sessions[0].opened.tokenizer is None:

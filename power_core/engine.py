@@ -1,22 +1,38 @@
-"""The round driver: one target pass per round for every active request (continuous batching).
+"""The engine: the one loop that runs rounds, and the admission of requests to its sequences.
 
-An :class:`Engine` owns the sessions of a :class:`~power_core.session.SessionBatch` — one per
-sequence of a target whose passes they share — and a driver thread. Each request is an ordinary
-:class:`~power_core.session.Generation` on one of those sessions, with its own transaction,
-scheduler, sampler and proposer; the driver only decides *when* its steps run:
+Every request runs here, whoever sends it: :meth:`Session.generate` (a request on the session's
+own engine, one sequence), :class:`Engine` requests over the sequences of one target that share its
+passes (continuous batching), and ``power serve``, which asks the engine for a slot instead of
+keeping a pool of its own.
 
-1. between passes, new requests join (their session was free) and finished ones leave;
-2. every decoding request opens its round (checkpoint, propose: :meth:`Transaction.open_round`);
-3. one :meth:`~power_core.runtime.BatchRuntime.decode_batch` decodes all their verify blocks, plus
-   prompt chunks of joining requests up to the pass's token budget (round-robin, so a long prompt
-   never stalls the others' decoding and no prompt starves);
-4. each request accepts, commits and emits from its own rows (:meth:`Transaction.close_round`).
+**Admission.** A request needs a free sequence (a :class:`~power_core.session.Session`).
+:meth:`Engine.reserve` takes one at once or queues a :class:`Ticket` (first come, first served;
+beyond ``queue_max`` waiting tickets it refuses with :class:`~power_core.errors.Overloaded`).
+:meth:`Engine.acquire` waits for the ticket. A request ends by giving its sequence back, to the
+oldest waiting ticket that fits.
 
-A request's cancel, fault or stop restores only its own transaction and sequence: the other
-requests' rounds close as usual. A failure of the shared pass itself restores every round of it.
-Whether a request's rows in a shared pass equal its solo rows is the target's numerics: with
-``numerics = "exact"`` on llama.cpp's CPU backend they are bit-identical (the batch probe of
-:func:`power_core.numerics.batch_probe` checks it), so every output equals its solo run.
+**Passes.** The engine runs one of two drivers, by what its target can do:
+
+* *shared*: the sequences are one :class:`~power_core.runtime.BatchRuntime`'s. A driver thread runs
+  one target pass at a time for every active request: between passes new requests join and finished
+  ones leave; each decoding request opens its round (checkpoint, propose:
+  :meth:`Transaction.open_round`), one :meth:`~power_core.runtime.BatchRuntime.decode_batch` decodes
+  all their verify blocks plus prompt chunks of joining requests up to the pass's token budget
+  (round-robin, so a long prompt never stalls the others and no prompt starves), and each request
+  accepts, commits and emits from its own rows (:meth:`Transaction.close_round`). Whether a
+  request's rows in a shared pass equal its solo rows is the target's numerics: with ``numerics =
+  "exact"`` on llama.cpp's CPU backend they are bit-identical (:func:`power_core.numerics.batch_probe`
+  checks it at start), so every output equals its solo run.
+* *solo*: each sequence has a target of its own. The thread that reads a request's rounds runs them
+  (prefill, then one pass per round), so independent requests decode in parallel threads without a
+  hand-off per round.
+
+Either way :meth:`Engine.rounds` yields :class:`Commit` values: each round's record with a snapshot
+of the request taken when the round committed, so a reader in another thread never reads the
+request while the driver changes it. A request's cancel, fault or stop restores only its own
+transaction and sequence. A failure of the shared pass itself restores every round of it. A
+request whose target state could not be restored marks its session lost
+(:class:`~power_core.errors.StateLost` for every later request).
 """
 
 from __future__ import annotations
@@ -26,31 +42,172 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import numpy as np
 
-from power_core.errors import Cancelled, ConfigError, PowerError, SessionBusy
+from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
 from power_core.logs import get_logger
-from power_core.numerics import BatchProbeReport, batch_probe
-from power_core.runtime import BatchItem, ComputeTimed, DecodeResult
+from power_core.numerics import BatchProbeReport
+from power_core.receipt import Receipt
+from power_core.runtime import BatchItem, BatchRuntime, ComputeTimed, DecodeResult
 from power_core.scheduler import PassLoad
-from power_core.session import Generation, Prompt, Result, Session, SessionBatch, in_own_thread
-from power_core.transaction import CancelToken, PendingRound, RoundRecord, Transaction
+from power_core.transaction import CancelToken, PendingRound, RoundRecord, TokenLogprob, Transaction
 
-__all__ = ["Engine"]
+__all__ = ["Commit", "Engine", "Request", "Slot", "Ticket"]
+
+ResultT = TypeVar("ResultT", covariant=True)
+
+
+class Slot(Protocol):
+    """What the engine needs of one of its sequences (a :class:`~power_core.session.Session`)."""
+
+    @property
+    def strategy_name(self) -> str: ...
+
+    @property
+    def max_block(self) -> int:
+        """The widest verify block its rounds open (the anchor plus K proposals)."""
+        ...
+
+    @property
+    def require_identical(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def lost(self) -> str | None:
+        """Why its target's state was lost (it then takes no request), or ``None``."""
+        ...
+
+    def hand_over(self, gen: Any) -> None:
+        """``gen`` is about to run on this sequence's target (raises when it cannot)."""
+        ...
+
+    def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
+              stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
+              logprobs: int | None = None) -> Request[Any]: ...
+
+
+class Request(Protocol[ResultT]):
+    """What the engine needs of one request (a :class:`~power_core.session.Generation`): the small
+    public interface a driver runs an attempt through."""
+
+    @property
+    def session(self) -> Any: ...
+
+    @property
+    def prompt(self) -> np.ndarray: ...
+
+    @property
+    def cancel(self) -> CancelToken: ...
+
+    @property
+    def txn(self) -> Transaction | None: ...
+
+    @property
+    def prefilled(self) -> bool: ...
+
+    @property
+    def thread(self) -> threading.Thread | None: ...
+
+    def begin(self) -> Transaction: ...
+
+    def resident_prefix(self) -> np.ndarray | None: ...
+
+    def prefill_done(self, seconds: float) -> None: ...
+
+    def clock(self) -> tuple[float | None, float]: ...
+
+    def charge(self, before: tuple[float | None, float], seconds: float, rounds: int) -> None: ...
+
+    def charge_shared_pass(self, compute: float | None) -> None: ...
+
+    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> Receipt: ...
+
+    def result(self) -> ResultT: ...
 
 log = get_logger(__name__)
 
 _END = object()
 
 
+@attrs.frozen
+class Commit:
+    """One committed round of a request, as its reader sees it: the round's record and a snapshot of
+    the request taken by the driver right after the round committed."""
+
+    record: RoundRecord
+    #: the tokens this round emitted
+    tokens: tuple[int, ...]
+    #: tokens the request has emitted so far, these included
+    n_tokens: int
+    #: the request ended with this round
+    finished: bool
+    #: the log-probabilities of this round's tokens (when the request asked for ``logprobs``)
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class Ticket:
+    """A place in an engine's admission queue; :meth:`wait` returns the sequence it was given."""
+
+    def __init__(self, engine: Engine, strategy: str | None) -> None:
+        self._engine = engine
+        self.strategy = strategy
+        self.session: Slot | None = None
+        self._given = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._withdrawn = False
+
+    @property
+    def ready(self) -> bool:
+        return self._given.is_set()
+
+    def _give(self, session: Slot) -> None:  # under the engine's lock
+        self.session = session
+        self._given.set()
+        for fn in self._callbacks:
+            fn()
+
+    def on_ready(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (from whichever thread frees the sequence) once the ticket holds one."""
+        with self._engine._cv:
+            if self._given.is_set():
+                fn()
+            else:
+                self._callbacks.append(fn)
+
+    def wait(self, timeout: float | None = None, cancel: CancelToken | None = None) -> Slot:
+        """The sequence, once it is this ticket's turn; :class:`Overloaded` after ``timeout`` seconds,
+        :class:`Cancelled` when ``cancel`` fires first (either way the ticket leaves the queue)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._given.wait(0.05 if cancel is not None else None if deadline is None
+                                   else max(0.0, deadline - time.monotonic())):
+            if cancel is not None and cancel.cancelled:
+                self.withdraw()
+                raise Cancelled("the request was cancelled while it waited for a free slot")
+            if deadline is not None and time.monotonic() >= deadline:
+                self.withdraw()
+                if self._given.is_set():  # handed a sequence as the wait ended: it was passed on
+                    break
+                raise Overloaded(f"no free slot within {timeout} s")
+        if self.session is None:
+            raise Overloaded("the engine closed before a slot was free")
+        return self.session
+
+    def withdraw(self) -> None:
+        """Leave the queue; a sequence already given to the ticket goes to the next one."""
+        self._engine._withdraw(self)
+
+
 @attrs.define(eq=False)
 class _Active:
-    gen: Generation
-    txn: Transaction
+    """A request the shared driver runs."""
+
+    gen: Request[Any]
     events: queue.Queue[Any]
     remaining: np.ndarray  # prompt tokens still to prefill (empty once decoding)
     t0: float
@@ -58,93 +215,162 @@ class _Active:
     pass_tokens: int = 0
     peak: int = 0
 
-    @property
-    def prefilling(self) -> bool:
-        return not self.gen._prefilled
-
 
 class Engine:
-    """Concurrent requests over one target's shared passes. Thread-safe: any thread may
-    :meth:`submit`; :meth:`rounds` streams one request's committed rounds to the thread that reads it."""
+    """Requests over the sequences of one model. Thread-safe: any thread may :meth:`submit` or
+    :meth:`reserve`; :meth:`rounds` runs one request and yields its commits to the thread that reads it."""
 
-    def __init__(self, batch: SessionBatch, *, token_budget: int | None = None) -> None:
-        self.batch = batch
-        self.sessions = batch.sessions
-        budget = batch.runtime.token_budget if token_budget is None else token_budget
-        # the widest verify block a round opens: the anchor plus K proposals (1 for target-only)
-        max_block = max(s.config.draft_max + 1 if s.proposer is not None else 1 for s in self.sessions)
-        if budget < len(self.sessions) * max_block:
-            raise PowerError(f"a pass budget of {budget} tokens cannot hold {len(self.sessions)} verify blocks of "
-                             f"{max_block}")
-        self.token_budget = budget
-        #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
-        # the probe decodes: on a thread that ends with it, so the driver leads the only compute team
-        # (see power_core.session.in_own_thread)
-        self.probe: BatchProbeReport | None = (in_own_thread(lambda: batch_probe(batch.runtime))
-                                                if len(self.sessions) > 1 else None)
-        if self.probe is not None:
-            log.info("engine.batch_probe", identical=self.probe.identical, reason=self.probe.reason())
-        config = self.sessions[0].config
-        if self.probe is not None and not self.probe.identical and config.require_identical:
-            raise ConfigError("parallel", len(self.sessions), "independent slots on this target",
-                              f"require_identical: {self.probe.reason()}")
+    def __init__(self, sessions: Sequence[Slot], *, runtime: BatchRuntime | None = None,
+                 probe: BatchProbeReport | None = None, token_budget: int | None = None,
+                 queue_max: int | None = None, closer: Callable[[], None] | None = None) -> None:
+        if not sessions:
+            raise ConfigError("parallel", 0, "at least one sequence")
+        self.sessions = tuple(sessions)
+        #: the shared passes' runtime (``None``: every sequence decodes alone, on its reader's thread)
+        self.runtime = runtime
+        #: how many tickets may wait for a sequence (``None``: no bound)
+        self.queue_max = queue_max
+        self._closer = closer
         self._cv = threading.Condition()
-        self._free: collections.deque[Session] = collections.deque(self.sessions)
+        self._free: collections.deque[Slot] = collections.deque(self.sessions)
+        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._running: dict[Slot, Request[Any]] = {}
+        self._closed = False
+        #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
+        self.probe = probe
+        self.token_budget = 0
+        self._thread: threading.Thread | None = None
         self._joining: collections.deque[_Active] = collections.deque()
         self._active: list[_Active] = []
         self._rr = 0  # round-robin start among prefilling requests (and among decoding ones' width turns)
         self._last_prefill = 0  # prompt tokens in the previous pass
-        self._closed = False
         self._held = 0  # held(): no pass starts
+        self._driver_done = False  # the driver thread has ended
+        self._close_deferred = False  # close() timed out waiting for it: the driver closes the target
+        self._compute: Callable[[], float] | None = None
+        if runtime is not None:
+            self._start_driver(runtime, token_budget)
+
+    def _start_driver(self, runtime: BatchRuntime, token_budget: int | None) -> None:
+        budget = runtime.token_budget if token_budget is None else token_budget
+        max_block = max(s.max_block for s in self.sessions)
+        if budget < len(self.sessions) * max_block:
+            raise PowerError(f"a pass budget of {budget} tokens cannot hold {len(self.sessions)} verify blocks of "
+                             f"{max_block}")
+        self.token_budget = budget
         # the shared passes' compute clock, bound once (a protocol check costs more than the read)
-        runtime = batch.runtime
         self._compute = runtime.compute_seconds if isinstance(runtime, ComputeTimed) else None
         self._thread = threading.Thread(target=self._loop, name="power-engine", daemon=True)
         self._thread.start()
 
-    @classmethod
-    def open(cls, n: int, config: Any = None, *, token_budget: int | None = None, **open_kwargs: Any) -> Engine:
-        """``n`` sequences of one target (:meth:`Session.open_batch`) and their driver."""
-        batch = Session.open_batch(n, config, **open_kwargs)
-        try:
-            return cls(batch, token_budget=token_budget)
-        except BaseException:
-            batch.close()
-            raise
+    # -- admission ------------------------------------------------------------------------------------------
+    def _fits(self, session: Slot, strategy: str | None) -> bool:
+        return session.lost is None and (strategy is None or session.strategy_name == strategy)
 
-    # -- requests -------------------------------------------------------------------------------------------
-    def acquire(self, timeout: float | None = None, *, strategy: str | None = None) -> Session:
-        """A free session (blocks until one is free), of ``strategy`` when given (the sequences of an
-        engine opened with ``sequences=`` run different strategies). Start a request on it with
-        ``session.start(...)`` and run it with :meth:`rounds`, which gives the session back when the
-        request ends."""
-        if strategy is not None and not any(s.selection.strategy.name == strategy for s in self.sessions):
-            have = sorted({s.selection.strategy.name for s in self.sessions})
+    def reserve(self, *, strategy: str | None = None) -> Ticket:
+        """A ticket for the next free sequence (of ``strategy`` when given): given at once when one is
+        free and nobody waits, else queued. Never blocks; :class:`Overloaded` when ``queue_max``
+        tickets already wait, :class:`SessionBusy` once the engine is closed."""
+        if strategy is not None and not any(self._fits(s, strategy) for s in self.sessions):
+            have = sorted({s.strategy_name for s in self.sessions})
             raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
-
-        def free() -> Session | None:
-            return next((s for s in self._free if strategy is None or s.selection.strategy.name == strategy), None)
-
+        ticket = Ticket(self, strategy)
         with self._cv:
-            if not self._cv.wait_for(lambda: free() is not None or self._closed, timeout):
-                raise SessionBusy(f"no free slot{'' if strategy is None else ' of ' + strategy} within {timeout} s")
             if self._closed:
                 raise SessionBusy("the engine is closed")
-            session = free()
-            assert session is not None
-            self._free.remove(session)
-            return session
+            if not any(self._fits(s, strategy) for s in self.sessions):
+                raise StateLost(f"every sequence{'' if strategy is None else ' of ' + strategy} of this engine lost "
+                                "its target state (a failed restore); close the engine and open a new one")
+            free = next((s for s in self._free if self._fits(s, strategy)), None)
+            if free is not None and not any(self._fits(free, t.strategy) for t in self._waiting):
+                self._free.remove(free)
+                ticket._give(free)
+                return ticket
+            if self.queue_max is not None and len(self._waiting) >= self.queue_max:
+                raise Overloaded(f"all {len(self.sessions)} slots are busy and {len(self._waiting)} requests "
+                                 f"are waiting (queue limit {self.queue_max})")
+            self._waiting.append(ticket)
+            return ticket
 
-    def release(self, session: Session) -> None:
+    def acquire(self, timeout: float | None = None, *, strategy: str | None = None,
+                cancel: CancelToken | None = None) -> Slot:
+        """A free sequence (waits for one, up to ``timeout`` seconds: then :class:`Overloaded`). Start a
+        request on it with ``session.start(...)`` and run it with :meth:`rounds`, which gives the
+        sequence back when the request ends (:meth:`release` gives back one never used)."""
+        return self.reserve(strategy=strategy).wait(timeout, cancel)
+
+    def release(self, session: Slot) -> None:
+        """Give ``session`` back: to the oldest waiting ticket it fits, else to the free ones."""
         with self._cv:
-            if session not in self._free:
+            self._running.pop(session, None)
+            if session in self._free:
+                return
+            for ticket in self._waiting:
+                if self._fits(session, ticket.strategy):
+                    self._waiting.remove(ticket)
+                    ticket._give(session)
+                    break
+            else:
                 self._free.append(session)
             self._cv.notify_all()
 
-    def submit(self, prompt: Prompt, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
+    def _withdraw(self, ticket: Ticket) -> None:
+        with self._cv:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            session, ticket.session = ticket.session, None
+        if session is not None:
+            self.release(session)
+
+    def _claim(self, gen: Request[Any]) -> None:
+        """``gen`` starts an attempt on its session: reserved for it by a ticket, or free now (a
+        library call on a session never waits: :class:`SessionBusy`)."""
+        s = gen.session
+        with self._cv:
+            if self._closed or s.closed:
+                raise SessionBusy("the session is closed; open a new one")
+            if s in self._running:
+                raise SessionBusy("the session is serving another request (another thread's, or an unfinished "
+                                  "stream); a session runs one request at a time: open one session per thread, "
+                                  "or finish/close the stream first")
+            if s in self._free:
+                self._free.remove(s)
+            self._running[s] = gen
+        try:
+            s.hand_over(gen)
+        except BaseException:
+            self.release(s)
+            raise
+
+    def running_request(self, session: Slot) -> Request[Any] | None:
+        """The request running on ``session`` now, if any."""
+        with self._cv:
+            return self._running.get(session)
+
+    @property
+    def running(self) -> int:
+        """Requests running: handed to the shared driver (joining or in its passes), or running their
+        rounds on their own sequence."""
+        with self._cv:
+            return len(self._active) + len(self._joining) if self.runtime is not None else len(self._running)
+
+    @property
+    def busy(self) -> int:
+        """Sequences held by a request (running, or admitted and about to run)."""
+        with self._cv:
+            return len(self.sessions) - len(self._free)
+
+    @property
+    def waiting(self) -> int:
+        """Tickets waiting for a sequence."""
+        with self._cv:
+            return len(self._waiting)
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def submit(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
                stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
-               logprobs: int | None = None, strategy: str | None = None) -> Generation:
-        """Start a request on the next free session (of ``strategy`` when given; waits for one); run
+               logprobs: int | None = None, strategy: str | None = None) -> Request[Any]:
+        """Start a request on the next free sequence (of ``strategy`` when given; waits for one); run
         it with :meth:`rounds` or :meth:`run`."""
         session = self.acquire(strategy=strategy)
         try:
@@ -154,32 +380,78 @@ class Engine:
             self.release(session)
             raise
 
-    def run(self, gen: Generation) -> Result:
-        """Run ``gen`` in the shared passes to its end; its tokens, text and receipt."""
+    def run(self, gen: Request[ResultT]) -> ResultT:
+        """Run ``gen`` to its end; its result (tokens, text and receipt)."""
         for _ in self.rounds(gen):
             pass
         return gen.result()
 
-    def rounds(self, gen: Generation) -> Generator[RoundRecord, None, None]:
-        """Hand ``gen`` (a request on one of this engine's sessions) to the driver and yield its
-        committed rounds as they close. Ends as ``gen.rounds()`` does: the receipt is final, a cancel
-        raises :class:`Cancelled`, a failure its error; closing the iterator early cancels the request."""
+    def rounds(self, gen: Request[Any]) -> Generator[Commit, None, None]:
+        """Run (or resume) ``gen``, a request on one of this engine's sequences, and yield its commits
+        as its rounds close. The sequence is the request's from the first ``next()``. Ends as the
+        request does: the receipt is final, a cancel raises :class:`Cancelled`, a failure its error;
+        closing the iterator early cancels the request."""
         if gen.session not in self.sessions:
             raise SessionBusy("this request's session does not belong to the engine")
-        events: queue.Queue[Any] = queue.Queue()
+        yield from (self._solo(gen) if self.runtime is None else self._shared(gen))
+
+    def _begin(self, gen: Request[Any]) -> None:
+        self._claim(gen)
         try:
-            txn = gen._begin_attempt()
+            gen.begin()
         except BaseException:
             self.release(gen.session)
             raise
-        active = _Active(gen=gen, txn=txn, events=events, remaining=np.zeros(0, dtype=np.int32),
-                         t0=time.perf_counter())
+
+    def _end(self, gen: Request[Any], failure: BaseException | None, batch: dict[str, Any] | None = None) -> None:
+        """End the request's attempt (its receipt), then give its sequence back."""
+        try:
+            gen.end(failure, batch)
+        finally:
+            self.release(gen.session)
+
+    # -- the solo driver: the reader's thread runs the rounds -----------------------------------------------
+    def _solo(self, gen: Request[Any]) -> Generator[Commit, None, None]:
+        self._begin(gen)
+        txn = gen.txn
+        assert txn is not None
+        failure: BaseException | None = None
+        try:
+            if not gen.prefilled:  # (again, when a cancel or failure interrupted the prefill)
+                t0 = time.perf_counter()
+                txn.prefill(gen.prompt, gen.resident_prefix())
+                gen.prefill_done(time.perf_counter() - t0)
+            while txn.finished is None:
+                if gen.session.closed:  # a suspended iterator resumed after Session.close()
+                    raise SessionBusy("the session was closed while this request was unfinished")
+                c0 = gen.clock()
+                t0 = time.perf_counter()
+                record = None
+                try:
+                    record = txn.step()
+                finally:
+                    gen.charge(c0, time.perf_counter() - t0, int(record is not None))
+                if record is not None:
+                    yield _commit(gen, record)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._end(gen, failure)
+
+    # -- the shared driver: one thread runs every request's rounds in shared passes -------------------------
+    def _shared(self, gen: Request[Any]) -> Generator[Commit, None, None]:
+        self._begin(gen)
+        events: queue.Queue[Any] = queue.Queue()
+        active = _Active(gen=gen, events=events, remaining=np.zeros(0, dtype=np.int32), t0=time.perf_counter())
         with self._cv:
-            if self._closed:
-                self._finish(active, SessionBusy("the engine is closed"))
-                raise SessionBusy("the engine is closed")
-            self._joining.append(active)
-            self._cv.notify_all()
+            closed = self._closed
+            if not closed:
+                self._joining.append(active)
+                self._cv.notify_all()
+        if closed:
+            self._finish(active, SessionBusy("the engine is closed"))
+            raise SessionBusy("the engine is closed")
         ended = False
         try:
             while True:
@@ -211,15 +483,38 @@ class Engine:
                 self._held -= 1
                 self._cv.notify_all()
 
-    def close(self) -> None:
-        """Cancel what runs, stop the driver, close the sessions and the target."""
+    def close(self, timeout: float = 60.0) -> None:
+        """Cancel what runs, refuse new requests, stop the driver and close the sequences and the target.
+
+        Native memory is never freed under a running decode: when the driver has not stopped within
+        ``timeout`` seconds (a decode that cannot be interrupted), the driver closes them itself once
+        that decode returns."""
         with self._cv:
+            if self._closed:
+                return
             self._closed = True
             for a in [*self._active, *self._joining]:
                 a.gen.cancel.cancel()
+            for gen in self._running.values():
+                gen.cancel.cancel()
+            waiting, self._waiting = list(self._waiting), collections.deque()
             self._cv.notify_all()
-        self._thread.join(60)
-        self.batch.close()
+        for ticket in waiting:
+            ticket._given.set()  # session None: wait() raises Overloaded
+        if self._thread is not None:
+            self._thread.join(timeout)
+            with self._cv:
+                if not self._driver_done:
+                    self._close_deferred = True
+                    log.error("engine.close_deferred", timeout=timeout,
+                              reason="a decode is still running; the driver closes the target when it returns")
+                    return
+        self._close_sequences()
+
+    def _close_sequences(self) -> None:
+        if self._closer is not None:
+            closer, self._closer = self._closer, None
+            closer()
 
     def __enter__(self) -> Engine:
         return self
@@ -227,53 +522,53 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def running(self) -> int:
-        with self._cv:
-            return len(self._active) + len(self._joining)
-
-    # -- the driver -----------------------------------------------------------------------------------------
     def _finish(self, a: _Active, failure: BaseException | None) -> None:
-        """End the request's attempt (receipt, session released) and wake its reader."""
-        gen = a.gen
-        gen._batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
-                      "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
-                      "n_seq": len(self.sessions), "token_budget": self.token_budget,
-                      "rows_identical_to_solo": self.probe.identical if self.probe is not None else True}
+        """End the request's attempt (receipt, sequence released) and wake its reader."""
+        batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
+                 "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
+                 "n_seq": len(self.sessions), "token_budget": self.token_budget,
+                 "rows_identical_to_solo": self.probe.identical if self.probe is not None else True}
         try:
-            gen._end_attempt(failure)
+            self._end(a.gen, failure, batch)
         finally:
-            self.release(gen.session)
             a.events.put(_END)
             a.events.put(failure)
 
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: (self._joining or self._active) and not self._held or self._closed)
-                if self._closed and not self._joining and not self._active:
-                    return
-                joining = list(self._joining)
-                self._joining.clear()
-            for a in joining:  # between passes, in this thread: the target is not decoding now
-                try:
-                    if not a.gen._prefilled:
-                        a.remaining = a.txn.start_prefill(a.gen.prompt, a.gen._take_resident())
-                except BaseException as exc:
-                    self._finish(a, exc)
-                    continue
+        try:
+            while True:
                 with self._cv:
-                    self._active.append(a)
-            with self._cv:
-                active = list(self._active)
-            try:
-                self._pass(active)
-            except BaseException as exc:  # a defect of the driver: fail every request, keep serving
-                log.error("engine.pass_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
-                for a in active:
-                    if a in self._active:
-                        self._active.remove(a)
+                    self._cv.wait_for(lambda: (self._joining or self._active) and not self._held or self._closed)
+                    if self._closed and not self._joining and not self._active:
+                        return
+                    joining = list(self._joining)
+                    self._joining.clear()
+                for a in joining:  # between passes, in this thread: the target is not decoding now
+                    try:
+                        if not a.gen.prefilled:
+                            assert a.gen.txn is not None
+                            a.remaining = a.gen.txn.start_prefill(a.gen.prompt, a.gen.resident_prefix())
+                    except BaseException as exc:
                         self._finish(a, exc)
+                        continue
+                    with self._cv:
+                        self._active.append(a)
+                with self._cv:
+                    active = list(self._active)
+                try:
+                    self._pass(active)
+                except BaseException as exc:  # a defect of the driver: fail every request, keep serving
+                    log.error("engine.pass_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                    for a in active:
+                        if a in self._active:
+                            self._active.remove(a)
+                            self._finish(a, exc)
+        finally:
+            with self._cv:
+                self._driver_done = True
+                deferred = self._close_deferred
+            if deferred:  # close() stopped waiting for a decode: free the target now that it returned
+                self._close_sequences()
 
     def _leave(self, a: _Active, failure: BaseException | None) -> None:
         with self._cv:
@@ -281,26 +576,28 @@ class Engine:
         self._finish(a, failure)
 
     def _pass(self, active: list[_Active]) -> None:
-        decoding = [a for a in active if not a.prefilling]
-        prefilling = [a for a in active if a.prefilling]
+        decoding = [a for a in active if a.gen.prefilled]
+        prefilling = [a for a in active if not a.gen.prefilled]
         items: list[BatchItem] = []
         rounds: list[tuple[_Active, PendingRound]] = []
         if len(decoding) > 1:  # who chooses its width first rotates, so no request always sees the lightest pass
             turn = self._rr % len(decoding)
             decoding = decoding[turn:] + decoding[:turn]
         for j, a in enumerate(decoding):
+            txn = a.gen.txn
+            assert txn is not None
             # the pass so far: the blocks opened before this one, at least the anchor of each one after,
             # and the prompt chunks joining it (the cost-aware width weighs the whole pass)
             others = sum(int(i.tokens.shape[0]) for i in items) + (len(decoding) - j - 1)
             load = PassLoad(tokens=others + self._last_prefill, requests=len(decoding) - 1) if len(active) > 1 else None
-            c0, t0 = self._clock(a), time.perf_counter()
+            c0, t0 = a.gen.clock(), time.perf_counter()
             try:
-                pending = a.txn.open_round(load)
+                pending = txn.open_round(load)
             except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
-                self._account(a, c0, time.perf_counter() - t0, 0)
+                a.gen.charge(c0, time.perf_counter() - t0, 0)
                 self._leave(a, exc)
                 continue
-            self._account(a, c0, time.perf_counter() - t0, 0)
+            a.gen.charge(c0, time.perf_counter() - t0, 0)
             if pending is None:  # finished (context full)
                 self._leave(a, None)
                 continue
@@ -308,47 +605,53 @@ class Engine:
                 self._close(a, pending, None, 0.0)
                 continue
             rounds.append((a, pending))
-            items.append(BatchItem(a.txn.target, pending.block, "all"))
+            items.append(BatchItem(txn.target, pending.block, "all"))
         budget = self.token_budget - sum(int(i.tokens.shape[0]) for i in items)
         chunks: list[tuple[_Active, int]] = []
         if prefilling:
             start = self._rr % len(prefilling)
             self._rr += 1
             for a in prefilling[start:] + prefilling[:start]:
+                txn = a.gen.txn
+                assert txn is not None
                 if a.gen.cancel.cancelled:
-                    a.txn.target.reset()
+                    txn.target.reset()
                     self._leave(a, Cancelled("generation cancelled during its prefill; nothing was committed"))
                     continue
                 if budget <= 0:
                     break
                 n = min(budget, int(a.remaining.shape[0]))
                 final = n == a.remaining.shape[0]
-                items.append(BatchItem(a.txn.target, a.remaining[:n], "last" if final else "none"))
+                items.append(BatchItem(txn.target, a.remaining[:n], "last" if final else "none"))
                 chunks.append((a, n))
                 budget -= n
         self._last_prefill = sum(n for _, n in chunks)
         if not items:
             return
+        assert self.runtime is not None
         t0, before = time.perf_counter(), self._compute() if self._compute is not None else None
         try:
-            results = self.batch.runtime.decode_batch(items)
+            results = self.runtime.decode_batch(items)
         except BaseException as exc:  # the shared pass failed: every round of it restores
             for a, pending in rounds:
+                failure: BaseException = exc
                 try:
-                    a.txn.abort_round(pending, exc)
+                    assert a.gen.txn is not None
+                    a.gen.txn.abort_round(pending, exc)
+                except BaseException as lost:  # noqa: BLE001 - its restore failed too: that ends it
+                    failure = lost
                 finally:
-                    self._leave(a, exc)
+                    self._leave(a, failure)
             for a, _ in chunks:
-                a.txn.target.reset()
+                assert a.gen.txn is not None
+                a.gen.txn.target.reset()
                 self._leave(a, exc)
             return
         seconds = time.perf_counter() - t0
         after = self._compute() if self._compute is not None else None
+        compute = None if before is None or after is None else after - before
         for a, _ in rounds:  # the shared pass's compute is each decoding request's target compute
-            if before is None or after is None:
-                a.gen._clock.timed = False
-            else:
-                a.gen._clock.target_s += after - before
+            a.gen.charge_shared_pass(compute)
         n_tokens = sum(int(i.tokens.shape[0]) for i in items)
         concurrent = len(items)
         for a in [a for a, _ in rounds] + [a for a, _ in chunks]:
@@ -358,36 +661,40 @@ class Engine:
         for (a, pending), res in zip(rounds, results[: len(rounds)], strict=True):
             self._close(a, pending, res, seconds)
         for (a, n), res in zip(chunks, results[len(rounds):], strict=True):
+            txn = a.gen.txn
+            assert txn is not None
             try:
-                a.txn.observe_prompt(res)
+                txn.observe_prompt(res)
             except BaseException as exc:  # its proposer failed on the prompt: only this request ends
-                a.txn.target.reset()
+                txn.target.reset()
                 self._leave(a, exc)
                 continue
             a.remaining = a.remaining[n:]
             if a.remaining.shape[0] == 0:
-                a.txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
-                a.gen._prefilled = True
-                a.gen._prefill_s = time.perf_counter() - a.t0
-
-    @staticmethod
-    def _clock(a: _Active) -> tuple[float | None, float]:
-        return a.gen._clock.read()
-
-    def _account(self, a: _Active, c0: tuple[float | None, float], seconds: float, rounds: int) -> None:
-        """Charge ``a``'s decode time with ``seconds`` of its own work since the snapshot ``c0``."""
-        a.gen._decode_s += seconds
-        a.gen._clock.lap(c0, self._clock(a), rounds)
+                txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
+                a.gen.prefill_done(time.perf_counter() - a.t0)
 
     def _close(self, a: _Active, pending: PendingRound, res: DecodeResult | None, seconds: float) -> None:
-        c0, t0 = self._clock(a), time.perf_counter()
+        txn = a.gen.txn
+        assert txn is not None
+        c0, t0 = a.gen.clock(), time.perf_counter()
         try:
-            record = a.txn.close_round(pending, res)
+            record = txn.close_round(pending, res)
         except BaseException as exc:
-            self._account(a, c0, seconds + time.perf_counter() - t0, 0)
+            a.gen.charge(c0, seconds + time.perf_counter() - t0, 0)
             self._leave(a, exc)
             return
-        self._account(a, c0, seconds + time.perf_counter() - t0, 1)
-        a.events.put(record)
-        if a.txn.finished is not None:
+        a.gen.charge(c0, seconds + time.perf_counter() - t0, 1)
+        a.events.put(_commit(a.gen, record))
+        if txn.finished is not None:
             self._leave(a, None)
+
+
+def _commit(gen: Request[Any], record: RoundRecord) -> Commit:
+    """The request as it stands right after ``record`` committed (taken on the driver's thread)."""
+    txn = gen.txn
+    assert txn is not None
+    n = len(txn.emitted)
+    lps = tuple(txn.logprobs[n - record.emitted:]) if txn.logprobs else ()
+    return Commit(record=record, tokens=tuple(txn.emitted[n - record.emitted:]), n_tokens=n,
+                  finished=txn.finished is not None, logprobs=lps)

@@ -20,6 +20,7 @@ __all__ = [
     "StateLost",
     "CapacityError",
     "SessionBusy",
+    "Overloaded",
     "MissingDependency",
 ]
 
@@ -135,6 +136,13 @@ class SessionBusy(PowerError, RuntimeError):
     """
 
     code = "session_busy"
+
+
+class Overloaded(SessionBusy):
+    """Every sequence of an :class:`~power_core.engine.Engine` is busy and its admission queue is full,
+    or a request's wait for a free one outlasted its timeout; retry later."""
+
+    code = "server_overloaded"
 
 
 class MissingDependency(PowerError, ImportError):

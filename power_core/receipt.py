@@ -76,6 +76,8 @@ class Receipt:
     selftest: dict[str, Any] | None = None
     #: prompt tokens whose target state came from the previous request (config ``cache_prompt``)
     prompt_reused: int = 0
+    #: observer hooks that raised during the request (logged; the request itself was unaffected)
+    observer_faults: int = 0
     schema: str = SCHEMA
 
     @property

@@ -21,7 +21,6 @@ import contextvars
 import copy
 import logging
 import threading
-import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -29,7 +28,8 @@ import attrs
 import numpy as np
 
 from power_core.chat import ChatTemplate, template_for
-from power_core.config import PowerConfig
+from power_core.config import SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig
+from power_core.engine import Engine
 from power_core.errors import (
     AdapterFault,
     Cancelled,
@@ -40,7 +40,7 @@ from power_core.errors import (
     StrategyNotFound,
 )
 from power_core.logs import get_logger
-from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, selftest
+from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, batch_probe, selftest
 from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
@@ -104,12 +104,8 @@ def in_own_thread(fn: Callable[[], _T], *, discard: Callable[[_T], None] | None 
     return value
 
 
-#: configuration keys a request may set for itself (:meth:`Session.start`'s ``sampling``)
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed")
-#: configuration keys one sequence of a shared-pass batch may set for itself (:class:`SequenceSpec`): what its
-#: proposer and scheduler do; everything that shapes the target (context, threads, numerics) is the batch's
-SEQUENCE_KEYS = ("spec_draft_max", "spec_mtp_recurrent_snapshots", "spec_mtp_adaptive", "spec_adaptive_low_yield",
-                 "spec_adaptive_low_yield_rounds", "spec_draft_p_min", "trace")
+# SAMPLING_KEYS (what a request may set for itself, Session.start's ``sampling``) and SEQUENCE_KEYS (what one
+# sequence of a shared-pass batch may set, SequenceSpec) are read from the keys' declared scopes (config.py)
 #: at most this many alternatives per emitted token (``logprobs``)
 LOGPROBS_MAX = 20
 
@@ -162,7 +158,7 @@ class _OpenPlan:
     @classmethod
     def make(cls, config: PowerConfig | None, model: str | None, draft: str | None, backend: str | None,
              plugins: PowerPlugins | None, overrides: Mapping[str, Any]) -> _OpenPlan:
-        config = PowerConfig.from_mapping(attrs.asdict(config) if config else {}, **overrides)
+        config = PowerConfig.from_mapping(config.to_dict() if config else {}, **overrides)
         plugins = plugins or get_plugins()
         chosen = choose_backend(plugins, model, backend)
         model = chosen.resolve(model)  # e.g. None -> the embedded GGUF, so selection inspects the real file
@@ -239,10 +235,14 @@ class Session:
     stop_ids: frozenset[int]
     #: the batch-numerics self-test run at open (config ``selftest`` / ``require_identical``)
     numerics: SelftestReport | None = None
+    #: the engine whose sequence this session is (its own one-sequence engine unless an engine over
+    #: several sessions adopted it); every request runs through it
+    engine: Engine | None = attrs.field(default=None, init=False, repr=False)
     _mutex: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
-    _owner: Generation | None = attrs.field(default=None, init=False, repr=False)  # request now running
     _resident: Generation | None = attrs.field(default=None, init=False, repr=False)  # whose state the target holds
     _closed: bool = attrs.field(default=False, init=False, repr=False)
+    #: why the target's state was lost (a failed restore); the session then refuses requests
+    _lost: str | None = attrs.field(default=None, init=False, repr=False)
     _chat_template: ChatTemplate | None = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
@@ -318,6 +318,65 @@ class Session:
         return in_own_thread(load, discard=SessionBatch.close)
 
     @classmethod
+    def open_engine(cls, n: int, config: PowerConfig | None = None, *, token_budget: int | None = None,
+                    queue_max: int | None = None, **open_kwargs: Any) -> Engine:
+        """``n`` sequences of one target that share its passes (:meth:`open_batch`) and the engine that
+        drives them (closing it closes them). With more than one sequence the engine first probes
+        whether a sequence's rows beside others are its solo rows (every receipt says); under
+        ``require_identical`` rows that are not refuse the batch (:class:`ConfigError` naming ``parallel``)."""
+        batch = cls.open_batch(n, config, **open_kwargs)
+        try:
+            probe = None
+            if n > 1:
+                # the probe decodes: on a thread that ends with it, so the driver leads the only compute team
+                probe = in_own_thread(lambda: batch_probe(batch.runtime))
+                log.info("engine.batch_probe", identical=probe.identical, reason=probe.reason())
+                if not probe.identical and batch.sessions[0].config.require_identical:
+                    raise ConfigError("parallel", n, "independent slots on this target",
+                                      f"require_identical: {probe.reason()}")
+            engine = Engine(batch.sessions, runtime=batch.runtime, probe=probe, token_budget=token_budget,
+                            queue_max=queue_max, closer=batch.close)
+        except BaseException:
+            batch.close()
+            raise
+        for session in batch.sessions:
+            session.engine = engine
+        return engine
+
+    @staticmethod
+    def independent_engine(sessions: Sequence[Session], *, queue_max: int | None = None) -> Engine:
+        """One engine admitting requests to ``sessions`` that each decode alone (``power serve
+        --no-batch``, or a backend or strategy without shared passes); closing it closes them."""
+
+        def close() -> None:
+            failure: BaseException | None = None
+            for s in sessions:
+                try:
+                    s.close()
+                except BaseException as exc:  # close every one; report the first failure
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
+
+        engine = Engine(sessions, queue_max=queue_max, closer=close)
+        for session in sessions:
+            session.engine = engine
+        return engine
+
+    @property
+    def strategy_name(self) -> str:
+        return str(self.selection.strategy.name)
+
+    @property
+    def max_block(self) -> int:
+        """The widest verify block this session's rounds open: the anchor plus K proposals (1 target-only)."""
+        return self.config.draft_max + 1 if self.proposer is not None else 1
+
+    @property
+    def require_identical(self) -> bool:
+        return bool(self.config.require_identical)
+
+    @classmethod
     def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None) -> Session:
         """The session over a loaded target: the self-test, then the proposer."""
         config, strategy, selection, speculative = plan.config, plan.strategy, plan.selection, plan.speculative
@@ -349,17 +408,17 @@ class Session:
     def close(self) -> None:
         """Free the model: the proposer (its optional ``close()``), then the target, even if the former
         fails. Raises :class:`SessionBusy` while a request runs in another thread."""
+        owner = self.engine.running_request(self) if self.engine is not None else None
         with self._mutex:
             if self._closed:
                 return
-            owner = self._owner
-            if owner is not None and owner._thread is not threading.current_thread():
+            if owner is not None and owner.thread is not threading.current_thread():
                 raise SessionBusy("the session cannot close while another thread's request runs; cancel it "
                                   "and wait for it to end, then close")
             self._closed = True
             self._resident = None  # no Session <-> Generation cycle: the model goes when the session does
-        if owner is not None and owner._stream is not None:
-            owner._stream.close()  # an unfinished stream of this thread ends as cancelled
+        if owner is not None:
+            owner.close_stream()  # an unfinished stream of this thread ends as cancelled
         proposer = self.proposer
         try:
             if isinstance(proposer, ClosableProposer):
@@ -374,28 +433,43 @@ class Session:
         finally:
             self.opened.close()
 
-    # -- one request at a time -----------------------------------------------------------------
-    def _claim(self, gen: Generation) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def lost(self) -> str | None:
+        """Why the target's state was lost (a restore failed), or ``None``: a lost session refuses requests."""
+        return self._lost
+
+    def mark_lost(self, reason: str) -> None:
+        """The target's state is unknown (its restore failed): refuse every later request."""
+        with self._mutex:
+            self._lost = reason
+        log.error("session.state_lost", reason=reason)
+
+    def driver(self) -> Engine:
+        """The engine that runs this session's requests (its own one-sequence engine by default)."""
+        with self._mutex:
+            if self.engine is None:
+                self.engine = Engine((self,))
+            return self.engine
+
+    def hand_over(self, gen: Generation) -> None:
+        """``gen`` is about to run on this session's target (the engine admitted it): a fresh request
+        may reuse what the previous one left (``cache_prompt``); an interrupted one resumes only if
+        no other request ran since."""
         with self._mutex:
             if self._closed:
                 raise SessionBusy("the session is closed; open a new one")
-            if self._owner is not None:
-                raise SessionBusy("the session is serving another request (another thread's, or an unfinished "
-                                  "stream); a session runs one request at a time: open one session per thread, "
-                                  "or finish/close the stream first")
-            if not gen._prefilled and gen.txn is None and self._resident is not gen:
-                gen._predecessor = self._resident  # its committed tokens are what the target holds
-            if gen._prefilled and self._resident is not gen:
+            if self._lost is not None:
+                raise StateLost(f"this session's target state was lost ({self._lost}); it refuses further "
+                                "requests: close it and open a new one")
+            if gen.prefilled and self._resident is not gen:
                 raise StateLost("this generation can no longer resume: its session has served another request "
                                 "since it was interrupted; start a new request")
-            self._owner = gen
+            gen.take_over(self._resident)
             self._resident = gen
-            gen._thread = threading.current_thread()
-
-    def _release(self, gen: Generation) -> None:
-        with self._mutex:
-            if self._owner is gen:
-                self._owner = None
 
     def __enter__(self) -> Session:
         return self
@@ -553,9 +627,12 @@ class Generation:
     config: PowerConfig | None = None
     #: record log-probabilities of every emitted token with this many alternatives (None: off)
     top_logprobs: int | None = None
-    _prefill_s: float = 0.0
-    _prefilled: bool = False
-    _decode_s: float = 0.0
+    #: observer hooks (``power_request_start``/``power_request_end``) that raised for this request:
+    #: logged, counted here and in the receipt, never a failure of the request or of anyone else's
+    observer_faults: int = attrs.field(default=0, init=False)
+    _prefill_s: float = attrs.field(default=0.0, init=False)
+    _prefilled: bool = attrs.field(default=False, init=False)
+    _decode_s: float = attrs.field(default=0.0, init=False)
     #: the compute/host split of ``_decode_s`` (receipt ``timings``)
     _clock: DecodeClock = attrs.field(factory=DecodeClock, init=False, repr=False)
     _text: TextAssembler | None = attrs.field(default=None, init=False)
@@ -565,7 +642,7 @@ class Generation:
     #: this request's share of the runtime's counters (``runtime_counters``), summed over its attempts
     _counts: dict[str, int] = attrs.field(factory=dict, init=False, repr=False)
     _before: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
-    #: how the request shared target passes (set by :class:`~power_core.engine.Engine`; receipt ``backend.batch``)
+    #: how the request shared target passes (the engine's, at the attempt's end; receipt ``backend.batch``)
     _batch: dict[str, Any] | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -652,62 +729,79 @@ class Generation:
     def rounds(self) -> Generator[RoundRecord, None, None]:
         """Run (or resume) the request, yielding each committed round; the receipt is final when it ends.
 
+        The request runs through its session's engine (:meth:`Session.driver`), like every request.
         The session is busy from the first ``next()`` until the iterator ends or is closed (closing
         it early ends the request as ``cancelled``).
         """
-        s = self.session
-        txn = self._begin_attempt()
-        failure: BaseException | None = None
+        commits = self.session.driver().rounds(self)
         try:
-            if not self._prefilled:  # (again, when a cancel or failure interrupted the prefill)
-                t0 = time.perf_counter()
-                txn.prefill(self.prompt, self._take_resident())
-                self._prefill_s = time.perf_counter() - t0
-                self._prefilled = True
-            while txn.finished is None:
-                if s._closed:  # a suspended iterator resumed after Session.close()
-                    raise SessionBusy("the session was closed while this request was unfinished")
-                c0 = self._clock.read()
-                t0 = time.perf_counter()
-                record = None
-                try:
-                    record = txn.step()
-                finally:
-                    self._decode_s += time.perf_counter() - t0
-                    self._clock.lap(c0, self._clock.read(), int(record is not None))
-                if record is not None:
-                    yield record
-        except BaseException as exc:
-            failure = exc
-            raise
+            for commit in commits:
+                yield commit.record
         finally:
-            self._end_attempt(failure)
+            commits.close()
 
-    # -- one attempt at the request (rounds() or a round driver runs the rounds in between) -------------
-    def _begin_attempt(self) -> Transaction:
-        """Claim the session and make (or keep) the request's transaction."""
+    # -- what a driver (power_core.engine.Engine) needs: one attempt at the request -----------------------
+    @property
+    def prefilled(self) -> bool:
+        """The prompt is in the target's memory (round 0 can run, or ran)."""
+        return self._prefilled
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread that started the request's current (or last) attempt."""
+        return self._thread
+
+    def take_over(self, resident: Generation | None) -> None:
+        """The session hands its target to this request; ``resident`` is the request whose state the
+        target holds (prompt reuse for a fresh request)."""
+        if not self._prefilled and self.txn is None and resident is not self:
+            self._predecessor = resident
+        self._thread = threading.current_thread()
+
+    def begin(self) -> Transaction:
+        """Start an attempt on the (claimed) session: make, or keep, the request's transaction."""
         s = self.session
-        s._claim(self)
         self.receipt = None
-        try:
-            self._before = runtime_counters(s.opened.target)  # this attempt's counts: the difference at its end
-            self._clock.bind(s.opened.target, s.proposer)
-            if self.txn is None:
-                self.txn = self._transaction()
-                s.plugins.pm.hook.power_request_start(request=RequestInfo(
-                    config=self.config or s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
-                    prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
-        except BaseException:
-            s._release(self)
-            raise
+        self._before = runtime_counters(s.opened.target)  # this attempt's counts: the difference at its end
+        self._clock.bind(s.opened.target, s.proposer)
+        if self.txn is None:
+            self.txn = self._transaction()
+            self._notify(s.plugins.pm.hook.power_request_start, request=RequestInfo(
+                config=self.config or s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
+                prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
         return self.txn
 
-    def _take_resident(self) -> np.ndarray | None:
-        resident, self._predecessor = self._resident_memory(), None  # first attempt only
+    def resident_prefix(self) -> np.ndarray | None:
+        """The tokens the target holds that may seed this prompt (``cache_prompt``; first attempt only)."""
+        resident, self._predecessor = self._resident_memory(), None
         return resident
 
-    def _end_attempt(self, failure: BaseException | None) -> None:
-        """The attempt ended (``failure``: how, if not by finishing): its receipt, then release the session."""
+    def prefill_done(self, seconds: float) -> None:
+        """The prompt is in the target's memory, after ``seconds``."""
+        self._prefilled = True
+        self._prefill_s = seconds
+
+    def clock(self) -> tuple[float | None, float]:
+        """A snapshot of the target's and the proposer's compute clocks (:meth:`charge` takes it)."""
+        return self._clock.read()
+
+    def charge(self, before: tuple[float | None, float], seconds: float, rounds: int) -> None:
+        """Charge the request's decode time with ``seconds`` of its own work since ``before`` (a
+        :meth:`clock` snapshot), in which ``rounds`` rounds committed."""
+        self._decode_s += seconds
+        self._clock.lap(before, self._clock.read(), rounds)
+
+    def charge_shared_pass(self, compute: float | None) -> None:
+        """A shared pass that decoded this request's block took ``compute`` seconds of target compute
+        (``None``: the batch runtime keeps no clock)."""
+        if compute is None:
+            self._clock.timed = False
+        else:
+            self._clock.target_s += compute
+
+    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> Receipt:
+        """The attempt ended (``failure``: how, if not by finishing; ``batch``: the shared passes it ran
+        in): its receipt. A failed restore marks the session lost."""
         s = self.session
         status, error = "completed", None
         if isinstance(failure, GeneratorExit):
@@ -718,18 +812,37 @@ class Generation:
             status, error = "failed", f"{failure.code}: {failure}"
         elif failure is not None:
             status, error = "failed", f"{type(failure).__name__}: {failure}"
+        if self.txn is not None and self.txn.state_lost is not None:
+            s.mark_lost(self.txn.state_lost)
+        self._batch = dict(batch) if batch is not None else None
+        before, self._before = self._before, None
+        if before is not None:
+            for key, value in runtime_counters(s.opened.target).items():
+                self._counts[key] = self._counts.get(key, 0) + value - before.get(key, 0)
+        receipt = self._receipt(status, error)
+        self.receipt = receipt
+        if not self._notify(s.plugins.pm.hook.power_request_end, receipt=receipt):
+            self.receipt = attrs.evolve(receipt, observer_faults=self.observer_faults)
+        if log.isEnabledFor(logging.INFO):
+            log.info("request.end", status=status, strategy=s.selection.strategy.name,
+                     tokens=len(self.tokens), **self.receipt.summary())
+        return self.receipt
+
+    def close_stream(self) -> None:
+        """End an unfinished stream of this request (as cancelled)."""
+        if self._stream is not None:
+            self._stream.close()
+
+    def _notify(self, hook: Callable[..., Any], **kwargs: Any) -> bool:
+        """Call the observers' ``hook``; one that raises is logged and counted, never a failure. True
+        when every observer returned."""
         try:
-            before, self._before = self._before, None
-            if before is not None:
-                for key, value in runtime_counters(s.opened.target).items():
-                    self._counts[key] = self._counts.get(key, 0) + value - before.get(key, 0)
-            self.receipt = self._receipt(status, error)
-            s.plugins.pm.hook.power_request_end(receipt=self.receipt)
-            if log.isEnabledFor(logging.INFO):
-                log.info("request.end", status=status, strategy=s.selection.strategy.name,
-                         tokens=len(self.tokens), **self.receipt.summary())
-        finally:
-            s._release(self)
+            hook(**kwargs)
+        except Exception as exc:
+            self.observer_faults += 1
+            log.warning("observer.failed", hook=hook.name, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            return False
+        return True
 
     def _resident_memory(self) -> np.ndarray | None:
         """With ``cache_prompt``: the tokens the target holds from the previous request (its committed
@@ -784,5 +897,6 @@ class Generation:
                 **({"selftest_s": s.numerics.seconds} if s.numerics else {}),
             },
             error=error,
+            observer_faults=self.observer_faults,
             selftest={k: v for k, v in s.numerics.to_dict().items() if k != "seconds"} if s.numerics else None,
         )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -36,10 +36,10 @@ import numpy as np
 from power_core.errors import AdapterFault, Cancelled, CapacityError, PluginError, PowerError, RuntimeFault
 from power_core.logs import get_logger
 from power_core.runtime import (
-    ConfidentProposer,
     DecodeResult,
     InGraphGreedyRuntime,
     PrefixKeepingRuntime,
+    Proposal,
     ProposalContext,
     Proposer,
     RowReadingProposer,
@@ -58,6 +58,13 @@ PHASES = ("checkpoint", "propose", "verify", "accept", "commit", "emit", "restor
 #: ones one row at a time, through the first mismatch only (a 262,144-float row costs more than a call)
 _BATCH_ARGMAX = 1 << 16
 _EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def _described(value: object) -> str:
+    """A returned value's type, with dtype and shape for an array (what an adapter sees in its code)."""
+    if isinstance(value, np.ndarray):
+        return f"a bare array ({value.dtype}{list(value.shape)})"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _given(value: Any) -> Any:
@@ -211,13 +218,9 @@ class Transaction:
     verify_widths: dict[int, int] = attrs.field(factory=dict)
     #: prompt tokens whose target state was kept from the previous request (``prefill(resident=...)``)
     reused: int = 0
+    #: why the target's state is unknown (a failed restore), else ``None``
+    state_lost: str | None = None
     _prompt: np.ndarray = attrs.field(factory=lambda: _EMPTY)
-    #: the proposer, when it says how sure it is of each proposal (checked once: a protocol check
-    #: costs more than the rest of the width choice)
-    _confident: ConfidentProposer | None = attrs.field(init=False, default=None)
-
-    def __attrs_post_init__(self) -> None:
-        self._confident = self.proposer if isinstance(self.proposer, ConfidentProposer) else None
 
     @property
     def history(self) -> TokenArray:
@@ -393,11 +396,18 @@ class Transaction:
         remaining = self.max_tokens - len(self.emitted)
         return max(0, min(planned, remaining - 1, room, max_block - 1))
 
-    def _propose(self, k: int) -> TokenArray:
+    def _propose(self, k: int) -> Proposal:
+        """Ask for at most ``k`` ids and check the :class:`Proposal` (the one place a proposal is
+        checked): 1-D integer ids, at most ``k``, inside the vocabulary; a confidence in ``[0, 1]``
+        per id; statistics a mapping. Returns it with ``ids`` as ``int32``."""
         if k == 0 or self.proposer is None:
-            return _EMPTY
-        props = np.asarray(self._call("propose", ProposalContext(history=self.history, anchor=self.anchor, k=k,
-                                                                 round_index=len(self.rounds))))
+            return Proposal.none()
+        got = self._call("propose", ProposalContext(history=self.history, anchor=self.anchor, k=k,
+                                                    round_index=len(self.rounds)))
+        if not isinstance(got, Proposal):
+            self._refuse(f"returned {_described(got)}, not a Proposal; return power_core.Proposal(ids) "
+                         "(e.g. Proposal(np.asarray(ids, dtype=np.int32)), Proposal.none() for no proposal)")
+        props = np.asarray(got.ids)
         if props.ndim != 1 or (props.size and props.dtype.kind not in "iu"):  # signed or unsigned integers
             self._refuse(f"returned {props.dtype}{list(props.shape)}; expected 1-D integer ids")
         if props.shape[0] > k:
@@ -406,20 +416,33 @@ class Transaction:
         ids = props.tolist()  # a few ids: Python's min/max beat two numpy reductions
         if ids and (min(ids) < 0 or max(ids) >= n_vocab):
             self._refuse(f"returned token id outside [0, {n_vocab}) (the target's n_vocab): {ids}")
-        return props.astype(np.int32, copy=False)
+        conf = got.confidence
+        if conf is not None:
+            try:
+                p = [float(x) for x in conf]
+            except (TypeError, ValueError):
+                self._refuse(f"returned a confidence of {_described(conf)}; expected one float per id, or None")
+            if len(p) != len(ids):
+                self._refuse(f"returned {len(p)} confidences for {len(ids)} ids; give one per id, or None")
+            if not all(0.0 <= x <= 1.0 for x in p):  # NaN fails too
+                self._refuse(f"returned a confidence outside [0, 1]: {p}")
+        if got.stats is not None and not isinstance(got.stats, Mapping):
+            self._refuse(f"returned stats of type {type(got.stats).__name__}; expected a mapping of names to numbers")
+        if props.dtype != np.int32 or props is not got.ids:
+            return attrs.evolve(got, ids=props.astype(np.int32))
+        return got
 
     def _refuse(self, what: str) -> NoReturn:
         name = type(self.proposer).__name__
         raise AdapterFault(f"proposer {name}.propose in round {len(self.rounds)} {what}", proposer=name)
 
-    def _choose_width(self, props: TokenArray, load: PassLoad | None) -> tuple[TokenArray, dict[str, Any] | None]:
-        """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x confidence)."""
-        if self.scheduler.costs is None or props.shape[0] == 0:
+    def _choose_width(self, proposal: Proposal, load: PassLoad | None) -> tuple[TokenArray, dict[str, Any] | None]:
+        """Cost-aware width: verify the prefix the scheduler finds worth its pass (cost curve x the
+        proposal's confidence; all of it when either is missing)."""
+        props = proposal.ids
+        if self.scheduler.costs is None or props.shape[0] == 0 or proposal.confidence is None:
             return props, None
-        conf = self._confident.confidence if self._confident is not None else None
-        if conf is None or len(conf) != props.shape[0]:
-            return props, None
-        w, info = self.scheduler.choose_width(conf, props.shape[0], load)
+        w, info = self.scheduler.choose_width(proposal.confidence, props.shape[0], load)
         return props[:w], info
 
     def _verify(self, block: TokenArray, res: DecodeResult | None = None) -> DecodeResult:
@@ -534,8 +557,9 @@ class Transaction:
                                decoder=decoder)
         try:
             self._check_cancel()
-            pending.offered = self._phase("propose", self._propose, k)
-            props, pending.width = self._choose_width(pending.offered, load)
+            proposal = self._phase("propose", self._propose, k)
+            pending.offered = proposal.ids
+            props, pending.width = self._choose_width(proposal, load)
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
@@ -598,7 +622,12 @@ class Transaction:
         self._n_hist -= len(self.emitted) - n_emitted
         del self.emitted[n_emitted:]
         del self.logprobs[n_emitted:]
-        self.target.restore(cp_target)
+        try:
+            self.target.restore(cp_target)
+        except BaseException as lost:
+            # the target's state is unknown now: its session must refuse every later request
+            self.state_lost = f"restore after {type(exc).__name__} failed: {type(lost).__name__}: {lost}"
+            raise
         log.info("txn.restore", round=len(self.rounds), error=type(exc).__name__, n_past=self.target.n_past)
         if self.proposer is None:
             return
@@ -608,7 +637,7 @@ class Transaction:
             # the proposer's state is unknown: finish this request without it (exact, target-only);
             # the next request begins it afresh
             name = type(self.proposer).__name__
-            self.proposer = self._confident = None
+            self.proposer = None
             log.warning("txn.proposer_lost", round=len(self.rounds), error=str(fault))
             raise AdapterFault(f"{fault} (while restoring after {type(exc).__name__}: {exc}). The target was "
                                "restored; the rest of this request runs target-only (still exact) and the next "

@@ -32,7 +32,7 @@ def _solo(mode: str, prompt: list[int], **kw) -> tuple[int, ...]:
 
 
 def _engine(mode: str, n: int, **kw) -> Engine:
-    return Engine.open(n, _config(mode), model=MODEL, plugins=core_plugins(), **kw)
+    return Session.open_engine(n, _config(mode), model=MODEL, plugins=core_plugins(), **kw)
 
 
 def _run_all(engine: Engine, jobs: list[dict], delays: list[float]) -> list:
@@ -92,7 +92,7 @@ def test_mixed_strategies_in_shared_passes_each_equal_their_solo_run(jobs, delay
     """Sequences of one target with different strategies (``sequences=``): each request runs on a
     sequence of its strategy and still emits its solo output."""
     specs = [SequenceSpec(mode) for mode in layout]
-    with Engine.open(len(specs), _config("off"), model=MODEL, plugins=core_plugins(), sequences=specs) as engine:
+    with Session.open_engine(len(specs), _config("off"), model=MODEL, plugins=core_plugins(), sequences=specs) as engine:
         assert [s.selection.strategy.name for s in engine.sessions] == list(layout)
         out: list = [None] * len(jobs)
 
@@ -122,7 +122,7 @@ def test_sequence_specs_are_validated():
     with pytest.raises(ConfigError, match=r"sequences\[1\]\.n_ctx"):
         Session.open_batch(2, _config("off"), model=MODEL, plugins=core_plugins(),
                            sequences=[SequenceSpec("off"), SequenceSpec("ref-draft", config={"n_ctx": 64})])
-    with Engine.open(2, _config("off"), model=MODEL, plugins=core_plugins(),
+    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins(),
                      sequences=[SequenceSpec("off"), SequenceSpec("ref-draft", config={"spec_draft_max": 3})]) as engine:
         assert engine.sessions[1].config.draft_max == 3
         with pytest.raises(ConfigError, match="one of this engine's strategies"):
@@ -144,7 +144,7 @@ class _Slow:
 def test_a_long_prompt_is_chunked_and_does_not_stall_the_others():
     long_prompt = list(np.random.default_rng(1).integers(0, 256, 400))
     with _engine("off", 2, token_budget=66) as engine:
-        engine.batch.runtime = _Slow(engine.batch.runtime)  # passes of 10 ms: both requests join in time
+        engine.runtime = _Slow(engine.runtime)  # passes of 10 ms: both requests join in time
         long_gen = engine.submit(long_prompt, max_tokens=5)
         short = engine.submit([5, 6, 7], max_tokens=3)
         order: list[str] = []
@@ -170,7 +170,7 @@ def test_a_long_prompt_is_chunked_and_does_not_stall_the_others():
 def test_cancel_of_one_request_leaves_the_others_unchanged():
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     with _engine("ref-draft", 3) as engine:
-        engine.batch.runtime = _Slow(engine.batch.runtime)
+        engine.runtime = _Slow(engine.runtime)
         gens = [engine.submit(p, max_tokens=60) for p in prompts]
         victim = gens[1]
         results: list = [None, None, None]
@@ -223,7 +223,7 @@ def test_a_proposer_fault_fails_only_its_request():
 
 def test_a_failed_shared_pass_restores_its_rounds_and_the_engine_keeps_serving():
     with _engine("off", 2) as engine:
-        engine.batch.runtime.fail_on = engine.batch.runtime.passes + 5  # type: ignore[attr-defined]
+        engine.runtime.fail_on = engine.runtime.passes + 5  # type: ignore[attr-defined]
         a, b = engine.submit([1, 2], max_tokens=20), engine.submit([3, 4], max_tokens=20)
         errors: list = []
 
@@ -247,7 +247,7 @@ def test_a_failed_shared_pass_restores_its_rounds_and_the_engine_keeps_serving()
 
 def test_reading_stops_early_cancels_and_frees_the_slot():
     with _engine("off", 1) as engine:
-        engine.batch.runtime = _Slow(engine.batch.runtime)
+        engine.runtime = _Slow(engine.runtime)
         gen = engine.submit([1, 2, 3], max_tokens=200)
         rounds = engine.rounds(gen)
         next(rounds)

@@ -11,7 +11,6 @@ import pytest
 
 from power_core import numerics
 from power_core.config import PowerConfig
-from power_core.engine import Engine
 from power_core.errors import ConfigError
 from power_core.session import Session, in_own_thread
 from tests.helpers import core_plugins
@@ -49,11 +48,11 @@ def test_session_and_engine_open_compute_on_a_thread_that_has_ended(monkeypatch)
 
     # the session over a loaded target (self-test, proposer): called inside the open
     monkeypatch.setattr(Session, "_on", classmethod(record(Session._on.__func__)))
-    monkeypatch.setattr("power_core.engine.batch_probe", record(numerics.batch_probe))
+    monkeypatch.setattr("power_core.session.batch_probe", record(numerics.batch_probe))
     cfg = PowerConfig(spec_mode="off", n_ctx=256)
     with Session.open(cfg, model=MODEL, plugins=plugins) as s:
         assert s.generate([1, 2, 3], max_tokens=4).tokens
-    with Engine.open(2, cfg, model=MODEL, plugins=plugins) as e:
+    with Session.open_engine(2, cfg, model=MODEL, plugins=plugins) as e:
         assert e.probe is not None
     assert len(threads) == 4  # Session.open, open_batch's two sessions, the engine's batch probe
     assert all(t is not threading.current_thread() and not t.is_alive() for t in threads)

@@ -3,7 +3,6 @@ raw HTTP for malformed requests, and the slot pool's admission rules."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 
@@ -11,7 +10,9 @@ import httpx
 import openai
 import pytest
 
-from power_core.serve.engine import Metrics, Overloaded, SlotPool
+from power_core.errors import Cancelled, Overloaded
+from power_core.session import Session
+from power_core.transaction import CancelToken
 from tests.serve_helpers import power_cmd, served
 
 pytestmark = pytest.mark.slow
@@ -266,28 +267,40 @@ def test_startup_errors_exit_2_before_binding(args, needle):
 
 
 # -- admission -----------------------------------------------------------------------------------------
-def test_slot_pool_is_fifo_bounded_and_passes_slots_on():
-    async def scenario() -> None:
-        pool = SlotPool(["s1", "s2"], queue_max=2, metrics=Metrics())  # type: ignore[list-item]
-        a, b = await pool.acquire(None), await pool.acquire(None)
-        assert {a, b} == {"s1", "s2"} and pool.running == 2
-        w1 = asyncio.ensure_future(pool.acquire(None))
-        w2 = asyncio.ensure_future(pool.acquire(None))
-        await asyncio.sleep(0)
-        assert pool.waiting == 2
-        with pytest.raises(Overloaded):
-            await pool.acquire(None)  # the queue is full: refused at once
-        w1.cancel()  # a client that gives up while waiting leaves the queue
-        await asyncio.sleep(0)
-        pool.release(a)
-        assert await w2 == a  # the next waiter gets the slot
-        with pytest.raises(Overloaded):
-            await pool.acquire(0.01)  # waited past its timeout
-        pool.release(b)
-        pool.release(a)
-        assert pool.running == 0 and pool.waiting == 0
+def test_engine_admission_is_fifo_bounded_and_passes_sequences_on():
+    """The server asks the engine for a sequence: given at once while one is free, else queued first
+    come first served up to queue_max, refused beyond; a waiter that gives up leaves the queue."""
+    from tests.helpers import open_session
 
-    asyncio.run(scenario())
+    s1, s2 = open_session("reference", "off"), open_session("reference", "off")
+    engine = Session.independent_engine((s1, s2), queue_max=2)
+    try:
+        a, b = engine.reserve(), engine.reserve()
+        assert a.ready and b.ready and {a.session, b.session} == {s1, s2} and engine.busy == 2
+        w1, w2 = engine.reserve(), engine.reserve()
+        assert not w1.ready and engine.waiting == 2
+        with pytest.raises(Overloaded, match="queue limit 2"):
+            engine.reserve()  # the queue is full: refused at once
+        woken: list[str] = []
+        w2.on_ready(lambda: woken.append("w2"))
+        w1.withdraw()  # a client that gives up while waiting leaves the queue
+        engine.release(a.session)
+        assert w2.ready and w2.session is a.session and woken == ["w2"]  # the next waiter gets it
+        late = engine.reserve()
+        with pytest.raises(Overloaded, match="within 0.01 s"):
+            late.wait(0.01)  # waited past its timeout: it left the queue
+        token = CancelToken()
+        token.cancel()
+        with pytest.raises(Cancelled):
+            engine.reserve().wait(None, token)
+        assert engine.waiting == 0
+        engine.release(b.session)
+        engine.release(w2.session)
+        assert engine.busy == 0
+        out = engine.run(s1.start([1, 2, 3], max_tokens=4))  # a request on an admitted sequence runs
+        assert out.receipt.status == "completed" and engine.busy == 0
+    finally:
+        engine.close()
 
 
 def test_request_sampling_is_validated_like_config():

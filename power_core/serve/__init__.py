@@ -27,30 +27,34 @@ __all__ = ["ServeOptions", "Slots", "create_app", "open_sessions", "serve", "is_
 
 @attrs.define(eq=False)
 class Slots:
-    """The sessions requests run on: sequences of one target sharing its passes (``engine``), or
-    independent sessions (one slot, or a strategy/backend that cannot share passes: ``why``)."""
+    """The engine requests run on: sequences of one target sharing its passes, or independent
+    sessions (one slot, ``--no-batch``, or a strategy/backend that cannot share passes: ``why``)."""
 
-    sessions: tuple[Session, ...]
-    engine: Engine | None = None
+    engine: Engine
     why: str = ""
 
+    @property
+    def sessions(self) -> tuple[Session, ...]:
+        return self.engine.sessions
+
+    @property
+    def shared(self) -> bool:
+        return self.engine.runtime is not None
+
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            return
-        for s in self.sessions:
-            s.close()
+        self.engine.close()
 
 
-def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, **open_kwargs: Any) -> Slots:
-    """``parallel`` slots on one model. With ``batch`` and more than one slot, they are sequences of
-    one target whose passes the :class:`~power_core.engine.Engine` shares between requests; when the
-    backend or strategy cannot share passes, independent sessions (sharing the weights) and the reason.
-    Nothing stays open if a step fails."""
+def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, queue: int | None = None,
+                  **open_kwargs: Any) -> Slots:
+    """``parallel`` slots on one model, behind one engine that admits requests (at most ``queue``
+    waiting). With ``batch`` and more than one slot, they are sequences of one target whose passes
+    the engine shares between requests; when the backend or strategy cannot share passes,
+    independent sessions (sharing the weights) and the reason. Nothing stays open if a step fails."""
     why = "one slot" if parallel == 1 else "--no-batch"
     if batch and parallel > 1:
         try:
-            return Slots(sessions=(engine := Engine.open(parallel, config, **open_kwargs)).sessions, engine=engine)
+            return Slots(engine=Session.open_engine(parallel, config, queue_max=queue, **open_kwargs))
         except ConfigError as exc:
             if exc.key != "parallel":
                 raise
@@ -66,7 +70,7 @@ def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, **o
     if parallel > 1:  # every receipt says why its request did not share target passes
         for s in sessions:
             s.opened.backend_info["batch"] = {"shared_passes": 0, "independent_because": why}
-    return Slots(sessions=tuple(sessions), why=why)
+    return Slots(engine=Session.independent_engine(sessions, queue_max=queue), why=why)
 
 
 def is_loopback(host: str) -> bool:
@@ -97,7 +101,7 @@ def serve(slots: Slots, options: ServeOptions, host: str = "127.0.0.1", port: in
     import uvicorn
 
     sessions = slots.sessions
-    app = create_app(sessions, options, engine=slots.engine)
+    app = create_app(slots.engine, options)
     state = app.state.power
 
     class Server(uvicorn.Server):
@@ -115,7 +119,7 @@ def serve(slots: Slots, options: ServeOptions, host: str = "127.0.0.1", port: in
     (announce or (lambda line: print(line, file=sys.stderr, flush=True)))(
         f"power serve: listening on http://{shown}:{bound[1]} (model {options.model_name!r}, "
         f"{len(sessions)} slot{'s' if len(sessions) != 1 else ''}, "
-        f"{'shared target passes' if slots.engine else 'independent: ' + slots.why}, strategy "
+        f"{'shared target passes' if slots.shared else 'independent: ' + slots.why}, strategy "
         f"{sessions[0].selection.strategy.name!r})")
     # uvicorn re-raises the signal that stopped it once it has shut down; the drain already handled it,
     # so the re-raised signal is a no-op here and the process exits normally (status 0)

@@ -9,6 +9,7 @@ summary and the id under which ``/v1/receipts/{id}`` returns the full receipt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import json
@@ -36,11 +37,12 @@ from power_core.errors import (
     ArtifactError,
     CapacityError,
     ConfigError,
+    Overloaded,
     PowerError,
     RuntimeFault,
 )
 from power_core.logs import get_logger
-from power_core.serve.engine import Delta, Job, Metrics, Outcome, Overloaded, ReceiptStore, SlotPool, run_job
+from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, run_job
 from power_core.serve.protocol import (
     APIError,
     ChatRequest,
@@ -88,18 +90,20 @@ def _server_template(state: ServerState) -> ChatTemplate | None:
 @attrs.define(eq=False)
 class ServerState:
     options: ServeOptions
-    sessions: tuple[Session, ...]
+    #: the engine every request runs through: admission (its sequences and queue) and rounds
+    engine: Engine
     metrics: Metrics
-    pool: SlotPool
     receipts: ReceiptStore
     executor: ThreadPoolExecutor
-    #: the round driver when the slots share target passes, else ``None`` (independent sessions)
-    engine: Engine | None = None
     jobs: set[Job] = attrs.field(factory=set)
     draining: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
     #: the chat template every chat request renders (``None``: each session's GGUF template)
     chat_template: ChatTemplate | None = attrs.field(default=attrs.Factory(_server_template, takes_self=True))
+
+    @property
+    def sessions(self) -> tuple[Session, ...]:
+        return self.engine.sessions
 
     @property
     def n_ctx(self) -> int:
@@ -267,16 +271,38 @@ def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, int]:
 
 
 async def _admit(state: ServerState, job: Job) -> Session:
+    """A sequence of the engine for ``job``: at once, or after waiting in the engine's queue (503 when
+    the queue is full or the request's timeout passes first)."""
     if state.draining:
         raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
                        code="shutting_down", headers={"Retry-After": "5"})
     try:
-        session = await state.pool.acquire(state.options.timeout)
+        ticket = state.engine.reserve()
     except Overloaded as exc:
-        raise APIError(503, f"server busy: {exc}; retry later", type="server_error", code="server_overloaded",
-                       headers={"Retry-After": "1"}) from None
+        raise APIError(503, f"server busy: {exc} (--queue); retry later", type="server_error",
+                       code="server_overloaded", headers={"Retry-After": "1"}) from None
+    if not ticket.ready:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:  # the thread that freed a sequence -> the event loop
+            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody waits
+                loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+
+        ticket.on_ready(wake)
+        remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), remaining)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            ticket.withdraw()  # leaves the queue; a sequence handed over meanwhile goes to the next one
+            if isinstance(exc, TimeoutError):
+                raise APIError(503, "server busy: the request's timeout passed while it waited for a slot; "
+                               "retry later", type="server_error", code="server_overloaded",
+                               headers={"Retry-After": "1"}) from None
+            raise
+    assert ticket.session is not None
     state.metrics.prompt_tokens.inc(int(job.prompt.size))
-    return session
+    return ticket.session
 
 
 def _launch(state: ServerState, session: Session, job: Job,
@@ -285,12 +311,11 @@ def _launch(state: ServerState, session: Session, job: Job,
     remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
     timer = loop.call_later(remaining, job.stop_now, "timeout")
     state.jobs.add(job)
-    fut = loop.run_in_executor(state.executor, run_job, session, job, state.metrics, emit, state.engine)
+    fut = loop.run_in_executor(state.executor, run_job, state.engine, session, job, state.metrics, emit)
 
-    def done(f: asyncio.Future[Outcome]) -> None:
+    def done(f: asyncio.Future[Outcome]) -> None:  # the engine gave the sequence back when the request ended
         timer.cancel()
         state.jobs.discard(job)
-        state.pool.release(session)  # only once the worker has let go of the session
         if not f.cancelled() and f.exception() is None:
             out = f.result()
             state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
@@ -449,7 +474,7 @@ async def models(request: Request) -> Response:
         "id": state.options.model_name, "object": "model", "created": state.created, "owned_by": "power",
         "power": {"strategy": s.selection.strategy.name, "selection": s.selection.reason,
                   "numerics": s.config.numerics, "n_ctx": state.n_ctx, "parallel": len(state.sessions),
-                  "shared_passes": state.engine is not None,
+                  "shared_passes": state.engine.runtime is not None,
                   "model_path": s.opened.model_path}}]})
 
 
@@ -467,8 +492,9 @@ async def health(request: Request) -> Response:
     state = _state(request)
     if state.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
-    return JSONResponse({"status": "ok", "slots_idle": len(state.sessions) - state.pool.running,
-                         "slots_processing": state.pool.running, "requests_waiting": state.pool.waiting})
+    running = state.engine.busy
+    return JSONResponse({"status": "ok", "slots_idle": len(state.sessions) - running,
+                         "slots_processing": running, "requests_waiting": state.engine.waiting})
 
 
 async def metrics(request: Request) -> Response:
@@ -476,17 +502,19 @@ async def metrics(request: Request) -> Response:
 
 
 # -- the application ------------------------------------------------------------------------------------
-def create_app(sessions: tuple[Session, ...], options: ServeOptions, *, engine: Engine | None = None) -> Starlette:
-    """The ASGI app over already opened ``sessions`` (one per slot). Closing them is the caller's job,
-    after the app has shut down (its lifespan waits for in-flight decodes first)."""
+def create_app(engine: Engine, options: ServeOptions) -> Starlette:
+    """The ASGI app over ``engine`` (its sequences are the slots; it admits and runs every request).
+    Closing the engine is the caller's job, after the app has shut down (its lifespan waits for
+    in-flight decodes first)."""
     from sse_starlette.sse import AppStatus
 
     # streams end when their request does, not when uvicorn is told to stop: the drain lets them finish
     AppStatus.disable_automatic_graceful_drain()
     metrics_ = Metrics()
-    state = ServerState(options=options, sessions=sessions, metrics=metrics_, engine=engine,
-                        pool=SlotPool(sessions, options.queue, metrics_), receipts=ReceiptStore(options.receipts),
-                        executor=ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix="power-slot"))
+    metrics_.running.set_function(lambda: engine.busy)
+    metrics_.waiting.set_function(lambda: engine.waiting)
+    state = ServerState(options=options, engine=engine, metrics=metrics_, receipts=ReceiptStore(options.receipts),
+                        executor=ThreadPoolExecutor(max_workers=len(engine.sessions), thread_name_prefix="power-slot"))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -20,7 +20,7 @@ from power_core.config import PowerConfig
 from power_core.errors import AdapterFault, Cancelled, PowerError, RuntimeFault
 from power_core.plugins import PowerPlugins, build_plugins
 from power_core.reference.proposers import NoisyProposer, ProposerWrapper
-from power_core.runtime import ProposalContext, Proposer, TokenArray
+from power_core.runtime import Proposal, ProposalContext, Proposer
 from power_core.session import Result, Session
 from power_core.spec import Strategy, hookimpl
 from power_core.transaction import PHASES, CancelToken
@@ -88,9 +88,9 @@ class SkipRounds(ProposerWrapper):
         super().__init__(inner)
         self.every = every
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
-        props = self.inner.propose(ctx)
-        return props[:0] if ctx.round_index % self.every == 0 else props
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        got = self.inner.propose(ctx)
+        return Proposal.none() if ctx.round_index % self.every == 0 and isinstance(got, Proposal) else got
 
 
 class FailOnCall(_Transparent):
@@ -120,10 +120,12 @@ class Recorder(_Transparent):
         self.offered: dict[int, tuple[int, list[int]]] = {}
         self.at: dict[int, tuple[int, list[int]]] = {}
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
-        props = self.inner.propose(ctx)
-        self.offered[ctx.round_index] = self.at[len(ctx.history)] = (ctx.k, np.asarray(props).reshape(-1).tolist())
-        return props
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        got = self.inner.propose(ctx)
+        # what is not a Proposal goes through unrecorded: the transaction refuses it with the fix
+        ids = got.ids if isinstance(got, Proposal) else ()
+        self.offered[ctx.round_index] = self.at[len(ctx.history)] = (ctx.k, np.asarray(ids).reshape(-1).tolist())
+        return got
 
 
 def _proposals(result: Result) -> list[list[int]]:
@@ -597,13 +599,11 @@ class AdapterConformance:
         import threading
         import time
 
-        from power_core.engine import Engine
-
         v = self.n_vocab()
         base: dict[str, Any] = dict(spec_mode=self.name(), spec_draft_max=self.k, max_tokens=self.max_tokens,
                                     n_ctx=256)
-        with Engine.open(3, PowerConfig(**base), model=self.model, draft=self.draft, plugins=self.plugins(),
-                         stop_ids=frozenset(NO_STOP)) as engine:
+        with Session.open_engine(3, PowerConfig(**base), model=self.model, draft=self.draft, plugins=self.plugins(),
+                                 stop_ids=frozenset(NO_STOP)) as engine:
             for session in engine.sessions:
                 if session.proposer is not None:
                     session.proposer = Recorder(session.proposer)

@@ -81,7 +81,7 @@ def _q(xs: list[float], q: float) -> float:
 def bench(model: str | None, mode: str, n: int, runs: int, tokens: int, threads: int) -> dict:
     cfg = PowerConfig(spec_mode=mode, n_threads=threads, max_tokens=tokens, n_ctx=1024)
     sessions = [Session.open(cfg, model=model) for _ in range(n)]
-    engine = Engine.open(n, cfg, model=model)
+    engine = Session.open_engine(n, cfg, model=model)
     try:
         prompts = _prompts(sessions[0], n)
         # on a thread that ends: a thread that decoded keeps its OpenMP team (power_core.session.in_own_thread)
@@ -140,7 +140,7 @@ def one_child(model: str | None, mode: str, arm: str, tokens: int, threads: int)
             t0 = time.perf_counter()
             res = session.generate(prompt)
     else:
-        with Engine.open(2, cfg, model=model) as engine:
+        with Session.open_engine(2, cfg, model=model) as engine:
             prompt = _prompts(engine.sessions[0], 1)[0]
             t0 = time.perf_counter()
             res = engine.run(engine.submit(prompt))
@@ -153,7 +153,7 @@ def rss_child(model: str | None, mode: str, n: int, arm: str, tokens: int, threa
         sessions = [Session.open(cfg, model=model) for _ in range(n)]
         _sessions_run(sessions, _prompts(sessions[0], n))
     else:
-        engine = Engine.open(n, cfg, model=model)
+        engine = Session.open_engine(n, cfg, model=model)
         _engine_run(engine, _prompts(engine.sessions[0], n))
     # VmHWM, not getrusage's ru_maxrss: Linux carries the parent's high-water mark into a forked child
     # across execve, so every child would report the (growing) parent's peak

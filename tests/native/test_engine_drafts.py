@@ -21,7 +21,6 @@ pytest.importorskip("power_mtp._mtp")
 from native_helpers import make_tiny_draft, make_tiny_mtp  # noqa: E402
 
 from power_core import PowerConfig, Session  # noqa: E402
-from power_core.engine import Engine  # noqa: E402
 from power_core.errors import AdapterFault, Cancelled  # noqa: E402
 from power_core.session import SequenceSpec  # noqa: E402
 from tests.helpers import Flaky  # noqa: E402
@@ -44,7 +43,7 @@ def _solo(cfg: PowerConfig, model: Path, draft: Path | None = None) -> list:
 
 
 def _shared(cfg: PowerConfig, model: Path, draft: Path | None = None, n: int = 3) -> list:
-    with Engine.open(n, cfg, model=str(model), draft=str(draft) if draft else None) as engine:
+    with Session.open_engine(n, cfg, model=str(model), draft=str(draft) if draft else None) as engine:
         assert engine.probe is not None and engine.probe.identical, engine.probe
         out: list = [None] * len(PROMPTS)
 
@@ -119,7 +118,7 @@ def test_mixed_strategies_on_a_hybrid_mtp_target_at_random_arrivals(tiny_qwen35_
             for i, (own, prompt, kw, _) in enumerate(jobs):
                 if own is spec:
                     solo[i] = s.start(prompt, sampling=kw).run()
-    with Engine.open(4, cfg, model=model, sequences=layout) as engine:
+    with Session.open_engine(4, cfg, model=model, sequences=layout) as engine:
         assert engine.probe is not None and engine.probe.identical
         out: list = [None] * len(jobs)
 
@@ -148,7 +147,7 @@ def test_a_cancelled_and_a_faulted_mtp_request_leave_the_others_unchanged(mtp_ta
     prompts = PROMPTS[:4]
     with Session.open(cfg, model=str(model)) as s:
         solo = [s.generate(p).tokens for p in prompts]
-    with Engine.open(4, cfg, model=str(model)) as engine:
+    with Session.open_engine(4, cfg, model=str(model)) as engine:
         gens = [engine.submit(p) for p in prompts]
         victim, faulty = gens[1], gens[2]
         faulty.session.proposer = Flaky(faulty.session.proposer, fail_at=4)

@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from power_core import PowerConfig, Session
-from power_core.engine import Engine
 from power_core.numerics import batch_probe
 from tests.helpers import check_host_split
 
@@ -32,7 +31,7 @@ def test_shared_passes_give_every_request_its_solo_output(model, mode):
 
     with Session.open(cfg, model=model) as s:
         solo = [s.start(prompt(s, q), sampling=kw).run().tokens for q, kw in _jobs()]
-    with Engine.open(3, cfg, model=model) as engine:
+    with Session.open_engine(3, cfg, model=model) as engine:
         assert engine.probe is not None and engine.probe.identical, engine.probe
         out: list = [None] * len(QUESTIONS)
 
@@ -72,7 +71,7 @@ def test_mixed_strategies_at_random_arrivals_give_every_request_its_solo_output(
             for i, (m, q, kw, _) in enumerate(jobs):
                 if m == mode:
                     solo[i] = s.start(s.chat_prompt([{"role": "user", "content": q}]), sampling=kw).run().tokens
-    with Engine.open(4, cfg, sequences=[SequenceSpec(m) for m in layout]) as engine:
+    with Session.open_engine(4, cfg, sequences=[SequenceSpec(m) for m in layout]) as engine:
         out: list = [None] * len(jobs)
 
         def go(i: int) -> None:
@@ -111,6 +110,6 @@ def test_each_sequence_gets_the_configured_context():
         prompt = s.encode("word " * 400)
         solo = s.generate(prompt).tokens
     assert 380 < len(prompt) < 500
-    with Engine.open(4, cfg) as engine:
+    with Session.open_engine(4, cfg) as engine:
         assert all(x.opened.target.capabilities.n_ctx == 512 for x in engine.sessions)
         assert engine.run(engine.submit(prompt)).tokens == solo

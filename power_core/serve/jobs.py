@@ -1,9 +1,10 @@
-"""Slots, admission and one request's decode for ``power serve``.
+"""One request of ``power serve`` as the worker thread runs it: :class:`Job` in, :class:`Outcome` out.
 
-``--parallel N`` opens N :class:`~power_core.session.Session` objects on the same model (they share
-its weights). A request holds one slot from admission to its last round; its decode runs in a worker
-thread (the native decode releases the GIL), while the event loop keeps answering others. Requests
-beyond N wait in a bounded queue; beyond that they are refused at once (503 with ``Retry-After``).
+Admission is the engine's (:meth:`power_core.engine.Engine.reserve`): a request holds one of its
+sequences from admission to its last round, and its rounds run in the engine (in its shared passes,
+or on the worker thread for a sequence that decodes alone) while the event loop keeps answering
+others. The worker reads the :class:`~power_core.engine.Commit` snapshots the engine yields, never
+the request while the driver changes it.
 
 A request ends early only through its :class:`~power_core.transaction.CancelToken`: the client went
 away, its timeout fired, or the server is draining. The token also aborts a decode in flight, so the
@@ -12,12 +13,11 @@ slot comes back within one target pass; the request's receipt says ``cancelled``
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -32,16 +32,12 @@ from power_core.session import Session
 from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob
 
-__all__ = ["Job", "Delta", "Outcome", "SlotPool", "Overloaded", "ReceiptStore", "Metrics", "run_job"]
+__all__ = ["Job", "Delta", "Outcome", "ReceiptStore", "Metrics", "run_job"]
 
 log = get_logger(__name__)
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-
-
-class Overloaded(Exception):
-    """Every slot is busy and the waiting queue is full (or the wait outlasted the request's timeout)."""
 
 
 @attrs.define(eq=False)
@@ -112,6 +108,8 @@ class Metrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("power:inter_token_latency_seconds", "Time per emitted token after the first "
                              "(a round's time shared by the tokens it emitted)", buckets=_LATENCY_BUCKETS, registry=r)
+        self.observer_faults = Counter("power:observer_faults", "Observer hooks that raised (logged; the "
+                                       "requests themselves were unaffected)", registry=r)
         self.e2e = Histogram("power:e2e_request_latency_seconds", "Arrival to the end of the request",
                              buckets=_LATENCY_BUCKETS, registry=r)
 
@@ -144,81 +142,27 @@ class ReceiptStore:
             return self._items.get(rid)
 
 
-class SlotPool:
-    """N sessions; requests beyond them wait in a bounded FIFO queue. Used from the event loop only."""
-
-    def __init__(self, sessions: Sequence[Session], queue_max: int, metrics: Metrics) -> None:
-        self.sessions = tuple(sessions)
-        self._free: collections.deque[Session] = collections.deque(self.sessions)
-        self._waiters: collections.deque[asyncio.Future[Session]] = collections.deque()
-        self.queue_max = queue_max
-        self._metrics = metrics
-
-    @property
-    def running(self) -> int:
-        return len(self.sessions) - len(self._free)
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    def _gauges(self) -> None:
-        self._metrics.running.set(self.running)
-        self._metrics.waiting.set(self.waiting)
-
-    async def acquire(self, timeout: float | None) -> Session:
-        if self._free and not self._waiters:
-            session = self._free.popleft()
-            self._gauges()
-            return session
-        if len(self._waiters) >= self.queue_max:
-            raise Overloaded(f"all {len(self.sessions)} slots are busy and {self.waiting} requests are waiting "
-                             f"(--queue {self.queue_max})")
-        fut: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        self._gauges()
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except (TimeoutError, asyncio.CancelledError) as exc:
-            if fut.done() and not fut.cancelled():
-                self.release(fut.result())  # handed a slot just as the wait ended: pass it on
-            else:
-                fut.cancel()
-            if isinstance(exc, TimeoutError):
-                raise Overloaded("the request's timeout passed while it waited for a slot") from None
-            raise
-        finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
-            self._gauges()
-
-    def release(self, session: Session) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(session)
-                self._gauges()
-                return
-        self._free.append(session)
-        self._gauges()
-
-
-def run_job(session: Session, job: Job, metrics: Metrics, emit: Callable[[Delta], None] | None,
-            engine: Engine | None = None) -> Outcome:
-    """Decode ``job`` on ``session`` (in a worker thread; with ``engine``, in its shared passes).
+def run_job(engine: Engine, session: Session, job: Job, metrics: Metrics,
+            emit: Callable[[Delta], None] | None) -> Outcome:
+    """Decode ``job`` on ``session``, a sequence of ``engine`` admitted for it (in a worker thread).
     ``emit`` receives committed text deltas as rounds commit (streaming); the outcome carries the
     final text and the receipt either way."""
-    gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
-                        sampling=job.sampling, logprobs=job.top_logprobs)
+    try:
+        gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
+                            sampling=job.sampling, logprobs=job.top_logprobs)
+    except BaseException:
+        engine.release(session)  # refused before it ran: the sequence goes back at once
+        raise
     tok = session.opened.tokenizer
     assert tok is not None and gen.config is not None
     text = TextAssembler(tok.decode, gen.config.stop) if emit is not None else None
-    sent_lp = 0
+    tokens: list[int] = []  # the commits' snapshot, never the request the driver is changing
     last: float | None = None
     error: BaseException | None = None
     try:
-        for record in (engine.rounds(gen) if engine is not None else gen.rounds()):
+        for commit in engine.rounds(gen):
             now = time.perf_counter()
+            record = commit.record
             if last is None:
                 metrics.ttft.observe(now - job.arrived)
             elif record.emitted:
@@ -228,12 +172,11 @@ def run_job(session: Session, job: Job, metrics: Metrics, emit: Callable[[Delta]
             last = now
             metrics.round(record)
             if text is not None and emit is not None:
-                text.sync(gen.tokens)
-                delta = text.take(final=gen.finished)
-                lps = tuple(gen.txn.logprobs[sent_lp:]) if gen.txn is not None else ()
-                sent_lp += len(lps)
-                if delta or lps:
-                    emit(Delta(delta, lps))
+                tokens.extend(commit.tokens)
+                text.sync(tokens)
+                delta = text.take(final=commit.finished)
+                if delta or commit.logprobs:
+                    emit(Delta(delta, commit.logprobs))
     except Cancelled as exc:
         error = exc
     except PowerError as exc:
@@ -242,15 +185,17 @@ def run_job(session: Session, job: Job, metrics: Metrics, emit: Callable[[Delta]
     except Exception as exc:  # a defect: the client gets a 500 without a traceback, the log gets it
         error = exc
         log.error("serve.request_crashed", id=job.id, exc_info=True)
+    # the request has ended: the driver no longer touches it
     if text is not None and emit is not None:
         text.sync(gen.tokens)
         delta = text.take(final=True)
-        lps = tuple(gen.txn.logprobs[sent_lp:]) if gen.txn is not None else ()
+        lps = gen.logprobs[len(tokens):] if job.top_logprobs is not None else ()
         if delta or lps:
-            emit(Delta(delta, lps))
+            emit(Delta(delta, tuple(lps)))
     receipt = gen.receipt
     assert receipt is not None
     metrics.e2e.observe(time.perf_counter() - job.arrived)
+    metrics.observer_faults.inc(receipt.observer_faults)
     reason = {"completed": None, "cancelled": "abort"}.get(receipt.status, "error")
     if reason is None:
         reason = "stop" if receipt.finish_reason == "stop" else "length"
