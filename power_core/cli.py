@@ -406,6 +406,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                             ("--max-body", args.max_body, 1024), ("--receipts", args.receipts, 1)):
         if value < lo:
             raise UsageError(f"power serve: {flag} must be at least {lo}, not {value}")
+    if not 0.0 <= args.audit_rate <= 1.0:
+        raise UsageError(f"power serve: --audit-rate must be a fraction in [0, 1], not {args.audit_rate}")
     for flag, value in (("--timeout", args.timeout), ("--drain-timeout", args.drain_timeout)):
         if not value > 0:
             raise UsageError(f"power serve: {flag} must be a positive number of seconds, not {value}")
@@ -430,7 +432,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         name = args.served_model_name or Path(sessions[0].opened.model_path or "model").name.removesuffix(".gguf")
         options = ServeOptions(model_name=name, queue=args.queue, timeout=args.timeout, api_key=api_key,
                                max_body=args.max_body, receipts=args.receipts, chat_template=chat_template,
-                               drain_timeout=args.drain_timeout)
+                               drain_timeout=args.drain_timeout, audit_rate=args.audit_rate)
         serve(slots, options, args.host, args.port, log_level="info" if args.verbose else "warning")
     finally:
         slots.close()
@@ -495,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--served-model-name", help="the model's name in the API (default: the GGUF's file name)")
     v.add_argument("--max-body", type=int, default=1 << 20, help="request body limit in bytes (default 1 MiB)")
     v.add_argument("--receipts", type=int, default=256, help="recent receipts kept for GET /v1/receipts/{id}")
+    v.add_argument("--audit-rate", type=float, default=0.0, metavar="R",
+                   help="re-decode this fraction of completed speculative requests target-only on an idle slot and "
+                        "compare output digests (power:audit_* metrics; with --require-identical a mismatch switches "
+                        "the server to target-only)")
     v.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM (default 30)")
     v.set_defaults(func=_cmd_serve)

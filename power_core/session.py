@@ -486,7 +486,8 @@ class Session:
 
     def start(self, prompt: Prompt, *, cancel: CancelToken | None = None,
               max_tokens: int | None = None, stop: Sequence[str] | None = None,
-              sampling: Mapping[str, Any] | None = None, logprobs: int | None = None) -> Generation:
+              sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
+              target_only: bool = False) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
@@ -494,6 +495,8 @@ class Session:
         for this request; the receipt records the configuration the request ran with.
         ``logprobs=N`` records, for every emitted token, its log-probability under the target row
         that emitted it and the N most likely alternatives (:attr:`Generation.logprobs`).
+        ``target_only=True`` decodes without the session's proposer (one token per target pass, the
+        same sampling): what speculation must equal, e.g. for ``power serve --audit-rate``.
         """
         config = self.config
         changes: dict[str, Any] = {}
@@ -517,7 +520,7 @@ class Session:
             raise ConfigError("logprobs", logprobs, f"an integer in [0, {LOGPROBS_MAX}]",
                               "the number of alternatives recorded per emitted token")
         return Generation(self, self.encode(prompt), cancel or CancelToken(), config.max_tokens, config=config,
-                          top_logprobs=logprobs)
+                          top_logprobs=logprobs, target_only=target_only)
 
     def generate(self, prompt: Prompt, *, cancel: CancelToken | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Result:
@@ -627,6 +630,8 @@ class Generation:
     config: PowerConfig | None = None
     #: record log-probabilities of every emitted token with this many alternatives (None: off)
     top_logprobs: int | None = None
+    #: decode without the session's proposer (:meth:`Session.start`'s ``target_only``)
+    target_only: bool = False
     #: observer hooks (``power_request_start``/``power_request_end``) that raised for this request:
     #: logged, counted here and in the receipt, never a failure of the request or of anyone else's
     observer_faults: int = attrs.field(default=0, init=False)
@@ -662,10 +667,11 @@ class Generation:
         if isinstance(target, InterruptibleRuntime):  # the runtime can stop a decode in flight
             self.cancel.subscribe(target.cancel, target.clear_abort)
         caps = s.opened.target.capabilities
-        scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=s.proposer is not None,
+        proposer = None if self.target_only else s.proposer
+        scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=proposer is not None,
                                           costs=caps.verify_cost if s.selection.strategy.cost_aware else None)
         stop_text = self._text.find_stop if self._text is not None and self.config.stop else None
-        return Transaction(target=s.opened.target, proposer=s.proposer, sampler=TargetSampler.from_config(self.config),
+        return Transaction(target=s.opened.target, proposer=proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
                            top_logprobs=self.top_logprobs,

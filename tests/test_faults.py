@@ -10,7 +10,7 @@ import time
 import pytest
 
 from power_core.config import PowerConfig
-from power_core.errors import RuntimeFault, StateLost
+from power_core.errors import Cancelled, RuntimeFault, StateLost
 from power_core.session import Session
 from power_core.spec import hookimpl
 from tests.helpers import Flaky, core_plugins
@@ -113,7 +113,7 @@ def test_close_never_frees_the_target_under_a_running_decode(monkeypatch):
 
     monkeypatch.setattr(Session, "close", spy)
     gen = engine.submit([1, 2, 3], max_tokens=50)
-    reader = threading.Thread(target=lambda: pytest.raises(BaseException, engine.run, gen), daemon=True)
+    reader = threading.Thread(target=lambda: pytest.raises(Cancelled, engine.run, gen), daemon=True)
     reader.start()
     assert gated.entered.wait(10)
     t0 = time.monotonic()

@@ -140,6 +140,10 @@ class ReferenceTarget:
     #: B > 0: every decode runs exactly B tokens (config ``verify_capacity``); the padding (the last
     #: token repeated at the following positions) gets no logits row and leaves no memory behind
     verify_capacity: int = 0
+    #: config ``numerics = "stock"``: model llama.cpp's stock kernels, whose rows depend on what else a
+    #: shared pass holds (:meth:`ReferenceBatch.decode_batch` perturbs them), so output under concurrent
+    #: load may differ from a solo run, as it does there
+    stock: bool = False
 
     def __attrs_post_init__(self) -> None:
         b = self.verify_capacity

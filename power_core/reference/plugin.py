@@ -81,14 +81,15 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     max_block = padded or max(64, request.max_block)  # a padded pass is never wider than B
     # padded, every pass costs what a B-token pass costs: a flat curve
     costs = tuple(1.0 if padded else 1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
+    stock = request.config.numerics == "stock"
     target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
-                             verify_cost=costs, verify_capacity=padded)
+                             verify_cost=costs, verify_capacity=padded, stock=stock)
     return OpenedModel(
         target=target,
         tokenizer=ByteTokenizer() if model.vocab > BYTE_EOS else None,
         model_path=spec,
         artifacts={"target": model_digest(model)},
-        backend_info={"model": spec, "devices": ["CPU"]},
+        backend_info={"model": spec, "devices": ["CPU"], "numerics": request.config.numerics},
     )
 
 
@@ -123,7 +124,10 @@ class ReferenceBatch:
             target = item.target
             assert isinstance(target, ReferenceTarget)
             if item.rows == "all":
-                out.append(target.decode(item.tokens))
+                res = target.decode(item.tokens)
+                if target.stock and len(items) > 1:  # stock kernels: rows depend on the rest of the pass
+                    res = attrs.evolve(res, logits=_perturbed(res.logits, target.n_past, len(items)))
+                out.append(res)
                 continue
             row = target.prefill(item.tokens)
             logits = np.asarray(row).reshape(1, -1) if item.rows == "last" else np.zeros((0, target.model.vocab),
@@ -149,6 +153,14 @@ def open_reference_batch(request: OpenRequest, n: int) -> OpenedBatch:
     batch = ReferenceBatch(sequences=tuple(targets), token_budget=max(256, n * model.max_block))
     models = tuple(attrs.evolve(o, backend_info={**o.backend_info, "seq_id": i}) for i, o in enumerate(opened))
     return OpenedBatch(runtime=batch, models=models, close=batch.close)
+
+
+def _perturbed(logits: np.ndarray, n_past: int, n_items: int) -> np.ndarray:
+    """``logits`` with a deterministic difference that depends on the pass, of the size that flips
+    near-ties (the reference model's stand-in for stock kernels' batch-dependent rounding)."""
+    rng = np.random.default_rng((n_past, n_items, logits.shape[0]))
+    scale = 0.3 * float(logits.std()) if logits.size else 0.0
+    return (logits + scale * rng.standard_normal(logits.shape)).astype(np.float32)
 
 
 def make_ref_draft(request: ProposerRequest) -> NoisyProposer | DraftModelProposer:

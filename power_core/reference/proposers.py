@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from power_core.runtime import DecodeResult, ProposalContext, Proposer, TargetRuntime, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, Proposer, TargetRuntime, TokenArray
 
 __all__ = ["DraftModelProposer", "NoisyProposer", "ProposerWrapper"]
 
@@ -37,13 +37,13 @@ class DraftModelProposer:
         self._base = self.draft.checkpoint()
         return (self._base, self._anchor)
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         out = np.empty(ctx.k, dtype=np.int32)
         cur = ctx.anchor
         for i in range(ctx.k):
             cur = int(np.argmax(self.draft.decode(np.array([cur], dtype=np.int32)).logits[0]))
             out[i] = cur
-        return out
+        return Proposal(out)
 
     def observe(self, result: DecodeResult) -> None:
         return None
@@ -75,7 +75,7 @@ class ProposerWrapper:
     def checkpoint(self) -> Any:
         return self.inner.checkpoint()
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         return self.inner.propose(ctx)
 
     def observe(self, result: DecodeResult) -> None:
@@ -102,12 +102,15 @@ class NoisyProposer(ProposerWrapper):
         self.vocab, self.acceptance, self.seed = vocab, acceptance, seed
         self.reject_at, self.keep_tail = reject_at, keep_tail
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
-        props = np.array(self.inner.propose(ctx), dtype=np.int32)
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        got = self.inner.propose(ctx)
+        props = np.array(got.ids, dtype=np.int32)
         rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[len(ctx.history), 0, 0, 0]))
         u = np.atleast_1d(rng.random(props.shape[0]))
         for j in range(props.shape[0]):
             if j == self.reject_at or (self.reject_at is None and u[j] >= self.acceptance):
                 props[j] = (props[j] + 1 + int(u[j] * (self.vocab - 1)) % (self.vocab - 1)) % self.vocab
-                return props if self.keep_tail else props[: j + 1]
-        return props
+                n = props.shape[0] if self.keep_tail else j + 1
+                conf = None if got.confidence is None else got.confidence[:n]
+                return Proposal(props[:n], confidence=conf, stats=got.stats)
+        return Proposal(props, confidence=got.confidence, stats=got.stats)

@@ -42,6 +42,7 @@ from power_core.errors import (
     RuntimeFault,
 )
 from power_core.logs import get_logger
+from power_core.serve.audit import Auditor
 from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, run_job
 from power_core.serve.protocol import (
     APIError,
@@ -75,6 +76,8 @@ class ServeOptions:
     chat_template: str | ChatTemplate | None = None
     #: seconds in-flight requests get to finish once the server is told to stop
     drain_timeout: float = 30.0
+    #: the fraction of completed speculative requests the audit re-decodes target-only (0: off)
+    audit_rate: float = 0.0
 
 
 def _server_template(state: ServerState) -> ChatTemplate | None:
@@ -95,6 +98,7 @@ class ServerState:
     metrics: Metrics
     receipts: ReceiptStore
     executor: ThreadPoolExecutor
+    auditor: Auditor
     jobs: set[Job] = attrs.field(factory=set)
     draining: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
@@ -249,7 +253,8 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
     default = session.config.max_tokens
     max_tokens = min(limit if limit is not None else default, room)
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
-              top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-")
+              top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
+              target_only=state.auditor.target_only is not None)
     return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size))
 
 
@@ -320,6 +325,7 @@ def _launch(state: ServerState, session: Session, job: Job,
             out = f.result()
             state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
                                         "receipt": out.receipt.to_dict()})
+            state.auditor.consider(job, out)
 
     fut.add_done_callback(done)
     return fut
@@ -494,7 +500,8 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "draining"}, status_code=503)
     running = state.engine.busy
     return JSONResponse({"status": "ok", "slots_idle": len(state.sessions) - running,
-                         "slots_processing": running, "requests_waiting": state.engine.waiting})
+                         "slots_processing": running, "requests_waiting": state.engine.waiting,
+                         "target_only": state.auditor.target_only})
 
 
 async def metrics(request: Request) -> Response:
@@ -513,12 +520,21 @@ def create_app(engine: Engine, options: ServeOptions) -> Starlette:
     metrics_ = Metrics()
     metrics_.running.set_function(lambda: engine.busy)
     metrics_.waiting.set_function(lambda: engine.waiting)
-    state = ServerState(options=options, engine=engine, metrics=metrics_, receipts=ReceiptStore(options.receipts),
-                        executor=ThreadPoolExecutor(max_workers=len(engine.sessions), thread_name_prefix="power-slot"))
+    receipts = ReceiptStore(options.receipts)
+    executor = ThreadPoolExecutor(max_workers=len(engine.sessions), thread_name_prefix="power-slot")
+    auditor = Auditor(rate=options.audit_rate, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
+                      require_identical=engine.sessions[0].require_identical)
+    state = ServerState(options=options, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
+                        auditor=auditor)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        audits = auditor.start()
         yield
+        if audits is not None:
+            audits.cancel()
+        if auditor.running is not None:
+            auditor.running.cancel()
         # uvicorn has stopped serving (in-flight requests finished or were cancelled): stop what still
         # decodes and wait for the workers, so every session is idle when the caller closes it
         state.draining = True

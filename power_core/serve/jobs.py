@@ -57,6 +57,8 @@ class Job:
     arrived: float = attrs.field(factory=time.perf_counter)
     #: why the request was cancelled, when it was (``disconnected``, ``timeout``, ``shutdown``)
     cancel_reason: str | None = None
+    #: decode without the proposer (the audit switched the server to target-only)
+    target_only: bool = False
 
     def stop_now(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -110,6 +112,11 @@ class Metrics:
                              "(a round's time shared by the tokens it emitted)", buckets=_LATENCY_BUCKETS, registry=r)
         self.observer_faults = Counter("power:observer_faults", "Observer hooks that raised (logged; the "
                                        "requests themselves were unaffected)", registry=r)
+        self.audit_checked = Counter("power:audit_checked", "Completed requests re-decoded target-only by the "
+                                     "audit (--audit-rate)", registry=r)
+        self.audit_mismatch = Counter("power:audit_mismatch", "Audited requests whose output differed from their "
+                                      "target-only re-decode", registry=r)
+        self.audit_skipped = Counter("power:audit_skipped", "Audits skipped because too many waited", registry=r)
         self.e2e = Histogram("power:e2e_request_latency_seconds", "Arrival to the end of the request",
                              buckets=_LATENCY_BUCKETS, registry=r)
 
@@ -137,6 +144,12 @@ class ReceiptStore:
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
+    def annotate(self, rid: str, key: str, value: Any) -> None:
+        """Add ``key`` to a stored request's envelope (next to its receipt), if it is still kept."""
+        with self._lock:
+            if rid in self._items:
+                self._items[rid] = {**self._items[rid], key: value}
+
     def get(self, rid: str) -> dict[str, Any] | None:
         with self._lock:
             return self._items.get(rid)
@@ -149,7 +162,7 @@ def run_job(engine: Engine, session: Session, job: Job, metrics: Metrics,
     final text and the receipt either way."""
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
-                            sampling=job.sampling, logprobs=job.top_logprobs)
+                            sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise
