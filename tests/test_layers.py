@@ -403,3 +403,110 @@ def test_facade_check_catches_a_private_import(tmp_path, graph):
     bad = _facade_violations(pkg, PLUGIN_FACADES, graph)
     assert len(bad) == 3 and any("power_core.plugins" in b for b in bad)
     assert any("power_core.session" in b for b in bad) and any("power_core.transaction" in b for b in bad)
+
+
+# -- the core names no first-party strategy -----------------------------------------------------------------
+#: Power's own strategies: one per plugin package, and power-native's draft-model
+FIRST_PARTY_STRATEGIES = frozenset({p.parent.name for p in ROOT.glob("plugins/*/pyproject.toml")} | {"draft-model"})
+#: the one place the core may name them: (module, the table's name)
+REGISTRATION_TABLE = ("spec.py", "FIRST_PARTY_PACKAGES")
+
+
+def strategy_names_outside_table(source: str, filename: str, names: frozenset[str]) -> list[str]:
+    """``file:line name`` for every string constant equal to one of ``names`` (docstrings aside), except
+    inside the assignment of :data:`REGISTRATION_TABLE` in its module."""
+    tree = ast.parse(source)
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            skip.add(id(body[0].value))  # a docstring describes; it does not branch on a name
+        if filename == REGISTRATION_TABLE[0] and isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == REGISTRATION_TABLE[1] for t in targets):
+                skip.update(id(n) for n in ast.walk(node))
+    return [f"{filename}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in skip]
+
+
+def test_power_core_names_no_first_party_strategy_outside_the_registration_table():
+    """A strategy's keys, its place in ``auto`` and its package come from its registration (or the one
+    table of first-party packages), never from a name written in the core."""
+    assert {"mtp", "dflash", "dflash2", "dspark", "suffix", "draft-model"} <= FIRST_PARTY_STRATEGIES
+    found = [hit for path in sorted(CORE.glob("*.py"))
+             for hit in strategy_names_outside_table(path.read_text(), path.name, FIRST_PARTY_STRATEGIES)]
+    assert not found, (f"{found}: power_core names a first-party strategy; declare it on the Strategy "
+                       f"(config_keys, auto_detect, ...) or in {REGISTRATION_TABLE[1]} ({REGISTRATION_TABLE[0]})")
+
+
+def test_the_registration_table_lists_every_first_party_strategy():
+    from power_core.spec import FIRST_PARTY_PACKAGES
+
+    assert set(FIRST_PARTY_PACKAGES) == FIRST_PARTY_STRATEGIES
+
+
+def test_strategy_name_check_catches_a_name():
+    names = frozenset({"mtp"})
+    src = textwrap.dedent('''
+        """Docstrings may say mtp."""
+        FIRST_PARTY_PACKAGES = {"mtp": "power-mtp"}
+        def f(mode):
+            """mtp"""
+            return mode == "mtp"
+    ''')
+    assert strategy_names_outside_table(src, "spec.py", names) == ["spec.py:6 'mtp'"]
+    assert len(strategy_names_outside_table(src, "config.py", names)) == 2  # the table elsewhere is no table
+
+
+# -- Generation's private state is its own ---------------------------------------------------------
+
+
+def generation_privates(source: str) -> frozenset[str]:
+    """The private names (``_x``, not dunders) that class ``Generation`` defines: fields and methods."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == "Generation":
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(item.name)
+    return frozenset(n for n in names if n.startswith("_") and not n.endswith("__"))
+
+
+def private_reads(source: str, where: str, privates: frozenset[str]) -> list[str]:
+    """``X._name`` for a private name of Generation, outside class Generation, where X is not ``self``."""
+    tree = ast.parse(source)
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "Generation":
+            inside |= {id(n) for n in ast.walk(node)}
+    return [f"{where}:{n.lineno} .{n.attr}" for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and n.attr in privates and id(n) not in inside
+            and not (isinstance(n.value, ast.Name) and n.value.id == "self")]
+
+
+def test_nothing_outside_generation_reads_its_private_attributes():
+    """A driver runs a request through Generation's public interface (begin, prefill_done, charge,
+    end, ...), never its private state: one owner for it."""
+    privates = generation_privates((CORE / "session.py").read_text())
+    assert {"_prefilled", "_clock", "_decode_s", "_batch"} <= privates
+    found = [hit for path in sorted(CORE.rglob("*.py"))
+             for hit in private_reads(path.read_text(), str(path.relative_to(ROOT)), privates)]
+    assert not found, f"{found}: use Generation's public interface"
+
+
+def test_private_read_check_catches_a_read():
+    privates = frozenset({"_prefilled"})
+    src = textwrap.dedent('''
+        class Generation:
+            _prefilled: bool = False
+            def resume(self, other):
+                return other._prefilled and self._prefilled
+        class Engine:
+            def run(self, gen):
+                return gen._prefilled
+    ''')
+    assert generation_privates(src) == privates
+    assert private_reads(src, "engine.py", privates) == ["engine.py:8 ._prefilled"]
