@@ -43,7 +43,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -90,6 +90,9 @@ class Slot(Protocol):
     def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
               stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
               logprobs: int | None = None) -> Request[Any]: ...
+
+
+SlotT = TypeVar("SlotT", bound=Slot)
 
 
 class Request(Protocol[ResultT]):
@@ -151,13 +154,13 @@ class Commit:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-class Ticket:
+class Ticket(Generic[SlotT]):
     """A place in an engine's admission queue; :meth:`wait` returns the sequence it was given."""
 
-    def __init__(self, engine: Engine, strategy: str | None) -> None:
+    def __init__(self, engine: Engine[SlotT], strategy: str | None) -> None:
         self._engine = engine
         self.strategy = strategy
-        self.session: Slot | None = None
+        self.session: SlotT | None = None
         self._given = threading.Event()
         self._callbacks: list[Callable[[], None]] = []
         self._withdrawn = False
@@ -166,7 +169,7 @@ class Ticket:
     def ready(self) -> bool:
         return self._given.is_set()
 
-    def _give(self, session: Slot) -> None:  # under the engine's lock
+    def _give(self, session: SlotT) -> None:  # under the engine's lock
         self.session = session
         self._given.set()
         for fn in self._callbacks:
@@ -180,7 +183,7 @@ class Ticket:
             else:
                 self._callbacks.append(fn)
 
-    def wait(self, timeout: float | None = None, cancel: CancelToken | None = None) -> Slot:
+    def wait(self, timeout: float | None = None, cancel: CancelToken | None = None) -> SlotT:
         """The sequence, once it is this ticket's turn; :class:`Overloaded` after ``timeout`` seconds,
         :class:`Cancelled` when ``cancel`` fires first (either way the ticket leaves the queue)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -216,11 +219,11 @@ class _Active:
     peak: int = 0
 
 
-class Engine:
+class Engine(Generic[SlotT]):
     """Requests over the sequences of one model. Thread-safe: any thread may :meth:`submit` or
     :meth:`reserve`; :meth:`rounds` runs one request and yields its commits to the thread that reads it."""
 
-    def __init__(self, sessions: Sequence[Slot], *, runtime: BatchRuntime | None = None,
+    def __init__(self, sessions: Sequence[SlotT], *, runtime: BatchRuntime | None = None,
                  probe: BatchProbeReport | None = None, token_budget: int | None = None,
                  queue_max: int | None = None, closer: Callable[[], None] | None = None) -> None:
         if not sessions:
@@ -232,9 +235,9 @@ class Engine:
         self.queue_max = queue_max
         self._closer = closer
         self._cv = threading.Condition()
-        self._free: collections.deque[Slot] = collections.deque(self.sessions)
-        self._waiting: collections.deque[Ticket] = collections.deque()
-        self._running: dict[Slot, Request[Any]] = {}
+        self._free: collections.deque[SlotT] = collections.deque(self.sessions)
+        self._waiting: collections.deque[Ticket[SlotT]] = collections.deque()
+        self._running: dict[SlotT, Request[Any]] = {}
         self._closed = False
         #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
         self.probe = probe
@@ -264,17 +267,17 @@ class Engine:
         self._thread.start()
 
     # -- admission ------------------------------------------------------------------------------------------
-    def _fits(self, session: Slot, strategy: str | None) -> bool:
+    def _fits(self, session: SlotT, strategy: str | None) -> bool:
         return session.lost is None and (strategy is None or session.strategy_name == strategy)
 
-    def reserve(self, *, strategy: str | None = None) -> Ticket:
+    def reserve(self, *, strategy: str | None = None) -> Ticket[SlotT]:
         """A ticket for the next free sequence (of ``strategy`` when given): given at once when one is
         free and nobody waits, else queued. Never blocks; :class:`Overloaded` when ``queue_max``
         tickets already wait, :class:`SessionBusy` once the engine is closed."""
         if strategy is not None and not any(self._fits(s, strategy) for s in self.sessions):
             have = sorted({s.strategy_name for s in self.sessions})
             raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
-        ticket = Ticket(self, strategy)
+        ticket: Ticket[SlotT] = Ticket(self, strategy)
         with self._cv:
             if self._closed:
                 raise SessionBusy("the engine is closed")
@@ -293,13 +296,13 @@ class Engine:
             return ticket
 
     def acquire(self, timeout: float | None = None, *, strategy: str | None = None,
-                cancel: CancelToken | None = None) -> Slot:
+                cancel: CancelToken | None = None) -> SlotT:
         """A free sequence (waits for one, up to ``timeout`` seconds: then :class:`Overloaded`). Start a
         request on it with ``session.start(...)`` and run it with :meth:`rounds`, which gives the
         sequence back when the request ends (:meth:`release` gives back one never used)."""
         return self.reserve(strategy=strategy).wait(timeout, cancel)
 
-    def release(self, session: Slot) -> None:
+    def release(self, session: SlotT) -> None:
         """Give ``session`` back: to the oldest waiting ticket it fits, else to the free ones."""
         with self._cv:
             self._running.pop(session, None)
@@ -314,7 +317,7 @@ class Engine:
                 self._free.append(session)
             self._cv.notify_all()
 
-    def _withdraw(self, ticket: Ticket) -> None:
+    def _withdraw(self, ticket: Ticket[SlotT]) -> None:
         with self._cv:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
@@ -342,7 +345,7 @@ class Engine:
             self.release(s)
             raise
 
-    def running_request(self, session: Slot) -> Request[Any] | None:
+    def running_request(self, session: SlotT) -> Request[Any] | None:
         """The request running on ``session`` now, if any."""
         with self._cv:
             return self._running.get(session)
@@ -516,7 +519,7 @@ class Engine:
             closer, self._closer = self._closer, None
             closer()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Engine[SlotT]:
         return self
 
     def __exit__(self, *exc: object) -> None:

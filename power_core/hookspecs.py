@@ -56,8 +56,9 @@ def power_register_backends(register: Callable[[Backend], None]) -> None:
 def power_request_start(request: RequestInfo) -> None:
     """A request is about to prefill its prompt.
 
-    Called by :meth:`power_core.session.Session.generate` after strategy selection and before the
-    first round.
+    Called by the engine (:meth:`power_core.session.Generation.begin`) when a request's first
+    attempt starts, before its prefill. An implementation that raises is logged
+    (``observer.failed``) and counted (the receipt's ``observer_faults``); it never fails the request.
 
     :param request: frozen facts of the request (config, strategy, prompt length).
     :return: ignored.
@@ -87,7 +88,8 @@ def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> An
     :param phase: phase name, one of :data:`power_core.transaction.PHASES`.
     :param round_index: 0-based round number within the request.
     :param step: zero-argument callable that performs the phase.
-    :return: the phase's result.
+    :return: the phase's result; for ``propose`` the checked :class:`~power_core.runtime.Proposal`
+        (its ``ids``, ``confidence`` and ``stats``: what a proposer observer reads).
     """
 
 
@@ -95,8 +97,11 @@ def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> An
 def power_request_end(receipt: Receipt) -> None:
     """A request finished (completed, stopped, cancelled or failed); its receipt is final.
 
-    Called by :meth:`power_core.session.Session.generate` once per request, also when the request
-    ends with an exception (the receipt's ``status`` then says why).
+    Called by the engine (:meth:`power_core.session.Generation.end`) once per attempt at a request,
+    also when it ends with an exception (the receipt's ``status`` then says why). An implementation
+    that raises is logged (``observer.failed``) and counted (``observer_faults`` in the request's
+    final receipt, ``power:observer_faults`` in ``power serve``); it never fails the request, and
+    never another request in the same shared pass.
 
     :param receipt: the request's frozen :class:`~power_core.receipt.Receipt`.
     :return: ignored.

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import attrs
 import numpy as np
+import pluggy
 
 from power_core.chat import ChatTemplate, template_for
 from power_core.config import SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig
@@ -237,7 +238,7 @@ class Session:
     numerics: SelftestReport | None = None
     #: the engine whose sequence this session is (its own one-sequence engine unless an engine over
     #: several sessions adopted it); every request runs through it
-    engine: Engine | None = attrs.field(default=None, init=False, repr=False)
+    engine: Engine[Session] | None = attrs.field(default=None, init=False, repr=False)
     _mutex: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _resident: Generation | None = attrs.field(default=None, init=False, repr=False)  # whose state the target holds
     _closed: bool = attrs.field(default=False, init=False, repr=False)
@@ -319,7 +320,7 @@ class Session:
 
     @classmethod
     def open_engine(cls, n: int, config: PowerConfig | None = None, *, token_budget: int | None = None,
-                    queue_max: int | None = None, **open_kwargs: Any) -> Engine:
+                    queue_max: int | None = None, **open_kwargs: Any) -> Engine[Session]:
         """``n`` sequences of one target that share its passes (:meth:`open_batch`) and the engine that
         drives them (closing it closes them). With more than one sequence the engine first probes
         whether a sequence's rows beside others are its solo rows (every receipt says); under
@@ -334,7 +335,7 @@ class Session:
                 if not probe.identical and batch.sessions[0].config.require_identical:
                     raise ConfigError("parallel", n, "independent slots on this target",
                                       f"require_identical: {probe.reason()}")
-            engine = Engine(batch.sessions, runtime=batch.runtime, probe=probe, token_budget=token_budget,
+            engine = Engine[Session](batch.sessions, runtime=batch.runtime, probe=probe, token_budget=token_budget,
                             queue_max=queue_max, closer=batch.close)
         except BaseException:
             batch.close()
@@ -344,7 +345,7 @@ class Session:
         return engine
 
     @staticmethod
-    def independent_engine(sessions: Sequence[Session], *, queue_max: int | None = None) -> Engine:
+    def independent_engine(sessions: Sequence[Session], *, queue_max: int | None = None) -> Engine[Session]:
         """One engine admitting requests to ``sessions`` that each decode alone (``power serve
         --no-batch``, or a backend or strategy without shared passes); closing it closes them."""
 
@@ -358,7 +359,7 @@ class Session:
             if failure is not None:
                 raise failure
 
-        engine = Engine(sessions, queue_max=queue_max, closer=close)
+        engine = Engine[Session](sessions, queue_max=queue_max, closer=close)
         for session in sessions:
             session.engine = engine
         return engine
@@ -417,7 +418,7 @@ class Session:
                                   "and wait for it to end, then close")
             self._closed = True
             self._resident = None  # no Session <-> Generation cycle: the model goes when the session does
-        if owner is not None:
+        if isinstance(owner, Generation):
             owner.close_stream()  # an unfinished stream of this thread ends as cancelled
         proposer = self.proposer
         try:
@@ -448,11 +449,11 @@ class Session:
             self._lost = reason
         log.error("session.state_lost", reason=reason)
 
-    def driver(self) -> Engine:
+    def driver(self) -> Engine[Session]:
         """The engine that runs this session's requests (its own one-sequence engine by default)."""
         with self._mutex:
             if self.engine is None:
-                self.engine = Engine((self,))
+                self.engine = Engine[Session]((self,))
             return self.engine
 
     def hand_over(self, gen: Generation) -> None:
@@ -839,7 +840,7 @@ class Generation:
         if self._stream is not None:
             self._stream.close()
 
-    def _notify(self, hook: Callable[..., Any], **kwargs: Any) -> bool:
+    def _notify(self, hook: pluggy.HookCaller, **kwargs: Any) -> bool:
         """Call the observers' ``hook``; one that raises is logged and counted, never a failure. True
         when every observer returned."""
         try:

@@ -30,7 +30,7 @@ class Slots:
     """The engine requests run on: sequences of one target sharing its passes, or independent
     sessions (one slot, ``--no-batch``, or a strategy/backend that cannot share passes: ``why``)."""
 
-    engine: Engine
+    engine: Engine[Session]
     why: str = ""
 
     @property

@@ -94,7 +94,7 @@ def _server_template(state: ServerState) -> ChatTemplate | None:
 class ServerState:
     options: ServeOptions
     #: the engine every request runs through: admission (its sequences and queue) and rounds
-    engine: Engine
+    engine: Engine[Session]
     metrics: Metrics
     receipts: ReceiptStore
     executor: ThreadPoolExecutor
@@ -290,9 +290,13 @@ async def _admit(state: ServerState, job: Job) -> Session:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
 
+        def ready_now() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
         def wake() -> None:  # the thread that freed a sequence -> the event loop
             with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody waits
-                loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+                loop.call_soon_threadsafe(ready_now)
 
         ticket.on_ready(wake)
         remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
@@ -509,7 +513,7 @@ async def metrics(request: Request) -> Response:
 
 
 # -- the application ------------------------------------------------------------------------------------
-def create_app(engine: Engine, options: ServeOptions) -> Starlette:
+def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
     """The ASGI app over ``engine`` (its sequences are the slots; it admits and runs every request).
     Closing the engine is the caller's job, after the app has shut down (its lifespan waits for
     in-flight decodes first)."""

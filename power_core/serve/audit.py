@@ -42,7 +42,7 @@ class Auditor:
     """Chooses completed requests to audit and re-decodes them target-only (see the module doc)."""
 
     rate: float
-    engine: Engine
+    engine: Engine[Session]
     metrics: Metrics
     receipts: ReceiptStore
     executor: Executor

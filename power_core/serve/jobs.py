@@ -155,7 +155,7 @@ class ReceiptStore:
             return self._items.get(rid)
 
 
-def run_job(engine: Engine, session: Session, job: Job, metrics: Metrics,
+def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metrics,
             emit: Callable[[Delta], None] | None) -> Outcome:
     """Decode ``job`` on ``session``, a sequence of ``engine`` admitted for it (in a worker thread).
     ``emit`` receives committed text deltas as rounds commit (streaming); the outcome carries the
