@@ -163,7 +163,6 @@ class Ticket(Generic[SlotT]):
         self.session: SlotT | None = None
         self._given = threading.Event()
         self._callbacks: list[Callable[[], None]] = []
-        self._withdrawn = False
 
     @property
     def ready(self) -> bool:
@@ -192,11 +191,9 @@ class Ticket(Generic[SlotT]):
             if cancel is not None and cancel.cancelled:
                 self.withdraw()
                 raise Cancelled("the request was cancelled while it waited for a free slot")
-            if deadline is not None and time.monotonic() >= deadline:
-                self.withdraw()
-                if self._given.is_set():  # handed a sequence as the wait ended: it was passed on
-                    break
+            if deadline is not None and time.monotonic() >= deadline and self._engine._dequeue(self):
                 raise Overloaded(f"no free slot within {timeout} s")
+            # (else handed a sequence just as the time ran out: take it)
         if self.session is None:
             raise Overloaded("the engine closed before a slot was free")
         return self.session
@@ -316,6 +313,14 @@ class Engine(Generic[SlotT]):
             else:
                 self._free.append(session)
             self._cv.notify_all()
+
+    def _dequeue(self, ticket: Ticket[SlotT]) -> bool:
+        """Take ``ticket`` out of the queue if it still waits there (True), else False (it holds a sequence)."""
+        with self._cv:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+                return True
+            return ticket.session is None
 
     def _withdraw(self, ticket: Ticket[SlotT]) -> None:
         with self._cv:
