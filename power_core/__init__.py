@@ -25,6 +25,7 @@ from power_core.plugins import get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
     DecodeResult,
+    Proposal,
     ProposalContext,
     Proposer,
     TargetCapabilities,
@@ -55,6 +56,7 @@ __all__ = [
     "PluginError",
     "PowerConfig",
     "PowerError",
+    "Proposal",
     "ProposalContext",
     "Proposer",
     "ProposerRequest",

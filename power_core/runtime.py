@@ -32,8 +32,8 @@ __all__ = [
     "InterruptibleRuntime",
     "InGraphGreedyRuntime",
     "ProposalContext",
+    "Proposal",
     "Proposer",
-    "ConfidentProposer",
     "RowReadingProposer",
     "ClosableProposer",
     "GraphSamplingProposer",
@@ -286,6 +286,36 @@ class ProposalContext:
     round_index: int
 
 
+@attrs.frozen(eq=False)
+class Proposal:
+    """What :meth:`Proposer.propose` returns: the proposed ids, and what the proposer knows of them.
+
+    ``ids``: at most ``ctx.k`` token ids (1-D, integer, within the target's vocabulary) to follow
+    ``ctx.anchor``; may be empty (:meth:`none`). ``confidence``: ``None`` (no estimate), or one
+    float in ``[0, 1]`` per id, the probability that it is accepted given that the previous one
+    was; cost-aware strategies (``Strategy.cost_aware``) use it to choose how much of the
+    proposal to verify, and ``observe`` then shows the proposer the block actually verified.
+    ``stats``: a few named numbers about how the proposal was made (e.g. a match length), for
+    observers of the ``propose`` phase (``power_txn_phase``); the core does not read them.
+
+    The transaction checks every proposal in one place before the target sees it, and refuses a
+    bad one with :class:`~power_core.errors.AdapterFault` naming the proposer. A value, compared
+    by identity (its arrays have no single truth value): compare ``ids`` instead.
+    """
+
+    ids: TokenArray
+    confidence: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None
+    stats: Mapping[str, float] | None = None
+
+    @classmethod
+    def none(cls) -> Proposal:
+        """The empty proposal: nothing worth verifying this round."""
+        return _NO_PROPOSAL
+
+
+_NO_PROPOSAL = Proposal(ids=np.zeros(0, dtype=np.int32))
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """A proposal mechanism. Advisory only: the target verifies every token it proposes.
@@ -302,12 +332,9 @@ class Proposer(Protocol):
     ``ctx.history`` is a read-only view, valid during the call. ``DecodeResult.kind`` tells a
     prefill chunk (``"prompt"``) from a verify pass (``"verify"``).
 
-    Optional attribute ``confidence`` (:class:`ConfidentProposer`), read right after ``propose``:
-    per proposal, the probability that it is accepted given that the previous one was (``None``:
-    no estimate). Cost-aware
-    strategies (``Strategy.cost_aware``) use it to choose how much of the proposal to verify;
-    ``observe`` then shows the proposer the block actually verified. Optional ``close()``
-    (:class:`ClosableProposer`) runs when the session closes.
+    ``propose`` returns a :class:`Proposal`: the ids, and optionally one confidence per id (the
+    probability that it is accepted given that the previous one was) and a few statistics.
+    Optional ``close()`` (:class:`ClosableProposer`) runs when the session closes.
 
     While greedy sampling runs in the target's graph (:class:`InGraphGreedyRuntime`), ``observe``
     gets zero logits rows and :attr:`DecodeResult.greedy_ids`; a proposer that reads the target's
@@ -323,8 +350,8 @@ class Proposer(Protocol):
 
     def checkpoint(self) -> Any: ...
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
-        """Return at most ``ctx.k`` token ids to follow ``ctx.anchor`` (may be empty)."""
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        """Return at most ``ctx.k`` token ids to follow ``ctx.anchor`` (may be none), as a :class:`Proposal`."""
         ...
 
     def observe(self, result: DecodeResult) -> None:
@@ -337,15 +364,6 @@ class Proposer(Protocol):
         ...
 
     def restore(self, checkpoint: Any) -> None: ...
-
-
-@runtime_checkable
-class ConfidentProposer(Protocol):
-    """Optional capability of a :class:`Proposer`: ``confidence``, read right after ``propose`` —
-    per proposal, the probability that it is accepted given that the previous one was (``None``:
-    no estimate for this round)."""
-
-    confidence: Sequence[float] | None
 
 
 @runtime_checkable

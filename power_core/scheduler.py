@@ -18,7 +18,7 @@ checkpoint + replay, and clamping cannot help, so the guard records replays with
 
 **Cost-aware width.** When the target reports its verify-cost curve (``verify_cost[b-1]``: the cost
 of a pass of ``b`` tokens relative to one) and the proposer attaches a confidence to its proposals
-(``Proposer.confidence``: the probability that each is accepted given the previous one was),
+(``Proposal.confidence``: the probability that each is accepted given the previous one was),
 :meth:`Scheduler.choose_width` verifies the prefix ``w`` that maximizes the expected tokens per
 unit of cost, ``E[emitted | w] / cost(w + 1)``, where ``E = 1 + sum_{i<=w} prod_{j<=i} p_j``. A
 round where no prefix beats a one-token decode verifies nothing (cost 1, one token, exactly

@@ -13,6 +13,7 @@ from power_core.bench import NGRAM_TYPES, BenchSpec, run_bench
 from power_core.cli import main
 from power_core.config import PowerConfig
 from power_core.plugins import Strategy, hookimpl
+from power_core.runtime import Proposal
 
 REF = "reference:seed=11,vocab=300,dim=16,recurrent=1"  # > 256 ids: a byte tokenizer
 
@@ -65,7 +66,7 @@ class _Corrupting:
     def propose(self, ctx):
         if ctx.round_index == 3:
             self.target.decode(np.array([5], dtype=np.int32))
-        return np.zeros(0, dtype=np.int32)
+        return Proposal.none()
 
     def observe(self, result):
         pass

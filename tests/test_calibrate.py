@@ -17,6 +17,7 @@ from power_core.cli import main
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.plugins import Strategy, hookimpl
+from power_core.runtime import Proposal
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ["--backend", "reference"]  # the default reference model: a byte tokenizer, no chat template
@@ -102,7 +103,7 @@ class _Corrupting:
     def propose(self, ctx):
         if ctx.round_index == 3:
             self.target.decode(np.array([5], dtype=np.int32))
-        return np.zeros(0, dtype=np.int32)
+        return Proposal.none()
 
     def observe(self, result):
         pass

@@ -28,14 +28,14 @@ MUTANTS: dict[str, tuple[str, str, set[str], str]] = {
         "restore(checkpoint) did not return the proposer to the state checkpoint() saw",
     ),
     "k-plus-one": (
-        "return hist[start:start + ctx.k].astype(np.int32)",
-        "return hist[start:start + ctx.k + 1].astype(np.int32)",
+        "return Proposal(hist[start:start + ctx.k].astype(np.int32))",
+        "return Proposal(hist[start:start + ctx.k + 1].astype(np.int32))",
         {"test_greedy_parity"},
         "but the round allows at most ctx.k=",
     ),
     "out-of-vocab": (
-        "        return np.zeros(0, dtype=np.int32)\n\n    def observe",
-        "        return np.full(min(ctx.k, 1), self.n_vocab, dtype=np.int32)  # an 'unknown' filler\n\n    def observe",
+        "        return Proposal.none()  # no earlier occurrence: nothing worth verifying",
+        "        return Proposal(np.full(min(ctx.k, 1), self.n_vocab, dtype=np.int32))  # an 'unknown' filler",
         {"test_greedy_parity"},
         "outside [0, 97) (the target's n_vocab)",
     ),

@@ -24,7 +24,7 @@ def test_public_facade_is_pinned():
     assert sorted(power_core.__all__) == sorted([
         "PHASES", "AdapterFault", "ArtifactError", "ArtifactMismatch", "Backend", "CancelToken", "Cancelled",
         "CapacityError", "ChatTemplate", "ConfigError", "DecodeResult", "Generation", "OpenRequest", "OpenedModel",
-        "PluginError", "PowerConfig", "PowerError", "ProposalContext", "Proposer", "ProposerRequest",
+        "PluginError", "PowerConfig", "PowerError", "Proposal", "ProposalContext", "Proposer", "ProposerRequest",
         "Receipt", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
         "Strategy", "StrategyNotFound", "StrategyNotInstalled", "Stream", "TargetCapabilities", "TargetRuntime",
         "TargetSampler", "Tokenizer", "Transaction", "get_plugins", "hookimpl", "token_digest",

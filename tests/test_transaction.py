@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from power_core.errors import AdapterFault, CapacityError, RuntimeFault
-from power_core.runtime import ProposalContext
+from power_core.runtime import Proposal, ProposalContext
 from tests.helpers import open_session, run
 
 MODEL = "reference:seed=8,vocab=48,dim=8,recurrent=1"
@@ -64,11 +64,21 @@ class _Bad:
 
 
 @pytest.mark.parametrize("out,msg", [
-    (lambda ctx: np.arange(ctx.k + 1), "at most"),
-    (lambda ctx: np.array([48]), "outside"),
-    (lambda ctx: np.array([-1]), "outside"),
-    (lambda ctx: np.zeros((1, 1), dtype=np.int32), "1-D"),
-    (lambda ctx: np.array([0.5]), "integer"),
+    (lambda ctx: Proposal(np.arange(ctx.k + 1)), "at most"),
+    (lambda ctx: Proposal(np.array([48])), "outside"),
+    (lambda ctx: Proposal(np.array([-1])), "outside"),
+    (lambda ctx: Proposal(np.zeros((1, 1), dtype=np.int32)), "1-D"),
+    (lambda ctx: Proposal(np.array([0.5])), "integer"),
+    # a bare array (the protocol before Proposal): the message says how to fix the adapter
+    (lambda ctx: np.array([1], dtype=np.int32), r"returned a bare array \(int32\[1\]\), not a Proposal; "
+                                                r"return power_core\.Proposal\(ids\)"),
+    (lambda ctx: [1], "returned a list, not a Proposal"),
+    (lambda ctx: None, "returned None, not a Proposal"),
+    (lambda ctx: Proposal(np.array([1]), confidence=[[0.5]]), "confidence of a list; expected one float per id"),
+    (lambda ctx: Proposal(np.array([1, 2]), confidence=[0.5]), "1 confidences for 2 ids"),
+    (lambda ctx: Proposal(np.array([1]), confidence=[1.5]), r"confidence outside \[0, 1\]"),
+    (lambda ctx: Proposal(np.array([1]), confidence=[float("nan")]), r"confidence outside \[0, 1\]"),
+    (lambda ctx: Proposal(np.array([1]), stats=[("n", 1)]), "stats of type list; expected a mapping"),
 ])
 def test_proposer_contract_violations_are_adapter_faults(out, msg):
     with open_session(MODEL, "ref-draft", max_tokens=5) as s:

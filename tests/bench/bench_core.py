@@ -21,7 +21,7 @@ import numpy as np
 import structlog
 
 from power_core.config import PowerConfig
-from power_core.runtime import DecodeResult, ProposalContext, TargetCapabilities
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, TargetCapabilities
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.transaction import Transaction
@@ -100,7 +100,7 @@ class NullProposer:
         return None
 
     def propose(self, ctx: ProposalContext):
-        return self._timed(lambda: self.props[: ctx.k])
+        return self._timed(lambda: Proposal(self.props[: ctx.k]))
 
     def observe(self, result):
         pass

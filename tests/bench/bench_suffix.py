@@ -37,7 +37,7 @@ def measure(kind: str, n: int, rounds: int) -> dict:
     for _ in range(rounds):
         h = seq[:pos]
         t0 = time.perf_counter()
-        props = p.propose(ProposalContext(history=h, anchor=int(h[-1]), k=32, round_index=1))
+        props = p.propose(ProposalContext(history=h, anchor=int(h[-1]), k=32, round_index=1)).ids
         accepted = 0
         for j, t in enumerate(props.tolist()):
             if pos + j < seq.size and t == seq[pos + j]:

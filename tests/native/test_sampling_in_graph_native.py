@@ -131,7 +131,7 @@ def _recorded(cfg: PowerConfig, model, draft, prompts) -> tuple[list, list, set]
 
         def record(ctx):
             out = propose(ctx)
-            proposals.append(np.asarray(out).tolist())
+            proposals.append(np.asarray(out.ids).tolist())
             return out
 
         s.proposer.propose = record

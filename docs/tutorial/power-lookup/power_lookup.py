@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from power_core import DecodeResult, ProposalContext, ProposerRequest, Strategy, hookimpl
+from power_core import DecodeResult, Proposal, ProposalContext, ProposerRequest, Strategy, hookimpl
 
 __version__ = "0.1.0"
 
@@ -34,7 +34,7 @@ class LookupProposer:
     def checkpoint(self) -> Any:
         return len(self.tokens)
 
-    def propose(self, ctx: ProposalContext) -> np.ndarray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         hist = self.tokens  # the same ids as ctx.history
         for n in range(min(self.max_ngram, len(hist) - 1), 0, -1):
             tail = hist[-n:]
@@ -43,8 +43,8 @@ class LookupProposer:
             hits = np.flatnonzero((windows == tail).all(axis=1))
             if hits.size:
                 start = int(hits[-1]) + n
-                return hist[start:start + ctx.k].astype(np.int32)
-        return np.zeros(0, dtype=np.int32)
+                return Proposal(hist[start:start + ctx.k].astype(np.int32))
+        return Proposal.none()  # no earlier occurrence: nothing worth verifying
 
     def observe(self, result: DecodeResult) -> None:
         pass  # a lookup needs no target rows

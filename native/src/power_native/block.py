@@ -32,15 +32,13 @@ import numpy.typing as npt
 
 from power_core.artifacts.contracts import Verified
 from power_core.errors import ArtifactMismatch
-from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 
 if TYPE_CHECKING:  # the extension loads when a proposer opens, not when a plugin registers
     from power_native import _llama
 
 __all__ = ["BlockRows", "Readout", "BlockDraftProposer", "open_block_draft", "target_features"]
-
-_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 @attrs.frozen
@@ -117,10 +115,10 @@ class BlockDraftProposer:
     def checkpoint(self) -> int:
         return int(self.draft.n_kv)
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         k = ctx.k
         if k <= 0:
-            return _EMPTY
+            return Proposal.none()
         draft = self.draft
         pos0 = draft.n_kv
         try:
@@ -134,7 +132,7 @@ class BlockDraftProposer:
             props = np.asarray(self.readout(rows, k if k < self.n_max else self.n_max), dtype=np.int32)
         finally:
             draft.trim(pos0)  # the noise block never stays in the draft KV
-        return props
+        return Proposal(props)
 
     def observe(self, result: DecodeResult) -> None:
         try:

@@ -14,14 +14,12 @@ import os
 import numpy as np
 
 from power_core.errors import ArtifactMismatch, CapacityError
-from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
 from power_native.target import PREFILL_BATCH, draft_graph_sampling, llama_target, load_model, offload, warm_up
 
 __all__ = ["DraftModelProposer", "make_draft_proposer"]
-
-_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class DraftModelProposer:
@@ -59,14 +57,14 @@ class DraftModelProposer:
     def checkpoint(self) -> tuple[int, ...]:
         return tuple(self._history)
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         self._history = [int(t) for t in ctx.history]
         if ctx.k <= 0:
-            return _EMPTY
+            return Proposal.none()
         committed = self._history[:-1]
         k = min(ctx.k, self.ctx.n_ctx - len(committed) - 1)
         if k <= 0:
-            return _EMPTY
+            return Proposal.none()
         self._sync(committed + [self._history[-1]], last_logits=True)
         out = np.empty(k, dtype=np.int32)
         for i in range(k):
@@ -74,7 +72,7 @@ class DraftModelProposer:
             out[i] = tok
             if i + 1 < k:
                 self._decode([tok], last_logits=True)
-        return out
+        return Proposal(out)
 
     def observe(self, result: DecodeResult) -> None:
         return None

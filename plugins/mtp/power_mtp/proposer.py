@@ -24,14 +24,13 @@ from typing import Any
 import numpy as np
 
 from power_core.errors import ArtifactMismatch, StrategyNotFound
-from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
 from power_core.spec import ProposerRequest
 
 __all__ = ["MtpProposer", "make_mtp_proposer", "TARGET_FEATURES"]
 
 #: what the target must provide: its MTP blocks loaded, and the unmasked h_nextn rows
 TARGET_FEATURES = frozenset({"mtp_head", "h_nextn"})
-_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class MtpProposer:
@@ -52,11 +51,10 @@ class MtpProposer:
     def checkpoint(self) -> tuple[int, np.ndarray]:
         return self.head.state()
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         if ctx.k <= 0:
-            return _EMPTY
-        props = self.head.draft(ctx.anchor, ctx.k)
-        return props
+            return Proposal.none()
+        return Proposal(self.head.draft(ctx.anchor, ctx.k))
 
     def observe(self, result: DecodeResult) -> None:
         try:

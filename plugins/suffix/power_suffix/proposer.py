@@ -10,7 +10,7 @@ and proposes the continuation the occurrences agree on. How far it drafts is dec
   was: an acceptance model per match-length bucket (a Beta prior that favours long matches,
   updated with every verified round of the session) times the proposal's vote share. The core's
   scheduler combines it with the target's verify-cost curve to choose the width that maximizes
-  expected tokens per second (``Proposer.confidence``).
+  expected tokens per second (``Proposal.confidence``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from power_core.runtime import DecodeResult, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
 from power_suffix.index import LENGTHS, SuffixIndex
 
 __all__ = ["SuffixProposer", "ALPHA", "SESSION_MEMORY"]
@@ -59,7 +59,6 @@ class SuffixProposer:
         self._fail = PRIOR_WEIGHT * (1.0 - prior)
         self._round: tuple[int, int] | None = None  # (bucket, proposals verified) of the current round
         self._offered: tuple[int, int] | None = None
-        self.confidence: np.ndarray | None = None
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
@@ -70,29 +69,26 @@ class SuffixProposer:
         self._base = self.index.n
         self.index.extend(prompt)
         self._round = self._offered = None
-        self.confidence = None
 
     def checkpoint(self) -> Any:
         return (self.index.n, self._succ.copy(), self._fail.copy())
 
-    def propose(self, ctx: ProposalContext) -> TokenArray:
+    def propose(self, ctx: ProposalContext) -> Proposal:
         self._sync(ctx.history)
-        self.confidence = None
         self._offered = None
         if ctx.k <= 0:
-            return _EMPTY
+            return Proposal.none()
         m = self.index.match(ctx.k)
         if m is None or m.tokens.size == 0:
-            return _EMPTY
+            return Proposal.none()
         agreed = int(np.argmax(m.share < 0.5)) if (m.share < 0.5).any() else m.share.size
         n = min(ctx.k, ALPHA * m.length, agreed)
         if n <= 0:
-            return _EMPTY
+            return Proposal.none()
         b = _bucket(m.length)
         q = self._succ[b] / (self._succ[b] + self._fail[b])
-        self.confidence = q * m.share[:n]
         self._offered = (b, n)
-        return m.tokens[:n].copy()
+        return Proposal(m.tokens[:n].copy(), confidence=q * m.share[:n], stats={"match_length": float(m.length)})
 
     def observe(self, result: DecodeResult) -> None:
         if self._offered is not None and result.kind == "verify":
@@ -111,7 +107,6 @@ class SuffixProposer:
         self.index.truncate(n)
         self._succ, self._fail = succ.copy(), fail.copy()
         self._round = self._offered = None
-        self.confidence = None
 
     # -- internals ------------------------------------------------------------------------------------
     def _sync(self, history: TokenArray) -> None:

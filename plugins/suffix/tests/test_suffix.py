@@ -102,16 +102,18 @@ def test_long_unambiguous_matches_draft_long_short_ones_little():
     p = SuffixProposer(session_memory=0)
     text = list(range(40)) + [90, 91] + list(range(20))  # the last 20 tokens copy the first 20
     p.begin(np.asarray(text, dtype=np.int32))
-    long = p.propose(ctx(text))
+    proposal = p.propose(ctx(text))
+    long = proposal.ids
     assert long.tolist() == (list(range(20, 40)) + [90, 91] + list(range(20)))[:32]  # k caps it
-    assert p.confidence is not None and len(p.confidence) == long.size
+    assert proposal.confidence is not None and len(proposal.confidence) == long.size
+    assert proposal.stats is not None and proposal.stats["match_length"] > 0
     short_hist = [7, 1, 2, 3, 8, 9, 5, 3]  # '3' occurred once, followed by 8: a one-token match
     p.begin(np.asarray(short_hist, dtype=np.int32))
-    short = p.propose(ctx(short_hist))
+    short = p.propose(ctx(short_hist)).ids
     assert 0 < short.size <= ALPHA * 1
     ambiguous = [5, 1, 2, 5, 3, 4, 5, 6, 7, 5]  # '5' was followed by 1, 3 and 6: no majority
     p.begin(np.asarray(ambiguous, dtype=np.int32))
-    assert p.propose(ctx(ambiguous)).size == 0
+    assert p.propose(ctx(ambiguous)).ids.size == 0
 
 
 def test_explicit_draft_max_caps_and_the_default_is_the_strategys():
@@ -157,7 +159,7 @@ def test_session_memory_is_off_by_default():
     p.begin(first)
     second = np.asarray([9, 50, 51, 52], dtype=np.int32)
     p.begin(second)
-    assert p.propose(ctx(second)).size == 0
+    assert p.propose(ctx(second)).ids.size == 0
 
 
 def test_session_memory_reuses_earlier_requests():
@@ -167,7 +169,7 @@ def test_session_memory_reuses_earlier_requests():
     p.propose(ctx(first))
     second = np.asarray([9, 50, 51, 52], dtype=np.int32)
     p.begin(second)
-    assert p.propose(ctx(second)).tolist()[:4] == [53, 54, 55, 56]
+    assert p.propose(ctx(second)).ids.tolist()[:4] == [53, 54, 55, 56]
 
 
 class TestSuffixConformance(AdapterConformance):
