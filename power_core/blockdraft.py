@@ -15,9 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from power_core.runtime import Proposer
-from power_core.spec import ProposerRequest, Strategy
+from power_core.spec import ConfigKey, ProposerRequest, Strategy
 
-__all__ = ["block_strategy"]
+__all__ = ["DRAFT_P_MIN", "block_strategy"]
+
+#: the family's one key: a proposal stops where the draft's confidence falls below it (llama.cpp
+#: ``--spec-draft-p-min``); each family strategy declares it, alike
+DRAFT_P_MIN = ConfigKey(
+    name="spec_draft_p_min", type=float, default=0.0, lo=0.0, hi=1.0, hi_open=True, scope="sequence",
+    flag="--p-min", help="block drafters stop a proposal below this draft confidence (0: never)",
+)
 
 
 def block_strategy(*, name: str, version: str, package: str, summary: str, validate: Callable[..., Any],
@@ -37,4 +44,4 @@ def block_strategy(*, name: str, version: str, package: str, summary: str, valid
 
     return Strategy(name=name, version=version, package=package, kind="model-backed", needs_draft=True,
                     summary=summary, validate=validate, proposer=proposer, backends=frozenset({"llama"}),
-                    target_features=target_features)
+                    target_features=target_features, config_keys=(DRAFT_P_MIN,))

@@ -203,7 +203,9 @@ def load_tasks(path: Path) -> tuple[Task, ...]:
 @attrs.frozen
 class CalibrateSpec:
     tasks: Path = DEFAULT_TASKS
-    modes: tuple[str, ...] = ("off", "suffix")
+    #: the modes to compare (``off`` is always added: the reference); no default here, as in ``BenchSpec``:
+    #: ``power calibrate --modes`` holds it, and the core names no first-party strategy
+    modes: tuple[str, ...] = attrs.field(kw_only=True)
     numerics: str = "exact"
     #: rotated mode orders per task (order i starts at mode i)
     orders: int = 2

@@ -1,7 +1,15 @@
-"""Frozen request configuration with the seed's keys.
+"""Frozen configuration: the core's keys, the strategies' declared keys, one validation machinery.
 
-Every key is validated on construction; unknown keys, out-of-range values and contradictions raise
+Every key is a :class:`ConfigKey`: its name, type, range, default, scope, CLI flag, help and owner. The
+core declares the keys of the session, the transaction, the scheduler and the sampler
+(:data:`CORE_KEYS`); each strategy declares its own (:attr:`power_core.spec.Strategy.config_keys`), and
+the plugin manager enters them here when it registers the strategy. Both are validated by
+:meth:`ConfigKey.check`, so a bad value of any key raises the same
 :class:`~power_core.errors.ConfigError` naming the key, the value and the allowed range.
+
+A key's *scope* says when it may change: ``session`` keys are fixed when a session opens,
+``sequence`` keys may differ between the sequences of one shared-pass batch (what a proposer and the
+scheduler do), ``request`` keys may be set by one request (:data:`SAMPLING_KEYS`).
 """
 
 from __future__ import annotations
@@ -10,21 +18,24 @@ import difflib
 import hashlib
 import json
 import re
+import threading
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import attrs
 
-from power_core.errors import ConfigError
+from power_core.errors import ConfigError, PluginError
 
-__all__ = ["PowerConfig", "FIRST_PARTY_MODES", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX",
-           "SAMPLING_IN_GRAPH", "device_names"]
+__all__ = ["PowerConfig", "ConfigKey", "CORE_KEYS", "SAMPLING_KEYS", "SEQUENCE_KEYS", "SCOPES", "CORE_OWNERS",
+           "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX", "SAMPLING_IN_GRAPH", "declare_keys",
+           "declared_keys", "key_owners", "set_key_loader", "config_table", "device_names"]
 
-#: modes whose names Power reserves; third-party strategies may add more names.
-FIRST_PARTY_MODES = ("off", "auto", "mtp", "dflash", "dflash2", "dspark", "draft-model")
+#: spec_mode names the core reserves for itself (every other mode is a registered strategy's name)
+MODE_AUTO, MODE_OFF = "auto", "off"
 MODE_NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+KEY_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 K_MAX = 64
 S_MAX = 64
@@ -38,45 +49,133 @@ FLASH_ATTN = ("auto", "on", "off")
 VERIFY_CAPACITY_MAX = 256
 #: values of the ``sampling_in_graph`` key
 SAMPLING_IN_GRAPH = ("auto", "on", "off")
+#: at most this many stop strings per request
+STOP_MAX = 64
+
+Scope = Literal["session", "sequence", "request"]
+#: when a key may change, widest last: fixed at open, per sequence of a batch, per request
+SCOPES: tuple[str, ...] = ("session", "sequence", "request")
+#: the core components that own core keys (a strategy's keys are owned by the strategies declaring them)
+CORE_OWNERS: tuple[str, ...] = ("session", "transaction", "scheduler", "sampler")
 
 
-def _int_range(lo: int, hi: int | None):
-    allowed = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
-
-    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-            raise ConfigError(attr.name, value, allowed)
-
-    return check
+# -- the machinery ---------------------------------------------------------------------------------
+def _check_key_name(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not KEY_NAME_RE.match(value):
+        raise PluginError(f"ConfigKey.name={value!r}: expected a lowercase key name matching [a-z][a-z0-9_]*")
 
 
-def _opt(check):
-    def inner(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        if value is not None:
-            check(inst, attr, value)
-
-    return inner
+def _check_flag(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not re.match(r"^--[a-z][a-z0-9-]*$", value)):
+        raise PluginError(f"ConfigKey {inst.name!r}: flag={value!r}, expected None or a long option like "
+                          "'--my-key'")
 
 
-def _float_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False):
-    allowed = f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-
-    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-        if ok:
-            ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-        if not ok:
-            raise ConfigError(attr.name, value, allowed)
-
-    return check
+def _check_scope(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value not in SCOPES:
+        raise PluginError(f"ConfigKey {inst.name!r}: scope={value!r}, expected one of {', '.join(SCOPES)}")
 
 
-def _choice(allowed: tuple[str, ...]) -> Any:
-    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        if value not in allowed:
-            raise ConfigError(attr.name, value, f"one of {', '.join(repr(a) for a in allowed)}")
+def _number(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
 
-    return check
+
+@attrs.frozen
+class ConfigKey:
+    """One configuration key: what a TOML file, a keyword argument or a CLI flag may set.
+
+    ``type`` is ``int``, ``float``, ``bool`` or ``str`` (with ``choices``), or ``tuple`` for a core key
+    with its own ``convert``/``validate``. ``lo``/``hi`` bound a number (``lo_open``/``hi_open``
+    exclude the bound), ``optional`` admits ``None`` (unset), ``hint`` is appended to every error.
+    ``scope`` is when it may change (:data:`SCOPES`), ``flag`` its ``power run``/``power serve`` option,
+    ``owner`` the core component for a core key (a strategy's key leaves it empty: the strategies that
+    declare it own it, :func:`key_owners`).
+    """
+
+    name: str = attrs.field(validator=_check_key_name)
+    type: type
+    default: Any = None
+    help: str = ""
+    scope: Scope = attrs.field(default="session", validator=_check_scope)
+    flag: str | None = attrs.field(default=None, validator=_check_flag)
+    owner: str = ""
+    lo: int | float | None = None
+    hi: int | float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+    hint: str = ""
+    #: what a value is turned into before validation (e.g. ``"a,b"`` -> ``("a", "b")``)
+    convert: Callable[[Any], Any] | None = attrs.field(default=None, eq=False)
+    #: replaces the type/range check: ``(key, value) -> None`` or :class:`ConfigError`
+    validate: Callable[[ConfigKey, Any], None] | None = attrs.field(default=None, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.type not in (int, float, bool, str, tuple):
+            raise PluginError(f"ConfigKey {self.name!r}: type={self.type!r}, expected int, float, bool or str")
+        if self.default is not None or not self.optional:
+            try:
+                self.check(self.default)
+            except ConfigError as exc:
+                raise PluginError(f"ConfigKey {self.name!r}: its default is invalid ({exc})") from None
+
+    def allowed(self) -> str:
+        """The accepted values in words (the ``allowed`` of the :class:`ConfigError`)."""
+        if self.type is bool:
+            text = "true or false"
+        elif self.choices:
+            text = f"one of {', '.join(repr(c) for c in self.choices)}"
+        elif self.type is int:
+            lo, hi = self.lo if self.lo is not None else 0, self.hi
+            text = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
+        elif self.type is float:
+            text = (f"a number in {'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}"
+                    f"{')' if self.hi_open else ']'}")
+        else:
+            text = "a string"
+        return text
+
+    def _ok(self, value: Any) -> bool:
+        if self.type is bool:
+            return isinstance(value, bool)
+        if self.choices:
+            return value in self.choices
+        if self.type is str:
+            return isinstance(value, str)
+        if self.type is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return False
+            return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
+        # float: ints are numbers too; NaN never is
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            return False
+        lo, hi = self.lo, self.hi
+        return ((lo is None or (value > lo if self.lo_open else value >= lo))
+                and (hi is None or (value < hi if self.hi_open else value <= hi)))
+
+    def check(self, value: Any) -> Any:
+        """``value`` converted and validated, or :class:`ConfigError` naming this key."""
+        if self.convert is not None:
+            value = self.convert(value)
+        if value is None and self.optional:
+            return None
+        if self.validate is not None:
+            self.validate(self, value)
+        elif not self._ok(value):
+            raise ConfigError(self.name, value, self.allowed(), self.hint)
+        return value
+
+    def _attrs_validator(self, inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        self.check(value)
+
+    def field(self) -> Any:
+        """The ``attrs`` field of a core key: this key's default, converter and validator."""
+        return attrs.field(default=self.default, converter=self.convert or _identity, validator=self._attrs_validator)
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -115,26 +214,10 @@ def device_names(value: Any) -> tuple[str, ...]:
     return out
 
 
-def _gpu_layers(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise ConfigError(attr.name, value, "an integer >= -1", "-1 offloads every layer, 0 none (CPU only)")
-
-
-def _bool(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(attr.name, value, "true or false")
-
-
-def _mode(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _mode(key: ConfigKey, value: Any) -> None:
     if not isinstance(value, str) or not MODE_NAME_RE.match(value):
-        raise ConfigError(
-            attr.name, value, f"one of {', '.join(FIRST_PARTY_MODES)} or an installed strategy name",
-            "names are lowercase letters, digits, '-', '_' or '.'",
-        )
-
-
-#: at most this many stop strings per request
-STOP_MAX = 64
+        raise ConfigError(key.name, value, f"{MODE_OFF!r}, {MODE_AUTO!r} or an installed strategy name",
+                          "names are lowercase letters, digits, '-', '_' or '.'; `power plugins` lists them")
 
 
 def _stop_tuple(value: Any) -> Any:
@@ -146,88 +229,306 @@ def _stop_tuple(value: Any) -> Any:
     return value
 
 
-def _stops(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _stops(key: ConfigKey, value: Any) -> None:
     ok = isinstance(value, tuple) and len(value) <= STOP_MAX
     if not ok or not all(isinstance(s, str) and s for s in value):
-        raise ConfigError(attr.name, value, f"a list of at most {STOP_MAX} non-empty strings",
+        raise ConfigError(key.name, value, f"a list of at most {STOP_MAX} non-empty strings",
                           "e.g. stop = [\"\\n\\n\", \"###\"]")
+
+
+def _valid(key: ConfigKey, value: Any) -> None:
+    """For keys whose converter already validated (and raised)."""
+
+
+def _key(name: str, type_: type, default: Any, owner: str, help: str, *, scope: Scope = "session",
+         flag: str | None = None, **kw: Any) -> ConfigKey:
+    return ConfigKey(name=name, type=type_, default=default, owner=owner, help=help, scope=scope, flag=flag, **kw)
+
+
+#: the core's keys, in PowerConfig's field order: the session's (fixed at open; what shapes the target),
+#: the transaction's, the scheduler's and the sampler's
+CORE_KEYS: tuple[ConfigKey, ...] = (
+    _key("spec_mode", str, MODE_AUTO, "session", "the strategy: off, auto or an installed strategy's name",
+         flag="--mode", validate=_mode),
+    _key("spec_draft_max", int, None, "scheduler", "K: proposal width (unset: the strategy's default, else 7)",
+         scope="sequence", flag="--draft-max", lo=1, hi=K_MAX, optional=True),
+    _key("spec_mtp_recurrent_snapshots", int, None, "transaction",
+         "S: resident rollback snapshots of the target (unset: K)", scope="sequence", flag="--snapshots", lo=1,
+         hi=S_MAX, optional=True),
+    _key("spec_mtp_adaptive", bool, False, "scheduler", "request-local adaptive controller (circuit to target-only)",
+         scope="sequence", flag="--adaptive"),
+    _key("spec_adaptive_low_yield", float, 0.25, "scheduler",
+         "adaptive: a round yields low when accepted/proposed is below this", scope="sequence", lo=0.0, hi=1.0),
+    _key("spec_adaptive_low_yield_rounds", int, 3, "scheduler",
+         "adaptive: consecutive low-yield rounds that open the target-only circuit", scope="sequence", lo=1, hi=1024),
+    _key("temperature", float, 0.0, "sampler", "0: greedy", scope="request", flag="--temperature", lo=0.0,
+         hi=100.0),
+    _key("top_k", int, 0, "sampler", "0: off", scope="request", flag="--top-k", lo=0),
+    _key("top_p", float, 1.0, "sampler", "nucleus mass", scope="request", flag="--top-p", lo=0.0, hi=1.0,
+         lo_open=True),
+    _key("min_p", float, 0.0, "sampler", "drop tokens below this fraction of the top probability", scope="request",
+         flag="--min-p", lo=0.0, hi=1.0, hi_open=True),
+    _key("seed", int, 0, "sampler", "the random stream, keyed by emitted position", scope="request", flag="--seed",
+         lo=0, hi=2**63 - 1),
+    _key("max_tokens", int, 128, "session", "tokens to emit at most", scope="request", flag="--max-tokens", lo=1,
+         hi=1 << 20),
+    _key("n_ctx", int, 2048, "session", "context length", flag="--n-ctx", lo=16, hi=1 << 20),
+    _key("n_threads", int, None, "session", "CPU threads (unset: the backend's choice)", flag="--threads", lo=1,
+         hi=1024, optional=True),
+    _key("trace", bool, False, "transaction", "each round's proposed ids in the receipt (rounds[i].proposal)",
+         scope="sequence", flag="--trace"),
+    _key("stop", tuple, (), "session", "stop strings: the output ends right before the first one (needs a tokenizer)",
+         scope="request", flag="--stop", convert=_stop_tuple, validate=_stops),
+    _key("cache_prompt", bool, False, "session",
+         "reuse the target's state for the prefix a prompt shares with the previous request (receipt prompt_reused)"),
+    _key("rpc_servers", tuple, (), "session", "llama.cpp rpc-server endpoints (HOST:PORT) that hold the target's layers",
+         flag="--rpc", convert=_endpoints, validate=_valid),
+    _key("n_gpu_layers", int, 0, "session", "target layers offloaded to the GPU devices (-1: all, 0: CPU only)",
+         flag="--gpu-layers", lo=-1, hint="-1 offloads every layer, 0 none (CPU only)"),
+    _key("devices", tuple, (), "session", "llama.cpp devices the offloaded layers go to (empty: every GPU)",
+         flag="--devices", convert=device_names, validate=_valid),
+    _key("flash_attn", str, "auto", "session", "flash attention: auto (llama.cpp decides per device), on or off",
+         flag="--flash-attn", choices=FLASH_ATTN),
+    _key("draft_gpu_layers", int, 0, "session", "a draft model's layers offloaded to the GPU devices (-1: all)",
+         flag="--draft-gpu-layers", lo=-1, hint="-1 offloads every layer, 0 none (CPU only)"),
+    _key("numerics", str, "exact", "session",
+         "target kernels: exact (batch-invariant: output equals spec_mode off) or stock", flag="--numerics",
+         choices=NUMERICS),
+    _key("sampling_in_graph", str, "auto", "session", "greedy ids from the target's graph (auto, on) or the host (off)",
+         flag="--sampling-in-graph", choices=SAMPLING_IN_GRAPH),
+    _key("selftest", bool, False, "session", "probe the target's batch numerics at open (receipt selftest)",
+         flag="--selftest"),
+    _key("warmup", bool, True, "session", "one throwaway pass on each context at open", flag="--no-warmup"),
+    _key("require_identical", bool, False, "session",
+         "target-only, with the reason, when verify rows differ from one-token decodes", flag="--require-identical"),
+    _key("verify_capacity", int, 0, "transaction", "B: pad every target verify pass to exactly B tokens (0: off)",
+         flag="--verify-capacity", lo=0, hi=VERIFY_CAPACITY_MAX),
+)
+_CORE: dict[str, ConfigKey] = {k.name: k for k in CORE_KEYS}
+
+
+# -- the strategies' keys --------------------------------------------------------------------------
+_lock = threading.RLock()
+_declared: dict[str, ConfigKey] = {}  # a strategy key's name -> its declaration
+_owners: dict[str, tuple[str, ...]] = {}  # a strategy key's name -> the strategies declaring it
+_loader: Callable[[], object] | None = None
+_loading = False
+
+
+def set_key_loader(loader: Callable[[], object] | None) -> None:
+    """What loads the installed plugins (so that they declare their keys) the first time a key is not
+    known: the plugin manager installs :func:`power_core.plugins.get_plugins` here."""
+    global _loader
+    _loader = loader
+
+
+def declare_keys(strategy: str, keys: Iterable[ConfigKey]) -> None:
+    """Enter a strategy's keys (the plugin manager calls this when it registers the strategy).
+
+    Several strategies may declare one key (the DFlash family's ``spec_draft_p_min``) if they declare it
+    alike; a core key, a different declaration of a declared key, or a strategy key with ``request``
+    scope (a proposer is built when the session opens) is a :class:`~power_core.errors.PluginError`.
+    """
+    with _lock:
+        for key in keys:
+            if not isinstance(key, ConfigKey):
+                raise PluginError(f"strategy {strategy!r} declares {key!r}; expected a power_core.ConfigKey")
+            if key.name in _CORE:
+                raise PluginError(f"strategy {strategy!r} declares config key {key.name!r}, which is the core's "
+                                  f"({_CORE[key.name].owner}); name the strategy's own key differently")
+            if key.scope == "request":
+                raise PluginError(f"strategy {strategy!r} declares config key {key.name!r} with scope 'request'; a "
+                                  "strategy's key is fixed when the session (or its sequence) opens: use 'session' "
+                                  "or 'sequence'")
+            owners = tuple(o for o in _owners.get(key.name, ()) if o != strategy)
+            have = _declared.get(key.name)
+            if owners and have is not None and have != key:
+                raise PluginError(f"strategy {strategy!r} declares config key {key.name!r} as {key!r}, but "
+                                  f"{', '.join(owners)} declared it as {have!r}; one key has one meaning: "
+                                  "declare it alike or rename it")
+            _declared[key.name] = key
+            _owners[key.name] = tuple(sorted({*owners, strategy}))
+
+
+def _load() -> None:
+    """Have the installed plugins declare their keys (the loader caches; a call from inside it is a no-op)."""
+    global _loading
+    if _loader is None:
+        return
+    with _lock:
+        if _loading:
+            return
+        _loading = True
+        try:
+            _loader()
+        finally:
+            _loading = False
+
+
+def _strategy_key(name: str) -> ConfigKey | None:
+    """The declaration of a strategy key, loading the installed plugins first if it is not known yet."""
+    if name not in _declared:
+        _load()
+    return _declared.get(name)
+
+
+def key_owners(name: str) -> tuple[str, ...]:
+    """Who owns a key: its core component, or the strategies that declare it (``()``: unknown)."""
+    if name in _CORE:
+        return (_CORE[name].owner,)
+    return _owners.get(name, ()) if _strategy_key(name) is not None else ()
+
+
+def declared_keys(strategies: Iterable[str] | None = None) -> tuple[ConfigKey, ...]:
+    """The core's keys, then the strategies' keys in name order (only those ``strategies`` declare,
+    when given)."""
+    if strategies is None:
+        _load()
+    wanted = None if strategies is None else set(strategies)
+    extra = [k for n, k in sorted(_declared.items()) if wanted is None or wanted & set(_owners[n])]
+    return (*CORE_KEYS, *extra)
+
+
+class ScopedKeys(Sequence[str]):
+    """The names of the keys of one scope, core first, then the strategies' (read when used, so that a
+    strategy registered later is included)."""
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in declared_keys() if k.scope == self.scope)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+#: keys one request may set for itself (:meth:`power_core.Session.start`'s ``sampling``; the server's
+#: per-request fields): the sampler's request-scoped keys
+SAMPLING_KEYS: tuple[str, ...] = tuple(k.name for k in CORE_KEYS if k.scope == "request" and k.owner == "sampler")
+#: keys one sequence of a shared-pass batch may set for itself: what its proposer and scheduler do (the
+#: core's and every strategy's ``sequence``-scoped keys); what shapes the target is the batch's
+SEQUENCE_KEYS: Sequence[str] = ScopedKeys("sequence")
+
+
+def config_table(keys: Iterable[ConfigKey]) -> str:
+    """The Markdown table of ``keys`` (key, flag, default, scope, owner, help): README's configuration table."""
+    rows = ["| key | flag | default | scope | owner | meaning |", "|---|---|---|---|---|---|"]
+    for k in keys:
+        default = "unset" if k.default is None else json.dumps(list(k.default) if k.type is tuple else k.default)
+        flag = f"`{k.flag}`" if k.flag else ""
+        rows.append(f"| `{k.name}` | {flag} | `{default}` | {k.scope} | {', '.join(key_owners(k.name))} | "
+                    f"{k.help.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def _options(pairs: Any) -> dict[str, Any]:
+    if isinstance(pairs, Mapping):
+        return dict(pairs)
+    return {k: v for k, v in pairs}
+
+
+def _unknown_key(key: str, value: Any) -> ConfigError:
+    known = sorted({*_CORE, *_declared})
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+    return ConfigError(str(key), value, "a known configuration key (the core's or an installed strategy's)", hint)
 
 
 @attrs.frozen
 class PowerConfig:
-    """One request's speculative-decoding and sampling configuration.
+    """One session's (and request's) configuration: the core's keys as fields, and the values of the
+    strategies' keys that differ from their declared defaults in ``options``.
 
-    ``spec_draft_max`` (K) bounds proposal width (unset: the strategy's default, else 7); ``spec_mtp_recurrent_snapshots`` (S) bounds the
-    target's resident rollback snapshots (``None`` means S = K, the balanced default K7/S7).
+    ``PowerConfig(spec_mode="mtp", spec_mtp_fr_vocab_size=64)`` takes a strategy's key like a core key, and
+    ``config.spec_mtp_fr_vocab_size`` reads it (its default when unset). ``spec_draft_max`` (K) bounds
+    proposal width (unset: the strategy's default, else 7); ``spec_mtp_recurrent_snapshots`` (S) bounds
+    the target's resident rollback snapshots (``None`` means S = K, the balanced default K7/S7).
     """
 
-    spec_mode: str = attrs.field(default="auto", validator=_mode)
+    spec_mode: str = _CORE["spec_mode"].field()
     #: K; ``None`` takes the strategy's own default (``Strategy.default_draft_max``), else 7
-    spec_draft_max: int | None = attrs.field(default=None, validator=_opt(_int_range(1, K_MAX)))
-    spec_mtp_recurrent_snapshots: int | None = attrs.field(default=None, validator=_opt(_int_range(1, S_MAX)))
-    spec_mtp_fr_vocab_size: int | None = attrs.field(default=None, validator=_opt(_int_range(1, None)))
-    spec_mtp_adaptive: bool = attrs.field(default=False, validator=_bool)
-    #: block drafters (dflash, dflash2, dspark) stop a proposal where the draft's confidence falls
-    #: below this (llama.cpp ``--spec-draft-p-min``; 0 = never)
-    spec_draft_p_min: float = attrs.field(default=0.0, validator=_float_range(0.0, 1.0, hi_open=True))
+    spec_draft_max: int | None = _CORE["spec_draft_max"].field()
+    spec_mtp_recurrent_snapshots: int | None = _CORE["spec_mtp_recurrent_snapshots"].field()
+    spec_mtp_adaptive: bool = _CORE["spec_mtp_adaptive"].field()
     #: adaptive controller: a round "yields low" when accepted/proposed < this fraction
-    spec_adaptive_low_yield: float = attrs.field(default=0.25, validator=_float_range(0.0, 1.0))
+    spec_adaptive_low_yield: float = _CORE["spec_adaptive_low_yield"].field()
     #: adaptive controller: consecutive low-yield rounds that open the target-only circuit
-    spec_adaptive_low_yield_rounds: int = attrs.field(default=3, validator=_int_range(1, 1024))
-    temperature: float = attrs.field(default=0.0, validator=_float_range(0.0, 100.0))
-    top_k: int = attrs.field(default=0, validator=_int_range(0, None))
-    top_p: float = attrs.field(default=1.0, validator=_float_range(0.0, 1.0, lo_open=True))
-    min_p: float = attrs.field(default=0.0, validator=_float_range(0.0, 1.0, hi_open=True))
-    seed: int = attrs.field(default=0, validator=_int_range(0, 2**63 - 1))
-    max_tokens: int = attrs.field(default=128, validator=_int_range(1, 1 << 20))
-    n_ctx: int = attrs.field(default=2048, validator=_int_range(16, 1 << 20))
-    n_threads: int | None = attrs.field(default=None, validator=_opt(_int_range(1, 1024)))
+    spec_adaptive_low_yield_rounds: int = _CORE["spec_adaptive_low_yield_rounds"].field()
+    temperature: float = _CORE["temperature"].field()
+    top_k: int = _CORE["top_k"].field()
+    top_p: float = _CORE["top_p"].field()
+    min_p: float = _CORE["min_p"].field()
+    seed: int = _CORE["seed"].field()
+    max_tokens: int = _CORE["max_tokens"].field()
+    n_ctx: int = _CORE["n_ctx"].field()
+    n_threads: int | None = _CORE["n_threads"].field()
     #: record each round's proposed token ids in the receipt (``rounds[i].proposal``)
-    trace: bool = attrs.field(default=False, validator=_bool)
+    trace: bool = _CORE["trace"].field()
     #: stop strings: the output ends right before the first occurrence of any of them, matched on
     #: the decoded text across token boundaries (needs a model with a tokenizer)
-    stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_tuple, validator=_stops)
+    stop: tuple[str, ...] = _CORE["stop"].field()
     #: reuse the target's state for the prefix a request's prompt shares with what the previous
     #: request of the session left in memory (llama-server's ``cache_prompt``); the receipt's
     #: ``prompt_reused`` counts the tokens not prefilled again
-    cache_prompt: bool = attrs.field(default=False, validator=_bool)
+    cache_prompt: bool = _CORE["cache_prompt"].field()
     #: llama.cpp ``rpc-server`` endpoints (``HOST:PORT``) that hold the target's layers (power-native
     #: built with ``POWER_NATIVE_RPC=1``); empty: everything runs in this process
-    rpc_servers: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
+    rpc_servers: tuple[str, ...] = _CORE["rpc_servers"].field()
     #: target layers offloaded to GPU devices (``devices``; -1: all, 0: none, every layer on the CPU);
     #: with ``rpc_servers``, to the servers (0 there: every layer). The MTP head follows the target
-    n_gpu_layers: int = attrs.field(default=0, validator=_gpu_layers)
+    n_gpu_layers: int = _CORE["n_gpu_layers"].field()
     #: llama.cpp device names the offloaded layers go to (e.g. ``["CUDA0", "CUDA1"]``); empty: every GPU
     #: of the build
-    devices: tuple[str, ...] = attrs.field(default=(), converter=device_names)
+    devices: tuple[str, ...] = _CORE["devices"].field()
     #: flash attention for every context of the session (llama.cpp ``--flash-attn``): ``auto`` (its
     #: per-device choice), ``on`` or ``off``
-    flash_attn: str = attrs.field(default="auto", validator=_choice(FLASH_ATTN))
+    flash_attn: str = _CORE["flash_attn"].field()
     #: layers of a separate draft model (draft-model, the DFlash family) offloaded to ``devices``
-    draft_gpu_layers: int = attrs.field(default=0, validator=_gpu_layers)
+    draft_gpu_layers: int = _CORE["draft_gpu_layers"].field()
     #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
     #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
     #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)
-    numerics: str = attrs.field(default="exact", validator=_choice(NUMERICS))
+    numerics: str = _CORE["numerics"].field()
     #: where a greedy request's token ids come from: the target's graph, so only ids leave the
     #: backend (``auto``: where the runtime says that pays, i.e. the rows would cross a device
     #: boundary; ``on``: wherever the runtime can), or the logits rows on the host (``off``, and
     #: always for stochastic sampling or logprobs); the receipt's ``backend.sampling`` says which ran
-    sampling_in_graph: str = attrs.field(default="auto", validator=_choice(SAMPLING_IN_GRAPH))
+    sampling_in_graph: str = _CORE["sampling_in_graph"].field()
     #: probe the target's batch numerics when the session opens (:mod:`power_core.numerics`); the
     #: result goes into every receipt (``selftest``)
-    selftest: bool = attrs.field(default=False, validator=_bool)
+    selftest: bool = _CORE["selftest"].field()
     #: one throwaway pass on each context when the session opens (target, draft model, MTP head), as
     #: llama.cpp's tools do at load (``--warmup``, their default): the first pass of a context pages
     #: its weights in and sizes its compute buffers, which no request should pay for
-    warmup: bool = attrs.field(default=True, validator=_bool)
+    warmup: bool = _CORE["warmup"].field()
     #: run target-only, with the reason, when the probe finds verify rows that differ from one-token
     #: decodes on the running build (implies ``selftest``)
-    require_identical: bool = attrs.field(default=False, validator=_bool)
+    require_identical: bool = _CORE["require_identical"].field()
     #: B: pad every target verify pass to exactly B tokens (one pass shape, e.g. one captured GPU
     #: graph); the padding's rows and memory cells never leave the target runtime. 0: off. An unset
     #: ``spec_draft_max`` then resolves to at most B - 1; a set one must satisfy K + 1 <= B
-    verify_capacity: int = attrs.field(default=0, validator=_int_range(0, VERIFY_CAPACITY_MAX))
+    verify_capacity: int = _CORE["verify_capacity"].field()
+    #: the strategies' keys whose values differ from their defaults, sorted by name
+    options: tuple[tuple[str, Any], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         b, k = self.verify_capacity, self.spec_draft_max
@@ -244,17 +545,27 @@ class PowerConfig:
                 "spec_mtp_recurrent_snapshots", s, f"an integer in [1, spec_draft_max={self.draft_max}]",
                 "snapshots beyond the proposal width can never be used; lower S or raise spec_draft_max",
             )
-        if self.spec_mode == "off" and self.spec_mtp_adaptive:
+        if self.spec_mode == MODE_OFF and self.spec_mtp_adaptive:
             raise ConfigError("spec_mtp_adaptive", True, "false when spec_mode = 'off'",
                               "the adaptive controller schedules proposals; enable a speculative mode")
-        if self.spec_draft_p_min > 0 and self.spec_mode not in ("dflash", "dflash2", "dspark", "auto"):
-            raise ConfigError("spec_draft_p_min", self.spec_draft_p_min,
-                              "0 unless spec_mode is 'dflash', 'dflash2', 'dspark' or 'auto'",
-                              "the confidence cut applies to the block drafters only")
-        if self.spec_mtp_fr_vocab_size is not None and self.spec_mode not in ("mtp", "auto"):
-            raise ConfigError("spec_mtp_fr_vocab_size", self.spec_mtp_fr_vocab_size,
-                              "unset unless spec_mode is 'mtp' or 'auto'",
-                              "the FR prefix only narrows the native MTP draft head")
+        for name, value in self.options:
+            owners = _owners.get(name, ())
+            if self.spec_mode != MODE_AUTO and self.spec_mode not in owners:
+                default = _declared[name].default
+                shown = "unset" if default is None else repr(default)
+                modes = " or ".join(repr(m) for m in (*owners, MODE_AUTO))
+                raise ConfigError(name, value, f"{shown} unless spec_mode is {modes}",
+                                  f"the key configures the {', '.join(owners)} strateg"
+                                  f"{'y' if len(owners) == 1 else 'ies'} only")
+
+    def __getattr__(self, name: str) -> Any:
+        # only a strategy's key reaches here (fields are slots): its value, else its declared default
+        if name.startswith("_") or name == "options":
+            raise AttributeError(name)
+        key = _strategy_key(name)
+        if key is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return dict(self.options).get(name, key.default)
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -279,8 +590,12 @@ class PowerConfig:
         return self.temperature == 0.0 or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
-        out = attrs.asdict(self)
-        out["stop"] = list(self.stop)  # as JSON reads it back
+        """Every core key, then the strategies' keys that differ from their defaults: flat, as a TOML
+        file or :meth:`from_mapping` takes them."""
+        out = {a.name: getattr(self, a.name) for a in attrs.fields(type(self)) if a.name != "options"}
+        for name in ("stop", "rpc_servers", "devices"):
+            out[name] = list(out[name])  # as JSON reads it back
+        out.update(self.options)
         return out
 
     def digest(self) -> str:
@@ -288,23 +603,35 @@ class PowerConfig:
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
+    def scoped(self, scope: str, changes: Mapping[str, Any], *, where: str = "") -> PowerConfig:
+        """This configuration with ``changes`` to keys of ``scope`` (or a narrower one: a sequence may set
+        what a request may); any other key is a :class:`ConfigError` naming it (prefixed by ``where``)."""
+        allowed = SCOPES[SCOPES.index(scope):]
+        for name, value in changes.items():
+            key = _CORE.get(name) or _strategy_key(name)
+            if key is None:
+                raise _unknown_key(f"{where}{name}", value)
+            if key.scope not in allowed:
+                names = [k.name for k in declared_keys() if k.scope in allowed]
+                raise ConfigError(f"{where}{name}", value, f"one of {', '.join(names)}",
+                                  f"{name} is a {key.scope} key: it is fixed when the "
+                                  f"{'session' if key.scope == 'session' else 'sequence'} opens")
+        return attrs.evolve(self, **changes) if changes else self
+
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        return tuple(a.name for a in attrs.fields(cls))
+        """Every key: the core's, then the installed strategies' (:func:`declared_keys`)."""
+        return tuple(k.name for k in declared_keys())
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], **overrides: Any) -> PowerConfig:
         """Build from a mapping (TOML table, JSON) plus keyword overrides; ``None`` overrides are ignored."""
         merged = dict(data)
         merged.update({k: v for k, v in overrides.items() if v is not None})
-        known = set(cls.keys())
-        for key in merged:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
-                raise ConfigError(str(key), merged[key], "a known configuration key", hint)
-        return cls(**merged)
+        if "options" in merged:
+            raise _unknown_key("options", merged["options"])
+        return cls(**{str(k): v for k, v in merged.items()})
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> PowerConfig:
@@ -319,3 +646,27 @@ class PowerConfig:
         if set(data) == {"power"} and isinstance(data["power"], dict):
             data = data["power"]
         return cls.from_mapping(data, **overrides)
+
+
+_generated_init = PowerConfig.__init__
+
+
+def _init(self: PowerConfig, **values: Any) -> None:
+    """``PowerConfig(**keys)``: the core's keys as attrs takes them; a strategy's key by its declaration
+    (:func:`declare_keys`), kept in ``options`` unless it is the declared default. Wraps the attrs-made
+    ``__init__`` (whose signature type checkers and ``attrs.evolve`` see) so strategy keys pass as keywords."""
+    core = {k: v for k, v in values.items() if k in _CORE}
+    options = _options(values.get("options", ()))  # from attrs.evolve / attrs.asdict
+    options.update({k: v for k, v in values.items() if k not in _CORE and k != "options"})
+    checked: dict[str, Any] = {}
+    for name, value in options.items():
+        key = _strategy_key(name)
+        if key is None:
+            raise _unknown_key(name, value)
+        value = key.check(value)
+        if value != key.default:  # a default is no choice: one configuration, one digest
+            checked[name] = value
+    _generated_init(self, **core, options=tuple(sorted(checked.items())))
+
+
+PowerConfig.__init__ = _init  # type: ignore[method-assign,assignment]

@@ -22,6 +22,7 @@ import attrs
 import pluggy
 
 from power_core import hookspecs
+from power_core.config import ConfigKey, declare_keys, declared_keys, set_key_loader
 from power_core.errors import PluginError, StrategyNotFound, StrategyNotInstalled
 from power_core.logs import get_logger
 from power_core.spec import (
@@ -132,6 +133,10 @@ class PowerPlugins:
         raise StrategyNotFound(f"spec_mode {name!r} is not an installed strategy; installed: "
                                f"{', '.join(self.strategies.names())}")
 
+    def config_keys(self) -> tuple[ConfigKey, ...]:
+        """The core's configuration keys, then those the registered strategies declare."""
+        return declared_keys(self.strategies.names())
+
     def describe(self) -> list[dict[str, Any]]:
         """Name, version, hooks and registrations of every plugin (``power plugins --json``)."""
         out = []
@@ -145,6 +150,8 @@ class PowerPlugins:
                 "hooks": sorted(h.name for h in self.pm.get_hookcallers(plugin) or []),
                 "strategies": sorted(s.name for s in self.strategies if self.strategies.owner(s.name) == plugin_name),
                 "backends": sorted(b.name for b in self.backends if self.backends.owner(b.name) == plugin_name),
+                "config_keys": sorted({k.name for s in self.strategies if self.strategies.owner(s.name) == plugin_name
+                                       for k in s.config_keys}),
             })
         return out
 
@@ -219,6 +226,11 @@ def build_plugins(extra: tuple[object, ...] = ()) -> PowerPlugins:
                 if impl.plugin is plugin:
                     kwargs = {"register": registry.registrar(name)}
                     impl.function(*[kwargs[a] for a in impl.argnames])
+    for strategy in strategies:
+        try:
+            declare_keys(strategy.name, strategy.config_keys)
+        except PluginError as exc:
+            raise PluginError(f"plugin {strategies.owner(strategy.name)!r}: {exc}") from None
     return PowerPlugins(pm=pm, strategies=strategies, backends=backends, entry_points=eps)
 
 
@@ -234,3 +246,7 @@ def get_plugins(refresh: bool = False) -> PowerPlugins:
     if _cached is None or refresh or allow != _cached_allow:
         _cached, _cached_allow = build_plugins(), allow
     return _cached
+
+
+# a key the configuration does not know yet may be an installed strategy's: load the plugins then
+set_key_loader(get_plugins)

@@ -10,9 +10,10 @@ Rules:
   well-formed, all tensor data inside the file, an architecture the pinned llama.cpp loads), in
   every mode including ``off``;
 * ``auto``: an explicit draft is classified (DFlash v1 / DFlash2 / DSpark) and must verify; else the
-  first verified draft named in the model manifest wins; else native MTP when the target carries
-  MTP layers and ``power-mtp`` is installed and its validator passes; else target-only (``off``).
-  Never two draft mechanisms at once;
+  first verified draft named in the model manifest wins; else the first installed strategy, in
+  ``Strategy.auto_rank`` order, whose ``auto_detect`` finds what it needs in the target (MTP layers for
+  ``power-mtp``) and whose validator passes; else target-only (``off``). The order is the strategies'
+  own declaration, not names in the core. Never two draft mechanisms at once;
 * models that are not GGUF files (``None``, ``reference:...``) skip inspection; ``auto`` then means
   ``off`` and an explicit mode is resolved by name.
 
@@ -27,7 +28,7 @@ from typing import Any
 import attrs
 
 from power_core.artifacts.binding import read_model_manifest
-from power_core.artifacts.contracts import classify_draft, mtp_evidence
+from power_core.artifacts.contracts import classify_draft, classify_target
 from power_core.artifacts.identity import file_digest
 from power_core.artifacts.target import check_target
 from power_core.artifacts.verify import VerifiedArtifacts, verify_artifacts
@@ -159,25 +160,30 @@ def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, dr
             continue
         return _pick(sv, strategy, f"auto: manifest draft {entry.path} ({entry.mode}) verified", str(entry.path))
     note = f"; skipped manifest drafts: {', '.join(skipped)}" if skipped else ""
-    ev = mtp_evidence(target)
-    if ev is not None:
-        if "mtp" not in plugins.strategies:
-            reason = (f"auto: target carries MTP layers ({ev}) but power-mtp is not installed (pip install power-mtp); "
-                      f"target-only{note}")
-        elif plugins.strategies["mtp"].proposer is None:
-            mtp = plugins.strategies["mtp"]
-            reason = (f"auto: target carries MTP layers ({ev}) but {mtp.package} {mtp.version} has no execution "
-                      f"path yet; target-only{note}")
-        else:
-            strategy = plugins.strategies["mtp"]
-            try:
-                sv = verify_artifacts(strategy, model, None, config, require_binding=require_binding,
-                                      target_view=target, progress=progress)
-            except ArtifactError as exc:
-                log.warning("artifact.mtp_rejected", code=exc.code, evidence=exc.evidence)
-                reason = f"auto: target MTP layers rejected ({exc.code}: {exc.evidence}); target-only{note}"
-            else:
-                return _pick(sv, strategy, f"auto: target carries MTP layers ({ev}), verified{note}", None)
+    reasons: list[str] = []
+    for strategy in sorted((s for s in plugins.strategies if s.auto_detect is not None),
+                           key=lambda s: (s.auto_rank, s.name)):
+        evidence = strategy.auto_detect(target)
+        if evidence is None:
+            continue
+        if strategy.proposer is None:
+            reasons.append(f"target carries {evidence} but {strategy.package} {strategy.version} has no execution "
+                           "path yet")
+            continue
+        try:
+            sv = verify_artifacts(strategy, model, None, config, require_binding=require_binding,
+                                  target_view=target, progress=progress)
+        except ArtifactError as exc:
+            log.warning("artifact.target_strategy_rejected", mode=strategy.name, code=exc.code, evidence=exc.evidence)
+            reasons.append(f"target {evidence} rejected for {strategy.name} ({exc.code}: {exc.evidence})")
+            continue
+        return _pick(sv, strategy, f"auto: target carries {evidence}, verified{note}", None)
+    known = classify_target(target)
+    if known is not None and known[0] not in plugins.strategies:  # a first-party strategy would run here
+        pkg = FIRST_PARTY_PACKAGES.get(known[0], known[0])
+        reasons.append(f"target carries {known[1]} but {pkg} is not installed (pip install {pkg})")
+    if reasons:
+        reason = f"auto: {'; '.join(reasons)}; target-only{note}"
     else:
-        reason = f"auto: no verified external draft and no MTP layers in the target; target-only{note}"
+        reason = f"auto: no verified external draft and no installed strategy runs on the target alone; target-only{note}"
     return Selection(strategy=plugins.strategy("off"), reason=reason, artifacts={"target": file_digest(model, progress=progress).sha256})

@@ -7,7 +7,9 @@ each other. ``tests/test_layers.py`` keeps it that way.
 
 * :data:`hookimpl` marks a hook implementation (the specs are in :mod:`power_core.hookspecs`);
 * :class:`Strategy` and :class:`Backend` are what ``power_register_strategies`` /
-  ``power_register_backends`` register;
+  ``power_register_backends`` register; a strategy declares its own configuration keys as
+  :class:`ConfigKey` values (``Strategy.config_keys``) and its place in ``auto``
+  (``Strategy.auto_detect``, ``Strategy.auto_rank``);
 * :class:`OpenRequest` / :class:`OpenedModel` are a backend's ``open`` call and its answer,
   :class:`ProposerRequest` is what a strategy's proposer factory receives, and :class:`Tokenizer`
   is a loaded model's optional text codec;
@@ -26,13 +28,14 @@ from typing import Any, Literal, Protocol, TypeVar
 import attrs
 import pluggy
 
-from power_core.config import MODE_NAME_RE, PowerConfig
+from power_core.config import MODE_NAME_RE, ConfigKey, PowerConfig
 from power_core.errors import ArtifactMismatch, PluginError
 from power_core.runtime import BatchRuntime, Proposer, TargetRuntime, TokenArray
 
 __all__ = [
     "FIRST_PARTY_PACKAGES",
     "Backend",
+    "ConfigKey",
     "OpenRequest",
     "OpenedBatch",
     "OpenedModel",
@@ -47,13 +50,17 @@ __all__ = [
 
 hookimpl = pluggy.HookimplMarker("power")
 
-#: where each reserved first-party mode comes from, for fail-closed "install X" messages
+#: The one registration table: Power's first-party strategies and the package that registers each,
+#: for fail-closed "pip install X" messages. Nothing else in the core names a first-party strategy
+#: (``tests/test_layers.py``): what a strategy is configured by and where ``auto`` tries it, it
+#: declares itself when it registers (:attr:`Strategy.config_keys`, :attr:`Strategy.auto_detect`).
 FIRST_PARTY_PACKAGES: Mapping[str, str] = {
     "mtp": "power-mtp",
     "dflash": "power-dflash",
     "dflash2": "power-dflash2",
     "dspark": "power-dspark",
     "draft-model": "power-native",
+    "suffix": "power-suffix",
 }
 
 
@@ -161,7 +168,11 @@ class Strategy:
     target-only); ``target_features`` names what it needs the target to publish. ``validate`` is the
     fail-closed artifact validator (``(target_view, draft_view, config) -> verified``; raises
     :class:`~power_core.errors.ArtifactError`). ``backends`` lists the backends it can run on
-    (empty: any).
+    (empty: any). ``config_keys`` are the strategy's own configuration keys (validated, documented and
+    offered as CLI flags like the core's; ``config.<name>`` reads one). ``auto_detect`` makes it a
+    candidate of ``spec_mode = "auto"`` with no draft: ``(target_view) -> evidence | None`` says what in
+    the target lets it run (e.g. ``"MTP layers (...)"``); candidates are tried by ``auto_rank``, lowest
+    first, then name.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -184,6 +195,12 @@ class Strategy:
     #: the scheduler picks each round's verified width from the target's verify-cost curve and the
     #: proposer's ``confidence`` (the backend measures the curve once per model)
     cost_aware: bool = False
+    #: the strategy's own configuration keys (the plugin manager enters them into the configuration)
+    config_keys: tuple[ConfigKey, ...] = ()
+    #: ``auto`` without a draft: ``(target_view) -> evidence or None`` (None here: not a candidate)
+    auto_detect: Callable[[Any], str | None] | None = None
+    #: ``auto``'s order among the candidates with ``auto_detect`` (lowest first)
+    auto_rank: int = 0
 
     def features_for(self, verified: Validation | None) -> frozenset[str]:
         """The target features for this selection (``verified``: the validator's result, or None)."""

@@ -3,8 +3,8 @@
 * ``docs/hooks.md``: one section per hook spec of :mod:`power_core.hookspecs`, in spec order, with the
   spec's signature (argument names and annotations) and its docstring verbatim; no section, signature
   or example names a hook that is not a spec.
-* ``README.md``: the "Configuration keys" paragraph names every :meth:`PowerConfig.keys` key, and every
-  ``spec_*`` key it names exists.
+* ``README.md``: the configuration table is the keys' declarations (core and installed first-party
+  strategies), its TOML example loads, and every ``spec_*`` key its notes name exists.
 * ``docs/architecture.md``: the layout names every module and subpackage of ``power_core``.
 """
 
@@ -84,20 +84,53 @@ def test_hooks_md_names_no_unknown_hook():
 
 def _config_paragraph() -> str:
     text = README.read_text()
-    start = text.index("Configuration keys")
+    start = text.index("Notes on the configuration keys")
     end = text.find("\n\n", start)
     return text[start:end if end >= 0 else len(text)]
 
 
-def test_every_config_key_is_documented_in_the_readme():
-    para = _config_paragraph()
-    keys = PowerConfig.keys()
-    assert len(keys) >= 20
-    missing = [k for k in keys if f"`{k}`" not in para]
-    assert not missing, f"README.md's 'Configuration keys' paragraph lacks {missing}"
+def _config_table() -> str:
+    text = README.read_text()
+    start = text.index("<!-- config-table")
+    start = text.index("\n", start) + 1
+    return text[start:text.index("<!-- /config-table -->", start)].strip()
 
 
-def test_readme_documents_no_unknown_config_key():
+def _first_party_keys():
+    from power_core.config import declared_keys
+    from power_core.plugins import get_plugins
+    from power_core.spec import FIRST_PARTY_PACKAGES
+
+    installed = get_plugins().strategies.names()
+    return declared_keys([n for n in installed if n == "off" or n in FIRST_PARTY_PACKAGES])
+
+
+def test_readme_configuration_table_is_the_declarations():
+    """The README's table (key, flag, default, scope, owner) is what the core and the installed first-party
+    strategies declare; regenerate it with ``power_core.config.config_table`` when a key changes."""
+    from power_core.config import config_table
+
+    keys = _first_party_keys()
+    assert len(keys) >= 20 and PowerConfig.keys()[:20] == tuple(k.name for k in keys)[:20]
+    table = _config_table()
+    expected = config_table(keys)
+    if expected != table:  # a plugin not installed here: its rows are not checked, every other row is
+        rows = set(expected.splitlines())
+        missing = rows - set(table.splitlines())
+        assert not missing, f"README.md's configuration table lacks or misstates {sorted(missing)}"
+
+
+def test_readme_toml_example_is_a_valid_configuration(tmp_path):
+    text = README.read_text()
+    start = text.index("```toml", text.index("<!-- /config-table -->"))
+    body = text[text.index("\n", start) + 1:text.index("```", start + 7)]
+    path = tmp_path / "power.toml"
+    path.write_text(body)
+    cfg = PowerConfig.from_toml(path)
+    assert cfg.spec_mode == "dflash" and cfg.spec_draft_p_min == 0.3
+
+
+def test_readme_notes_name_only_known_keys():
     named = set(re.findall(r"`(spec_[a-z0-9_]+)`", _config_paragraph()))
     assert named and named <= set(PowerConfig.keys()), sorted(named - set(PowerConfig.keys()))
 

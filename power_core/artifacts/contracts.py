@@ -24,7 +24,7 @@ from power_core.errors import ArtifactError, ArtifactMismatch
 __all__ = [
     "Verified", "MTP_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "DFLASH_ARCH",
     "DSPARK_MARKER", "DFLASH2_MARKER", "BLOCK_CONTRACTS", "dflash2_evidence", "dspark_evidence", "classify_draft",
-    "discriminate_draft",
+    "classify_target", "discriminate_draft",
     "mtp_evidence", "reject", "need_int", "need_tensor", "opt_bool", "trunk_layers", "DFlashBackbone",
     "check_dflash_backbone",
 ]
@@ -226,6 +226,14 @@ def classify_draft(view: ArtifactView) -> tuple[str, str]:
     """(contract, evidence) of a draft file: ``dspark``, ``dflash2`` or ``dflash``; mixed files are rejected
     (:func:`discriminate_draft` without an expected contract)."""
     return discriminate_draft(view)
+
+
+def classify_target(view: ArtifactView) -> tuple[str, str] | None:
+    """(contract, evidence) of what a target file can draft for itself (``mtp``: it carries MTP layers), or
+    None. ``auto`` runs the installed strategies' own detectors; this only names what to install when none
+    of them claimed the target."""
+    evidence = mtp_evidence(view)
+    return ("mtp", f"MTP layers ({evidence})") if evidence is not None else None
 
 
 # -- the dflash backbone ----------------------------------------------------------------------------

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from power_core.spec import ProposerRequest, Strategy, hookimpl, package_version
+from power_core.artifacts.contracts import mtp_evidence
+from power_core.spec import ConfigKey, ProposerRequest, Strategy, hookimpl, package_version
 from power_mtp.validate import validate_mtp
+
+#: the FR compact vocabulary: the head's output matmul covers ids < N only (the validator checks N < n_vocab)
+FR_VOCAB_SIZE = ConfigKey(
+    name="spec_mtp_fr_vocab_size", type=int, default=None, optional=True, lo=1, flag="--fr-vocab",
+    help="MTP drafts only from the first N token ids (unset: the whole vocabulary)",
+)
+
+
+def _detect(target: Any) -> str | None:
+    """``auto`` without a draft runs MTP when the target carries MTP layers."""
+    evidence = mtp_evidence(target)
+    return f"MTP layers ({evidence})" if evidence is not None else None
 
 
 def _proposer(req: ProposerRequest):
@@ -22,4 +36,5 @@ def power_register_strategies(register: Callable[[Strategy], None]) -> None:
         name="mtp", version=package_version("power-mtp"), package="power-mtp", kind="model-backed", needs_draft=False,
         summary="Native MTP: the target's own nextn head drafts greedily through llama.cpp's MTP graph.",
         validate=validate_mtp, proposer=_proposer, backends=frozenset({"llama"}), target_features=TARGET_FEATURES,
+        config_keys=(FR_VOCAB_SIZE,), auto_detect=_detect,
     ))

@@ -1,0 +1,196 @@
+"""Strategies own their configuration: declared keys, one validation machinery, scopes.
+
+The core declares the keys of the session, the transaction, the scheduler and the sampler
+(:data:`power_core.config.CORE_KEYS`); a strategy declares its own on its :class:`~power_core.spec.Strategy`
+(``config_keys``) and the plugin manager enters them. A third-party strategy does exactly what the
+first-party ones do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from power_core.config import (
+    CORE_KEYS,
+    SAMPLING_KEYS,
+    SCOPES,
+    SEQUENCE_KEYS,
+    ConfigKey,
+    PowerConfig,
+    declared_keys,
+    key_owners,
+)
+from power_core.errors import ConfigError, PluginError
+from power_core.reference.plugin import make_ref_draft
+from power_core.session import Session
+from power_core.spec import ProposerRequest, Strategy, hookimpl
+from tests.helpers import core_plugins
+
+MODEL = "reference:seed=8,vocab=48,dim=8,recurrent=1"
+
+#: a third party's own key, as its plugin would declare it
+LOOKBACK = ConfigKey(name="tp_lookback", type=int, default=4, lo=1, hi=64, scope="sequence", flag="--tp-lookback",
+                     help="how far the third-party drafter looks back")
+
+
+class ThirdParty:
+    """A third-party plugin: a strategy on the reference backend with a key of its own."""
+
+    def __init__(self, keys: tuple[ConfigKey, ...] = (LOOKBACK,), name: str = "tp-draft") -> None:
+        self.keys, self.name = keys, name
+        self.__name__ = f"third-party-{name}"  # the plugin's name in the manager
+        self.seen: list[Any] = []
+
+    @hookimpl
+    def power_register_strategies(self, register: Any) -> None:
+        def make(req: ProposerRequest) -> Any:
+            self.seen.append(req.config.tp_lookback)  # the proposer reads its key from the config
+            return make_ref_draft(req)
+
+        register(Strategy(name=self.name, version="1", package="third-party", proposer=make,
+                          backends=frozenset({"reference"}), config_keys=self.keys))
+
+
+@pytest.fixture
+def tp() -> ThirdParty:
+    plugin = ThirdParty()
+    core_plugins(plugin)  # registering declares the key
+    return plugin
+
+
+# -- declaration -------------------------------------------------------------------------------------------
+def test_a_third_party_key_is_validated_like_a_core_key(tp):
+    cfg = PowerConfig(spec_mode="tp-draft", tp_lookback=9)
+    assert cfg.tp_lookback == 9 and cfg.to_dict()["tp_lookback"] == 9
+    assert PowerConfig(spec_mode="tp-draft").tp_lookback == 4  # unset: the declared default
+    for bad in (0, 65, 2.5, True, "9"):
+        with pytest.raises(ConfigError) as err:
+            PowerConfig(spec_mode="tp-draft", tp_lookback=bad)
+        assert (err.value.key, err.value.value, err.value.allowed) == ("tp_lookback", bad, "an integer in [1, 64]")
+    with pytest.raises(ConfigError) as core_err:  # the same shape as a core key's error
+        PowerConfig(spec_draft_max=65)
+    assert core_err.value.allowed == "an integer in [1, 64]"
+
+
+def test_a_third_party_key_loads_from_toml_and_round_trips(tp, tmp_path):
+    path = tmp_path / "power.toml"
+    path.write_text('[power]\nspec_mode = "tp-draft"\ntp_lookback = 12\n')
+    cfg = PowerConfig.from_toml(path)
+    assert cfg.tp_lookback == 12
+    assert PowerConfig.from_mapping(cfg.to_dict()) == cfg
+    assert attrs.evolve(cfg, tp_lookback=5).tp_lookback == 5 and attrs.evolve(cfg, top_k=3).tp_lookback == 12
+
+
+def test_a_default_is_no_choice(tp):
+    """A key set to its default is the configuration without it: one configuration, one digest."""
+    assert PowerConfig(spec_mode="tp-draft", tp_lookback=4) == PowerConfig(spec_mode="tp-draft")
+    assert PowerConfig(spec_mode="tp-draft", tp_lookback=4).digest() == PowerConfig(spec_mode="tp-draft").digest()
+    assert "tp_lookback" not in PowerConfig(spec_mode="tp-draft").to_dict()
+
+
+def test_a_key_of_another_strategy_is_a_typed_error(tp):
+    with pytest.raises(ConfigError) as err:
+        PowerConfig(spec_mode="off", tp_lookback=9)
+    assert err.value.key == "tp_lookback" and "'tp-draft' or 'auto'" in err.value.allowed
+    assert PowerConfig(spec_mode="auto", tp_lookback=9).tp_lookback == 9  # auto may pick it
+
+
+def test_an_unknown_key_is_a_typed_error_with_a_suggestion(tp):
+    with pytest.raises(ConfigError, match="did you mean 'tp_lookback'") as err:
+        PowerConfig(spec_mode="tp-draft", tp_lookbak=9)
+    assert err.value.key == "tp_lookbak"
+    with pytest.raises(ConfigError):
+        PowerConfig.from_mapping({"options": {"tp_lookback": 3}})  # the field is no key
+
+
+def test_the_registry_knows_who_owns_a_key(tp):
+    plugins = core_plugins(tp)
+    assert key_owners("tp_lookback") == ("tp-draft",)
+    assert key_owners("temperature") == ("sampler",) and key_owners("nope") == ()
+    assert LOOKBACK in plugins.config_keys() and plugins.config_keys()[:len(CORE_KEYS)] == CORE_KEYS
+    info = next(p for p in plugins.describe() if p["name"] == "third-party-tp-draft")
+    assert info["config_keys"] == ["tp_lookback"]
+    assert "tp_lookback" in PowerConfig.keys()
+
+
+def test_strategies_may_share_a_key_declared_alike():
+    shared = ConfigKey(name="tp_shared", type=float, default=0.0, lo=0.0, hi=1.0)
+    core_plugins(ThirdParty((shared,), "tp-a"), ThirdParty((shared,), "tp-b"))
+    assert key_owners("tp_shared") == ("tp-a", "tp-b")
+    assert PowerConfig(spec_mode="tp-b", tp_shared=0.5).tp_shared == 0.5
+
+
+@pytest.mark.parametrize(("key", "match"), [
+    (ConfigKey(name="tp_lookback", type=int, default=4, lo=1, hi=8), "declare it alike or rename it"),
+    (ConfigKey(name="temperature", type=float, default=0.0, lo=0.0, hi=1.0), "which is the core's"),
+    (ConfigKey(name="tp_per_request", type=bool, default=False, scope="request"), "scope 'request'"),
+])
+def test_a_bad_declaration_is_a_plugin_error_naming_the_plugin(tp, key, match):
+    with pytest.raises(PluginError, match=match) as err:
+        core_plugins(ThirdParty((key,), "tp-other"))
+    assert "third-party" in str(err.value)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(name="Bad Name", type=int, default=0), "key name"),
+    (dict(name="tp_x", type=list, default=[]), "type="),
+    (dict(name="tp_x", type=int, default=-1, lo=0), "default is invalid"),
+    (dict(name="tp_x", type=int, default=0, scope="forever"), "scope="),
+    (dict(name="tp_x", type=int, default=0, flag="-x"), "flag="),
+])
+def test_a_malformed_key_is_refused_when_declared(kw, match):
+    with pytest.raises(PluginError, match=match):
+        ConfigKey(**kw)
+
+
+def test_first_party_keys_keep_their_names_and_errors():
+    """The block drafters' and MTP's keys are declared by their strategies, under their public names."""
+    with pytest.raises(ConfigError) as err:
+        PowerConfig(spec_mode="dflash", spec_draft_p_min=1.0)
+    assert (err.value.key, err.value.allowed) == ("spec_draft_p_min", "a number in [0.0, 1.0)")
+    assert set(key_owners("spec_draft_p_min")) == {"dflash", "dflash2", "dspark"}
+    assert key_owners("spec_mtp_fr_vocab_size") == ("mtp",)
+    with pytest.raises(ConfigError) as err:
+        PowerConfig(spec_mode="mtp", spec_mtp_fr_vocab_size=0)
+    assert (err.value.key, err.value.allowed) == ("spec_mtp_fr_vocab_size", "an integer >= 1")
+
+
+# -- scopes ------------------------------------------------------------------------------------------------
+def test_scopes_come_from_the_declarations(tp):
+    assert SAMPLING_KEYS == ("temperature", "top_k", "top_p", "min_p", "seed")
+    assert {k.scope for k in declared_keys()} <= set(SCOPES)
+    assert {"spec_draft_max", "spec_mtp_adaptive", "trace", "spec_draft_p_min", "tp_lookback"} <= set(SEQUENCE_KEYS)
+    assert not {"n_ctx", "numerics", "temperature", "spec_mtp_fr_vocab_size"} & set(SEQUENCE_KEYS)
+    assert all(k.owner in ("session", "transaction", "scheduler", "sampler") for k in CORE_KEYS)
+
+
+def test_request_scope_admits_only_request_keys(tp):
+    cfg = PowerConfig(spec_mode="tp-draft")
+    assert cfg.scoped("request", {"temperature": 0.7, "max_tokens": 9}).temperature == 0.7
+    for key, value in (("n_ctx", 512), ("spec_draft_max", 3), ("tp_lookback", 2)):
+        with pytest.raises(ConfigError) as err:
+            cfg.scoped("request", {key: value}, where="sampling.")
+        assert err.value.key == f"sampling.{key}" and "fixed when the" in str(err.value)
+    with pytest.raises(ConfigError, match="temperature"):
+        cfg.scoped("request", {"temperature": -1.0})  # in scope, out of range: the key's own error
+
+
+def test_sequence_scope_admits_the_strategies_sequence_keys(tp):
+    cfg = PowerConfig(spec_mode="tp-draft")
+    got = cfg.scoped("sequence", {"tp_lookback": 2, "spec_draft_max": 3, "seed": 1})
+    assert (got.tp_lookback, got.spec_draft_max, got.seed) == (2, 3, 1)
+    with pytest.raises(ConfigError, match="fixed when the session opens") as err:
+        cfg.scoped("sequence", {"numerics": "stock"})
+    assert err.value.key == "numerics"
+
+
+# -- end to end --------------------------------------------------------------------------------------------
+def test_the_proposer_reads_its_key_from_the_session_config(tp):
+    with Session.open(PowerConfig(spec_mode="tp-draft", n_ctx=256, max_tokens=4, tp_lookback=7), model=MODEL,
+                      plugins=core_plugins(tp)) as s:
+        result = s.generate([1, 2, 3])
+    assert tp.seen == [7]
+    assert result.receipt.config["tp_lookback"] == 7
