@@ -149,6 +149,18 @@ def test_a_model_without_a_chat_template_names_itself():
         ChatTemplate.from_gguf(_model_path("gemma3-270m"))
 
 
+def test_a_custom_chat_template_renders_the_models_bos_and_eos(session, smollm2):
+    own = ChatTemplate.from_gguf(smollm2)
+    assert own.bos_token and own.eos_token  # SmolLM2's vocabulary names both
+    source = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}"
+    ids = session.chat_prompt([{"role": "user", "content": "hi"}], chat_template=source)
+    tok = session.opened.tokenizer
+    expected = own.dedupe_bos(list(tok.encode(own.prompt_text(f"{own.bos_token}hi{own.eos_token}"))))
+    assert ids.tolist() == [int(t) for t in expected]
+    eos = tok.model.tokenize(own.eos_token, add_special=False, parse_special=True)
+    assert len(eos) == 1 and ids[-1] == eos[0]  # the template's {{ eos_token }} is the model's EOS token
+
+
 EMBED = r"""
 from power_core import PowerConfig, Session
 with Session.open(PowerConfig(spec_mode="off", max_tokens=4, n_threads=2, n_ctx=256), model={model!r}) as s:

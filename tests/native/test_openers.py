@@ -4,6 +4,9 @@ traceback keeps the opener's locals alive, so collection would not free them).""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 import pytest
 
 pytest.importorskip("power_native._llama")
@@ -29,6 +32,10 @@ def _boom(*args, **kwargs):
 def contexts(monkeypatch):
     """Every llama context created during the test (a spy subclass of ``_llama.Context``)."""
     made: list[_llama.Context] = []
+    # extensions that cimport the Context look its vtable up on _llama.Context when they load: load
+    # them before the spy takes its place
+    with contextlib.suppress(ImportError):
+        importlib.import_module("power_mtp._mtp")
 
     class Spy(_llama.Context):
         def __init__(self, *args, **kwargs):
@@ -113,3 +120,38 @@ def test_the_draft_model_proposer_closes_its_context_when_warm_up_fails(tiny_lla
     with pytest.raises(Boom):
         draft.DraftModelProposer(model, n_ctx=256, k_max=4, n_threads=2, warmup=True)
     assert contexts and all(_closed(c) for c in contexts)
+
+
+# -- the strategy openers, through Session.open (which closes the target when its proposer fails) ---
+def _session_open_fails(cfg: PowerConfig, model, draft=None) -> None:
+    from power_core.session import Session
+
+    with pytest.raises(Boom):
+        Session.open(cfg, model=str(model), draft=str(draft) if draft else None)
+
+
+def test_a_draft_model_session_closes_both_contexts_when_the_draft_fails(tiny_llama, contexts, numerics,
+                                                                          monkeypatch):
+    monkeypatch.setattr(draft, "warm_up", _boom)
+    _session_open_fails(PowerConfig(spec_mode="draft-model", n_ctx=256, n_threads=2), tiny_llama, tiny_llama)
+    assert len(contexts) == 2 and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_a_block_draft_session_closes_both_contexts_when_the_driver_fails(tiny_dir, tiny_llama, contexts,
+                                                                           numerics, monkeypatch):
+    from native_helpers import make_tiny_draft
+
+    dflash = make_tiny_draft(tiny_dir, tiny_llama, "dflash", name="openers-dflash", d2t=96)
+    monkeypatch.setattr(_llama, "BlockDraft", _boom)
+    _session_open_fails(PowerConfig(spec_mode="dflash", n_ctx=256, n_threads=2), tiny_llama, dflash)
+    assert len(contexts) == 2 and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
+
+
+def test_an_mtp_session_closes_both_contexts_when_the_head_fails(tiny_qwen35_mtp, contexts, numerics, monkeypatch):
+    mtp = pytest.importorskip("power_mtp._mtp")
+    monkeypatch.setattr(mtp, "MtpHead", _boom)
+    _session_open_fails(PowerConfig(spec_mode="mtp", n_ctx=256, n_threads=2), tiny_qwen35_mtp)
+    assert len(contexts) == 2 and all(_closed(c) for c in contexts)
+    assert target._numerics._open == numerics
