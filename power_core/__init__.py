@@ -5,7 +5,7 @@ from here; modules not named here are private and may change.
 """
 
 from power_core.chat import ChatTemplate
-from power_core.config import PowerConfig
+from power_core.config import ConfigKey, PowerConfig
 from power_core.errors import (
     AdapterFault,
     ArtifactError,
@@ -49,6 +49,7 @@ __all__ = [
     "CapacityError",
     "ChatTemplate",
     "ConfigError",
+    "ConfigKey",
     "DecodeResult",
     "Generation",
     "OpenRequest",

@@ -52,8 +52,8 @@ MUTANTS: dict[str, tuple[str, str, set[str], str]] = {
         "state leaked from an earlier request",
     ),
     "one-instance-for-every-sequence": (
-        "    return LookupProposer(n_vocab=request.opened.target.capabilities.n_vocab)",
-        "    global _ONE\n    _ONE = globals().get('_ONE') or LookupProposer(n_vocab=request.opened.target.capabilities.n_vocab)\n"
+        "    return LookupProposer(n_vocab, max_ngram=request.config.lookup_max_ngram)  # the key, as declared",
+        "    global _ONE\n    _ONE = globals().get('_ONE') or LookupProposer(n_vocab)\n"
         "    return _ONE  # cached: every session gets the same instance",
         {"test_shared_passes_parity"},
         "the proposer's state is shared with another sequence's",

@@ -23,7 +23,8 @@ HOOKS = sorted(n for n in dir(hookspecs) if n.startswith("power_"))
 def test_public_facade_is_pinned():
     assert sorted(power_core.__all__) == sorted([
         "PHASES", "AdapterFault", "ArtifactError", "ArtifactMismatch", "Backend", "CancelToken", "Cancelled",
-        "CapacityError", "ChatTemplate", "ConfigError", "DecodeResult", "Generation", "OpenRequest", "OpenedModel",
+        "CapacityError", "ChatTemplate", "ConfigError", "ConfigKey", "DecodeResult", "Generation", "OpenRequest",
+        "OpenedModel",
         "PluginError", "PowerConfig", "PowerError", "Proposal", "ProposalContext", "Proposer", "ProposerRequest",
         "Receipt", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
         "Strategy", "StrategyNotFound", "StrategyNotInstalled", "Stream", "TargetCapabilities", "TargetRuntime",

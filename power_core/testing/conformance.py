@@ -16,8 +16,8 @@ import attrs
 import numpy as np
 import pytest
 
-from power_core.config import PowerConfig
-from power_core.errors import AdapterFault, Cancelled, PowerError, RuntimeFault
+from power_core.config import ConfigKey, PowerConfig
+from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError, RuntimeFault
 from power_core.plugins import PowerPlugins, build_plugins
 from power_core.reference.proposers import NoisyProposer, ProposerWrapper
 from power_core.runtime import Proposal, ProposalContext, Proposer
@@ -136,6 +136,37 @@ def _proposals(result: Result) -> list[list[int]]:
 def _first_diff(got: Sequence[int], want: Sequence[int]) -> str:
     i = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
     return f"first difference at index {i} ({len(got)} vs {len(want)} tokens)"
+
+
+def _range_ends(key: ConfigKey) -> list[Any]:
+    """The values a key's declaration admits at its edges: both ends of a range (an open end: the
+    default), every choice, both booleans."""
+    if key.type is bool:
+        return [False, True]
+    if key.choices:
+        return list(key.choices)
+    if key.type in (int, float):
+        lo = key.default if key.lo is None or key.lo_open else key.lo
+        hi = key.default if key.hi is None or key.hi_open else key.hi
+        return list(dict.fromkeys(x for x in (lo, hi) if x is not None))
+    return [key.default]
+
+
+def _out_of_range(key: ConfigKey) -> list[Any]:
+    """Values the declaration refuses: just past each bound, an unknown choice, a string for a number."""
+    out: list[Any] = []
+    if key.type in (int, float):
+        out.append("1")
+        step = 1 if key.type is int else 0.5
+        if key.lo is not None:
+            out.append(key.lo if key.lo_open else key.lo - step)
+        if key.hi is not None:
+            out.append(key.hi if key.hi_open else key.hi + step)
+    elif key.choices:
+        out.append("not-one-of-the-choices")
+    elif key.type is bool:
+        out.append("yes")
+    return out
 
 
 class AdapterConformance:
@@ -672,6 +703,33 @@ class AdapterConformance:
             assert res.tokens == want, (f"request {i} ({sampling or 'greedy'}), prompt {prompt}: in shared passes it "
                                         f"emitted {list(res.tokens)} but target-only alone emitted {list(want)}; "
                                         f"{_first_diff(res.tokens, want)}")
+
+    @pytest.mark.power_conformance
+    def test_config_keys(self) -> None:
+        """The strategy's own configuration keys (``Strategy.config_keys``) hold to their declaration: a
+        value outside a key's range is a ``ConfigError`` naming the key, and a session at each end of the
+        range (each choice, both booleans) opens, proposes through and keeps greedy parity. A strategy
+        without keys of its own passes.
+
+        Troubleshooting: declare a key with ``power_core.spec.ConfigKey`` (name, type, ``lo``/``hi`` or
+        ``choices``, default, scope, flag, help) and read it as ``request.config.<name>`` in the proposer
+        factory. Parity lost at one end means the proposer mishandles that value, or the declared range
+        admits values it cannot take: narrow ``lo``/``hi``. A ``PluginError`` when the strategy registers
+        names a key that clashes with the core's or another strategy's declaration."""
+        strategy = self.plugins().strategy(self.name())
+        v = self.n_vocab()
+        prompts = [self.prompt(seed, v) for seed in range(min(2, self.seeds))]
+        for key in strategy.config_keys:
+            for bad in _out_of_range(key):
+                with pytest.raises(ConfigError) as err:
+                    PowerConfig(spec_mode=self.name(), **{key.name: bad})
+                assert err.value.key == key.name, (f"{key.name}={bad!r} raised a ConfigError naming "
+                                                   f"{err.value.key!r}")
+            for value in _range_ends(key):
+                for p in prompts:
+                    got, want = self.speculative(p, **{key.name: value}).tokens, self.reference(p).tokens
+                    assert got == want, (f"{key.name}={value!r}, prompt {p}: speculative emitted {list(got)} but "
+                                         f"target-only emitted {list(want)}; {_first_diff(got, want)}")
 
     def test_opt_outs_are_explicit(self) -> None:
         """Guard: a subclass may only replace a standard check with an ``xfail(reason=...)`` version.

@@ -14,9 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from power_core import DecodeResult, Proposal, ProposalContext, ProposerRequest, Strategy, hookimpl
+from power_core import ConfigKey, DecodeResult, Proposal, ProposalContext, ProposerRequest, Strategy, hookimpl
 
 __version__ = "0.1.0"
+
+#: the adapter's own configuration key, declared like the core's: validated (a ``ConfigError`` names it),
+#: listed by ``power plugins --json``, offered as ``power run --lookup-max-ngram N``
+MAX_NGRAM = ConfigKey(name="lookup_max_ngram", type=int, default=3, lo=1, hi=8, scope="sequence",
+                      flag="--lookup-max-ngram", help="the longest history tail the lookup matches")
 
 
 class LookupProposer:
@@ -59,7 +64,8 @@ class LookupProposer:
 
 def make_proposer(request: ProposerRequest) -> LookupProposer:
     """Called once per session (``Session.open``), not per request."""
-    return LookupProposer(n_vocab=request.opened.target.capabilities.n_vocab)
+    n_vocab = request.opened.target.capabilities.n_vocab
+    return LookupProposer(n_vocab, max_ngram=request.config.lookup_max_ngram)  # the key, as declared
 
 
 @hookimpl
@@ -67,5 +73,5 @@ def power_register_strategies(register):
     register(Strategy(
         name="lookup", version=__version__, package="power-lookup", kind="model-free",
         summary="Prompt-lookup n-gram proposals (tutorial adapter).",
-        proposer=make_proposer,
+        proposer=make_proposer, config_keys=(MAX_NGRAM,),
     ))
