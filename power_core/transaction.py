@@ -37,12 +37,10 @@ from power_core.errors import AdapterFault, Cancelled, CapacityError, PluginErro
 from power_core.logs import get_logger
 from power_core.runtime import (
     DecodeResult,
-    InGraphGreedyRuntime,
-    PrefixKeepingRuntime,
     Proposal,
     ProposalContext,
     Proposer,
-    RowReadingProposer,
+    ProposerCapabilities,
     TargetRuntime,
     TokenArray,
 )
@@ -198,9 +196,12 @@ class Transaction:
     #: config ``sampling_in_graph``: take greedy token ids from the target's graph when the request
     #: allows it, where it pays (``"auto"``) or wherever the runtime can (``"on"``); see :attr:`in_graph`
     sampling_in_graph: str = "off"
-    #: the request's greedy ids come from the target's graph (:class:`InGraphGreedyRuntime`), not
+    #: the request's greedy ids come from the target's graph (``TargetCapabilities.sample_in_graph``), not
     #: from logits rows on the host; decided in :meth:`start_prefill`
     in_graph: bool = False
+    #: what the request's proposer declared it can do (:meth:`ProposerCapabilities.of`), read in
+    #: :meth:`start_prefill`; nothing for a target-only request
+    proposer_caps: ProposerCapabilities = attrs.field(init=False, factory=ProposerCapabilities)
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -250,7 +251,7 @@ class Transaction:
             n = min(resident.shape[0], tokens.shape[0] - 1)  # the last prompt token is decoded for its row
             differ = np.flatnonzero(resident[:n] != tokens[:n])
             keep = int(differ[0]) if differ.size else n
-            if keep and (not isinstance(self.target, PrefixKeepingRuntime) or not self.target.keep_prefix(keep)):
+            if keep and (caps.keep_prefix is None or not caps.keep_prefix(keep)):
                 keep = 0
         if keep == 0:
             self.target.reset()
@@ -270,15 +271,19 @@ class Transaction:
         """In-graph greedy ids when the config asks for them (``on``, or ``auto`` where the runtime
         says they pay), the request is greedy, wants no logprobs, its proposer reads no target rows
         and the runtime can; otherwise the runtime hands over logits rows (it is told either way: a
-        previous request may have turned its graph sampling on)."""
-        if not isinstance(self.target, InGraphGreedyRuntime):
+        previous request may have turned its graph sampling on). Both sides' capabilities are read
+        here, once per request."""
+        if self.proposer is not None:
+            self.proposer_caps = ProposerCapabilities.of(self.proposer)
+        rows = self.proposer_caps.reads_target_rows
+        caps = self.target.capabilities
+        if caps.sample_in_graph is None:
             self.in_graph = False
             return
-        rows = isinstance(self.proposer, RowReadingProposer) and self.proposer.reads_target_rows
         mode = self.sampling_in_graph
-        wanted = mode == "on" or (mode == "auto" and self.target.graph_sampling_pays)
+        wanted = mode == "on" or (mode == "auto" and caps.graph_sampling_pays)
         want = wanted and self.sampler.greedy and self.top_logprobs is None and not rows
-        self.in_graph = self.target.sample_in_graph(want)
+        self.in_graph = caps.sample_in_graph(want)
 
     def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
         """Process the whole prompt in one prefill; its last row is the first round's verify row.
@@ -289,7 +294,7 @@ class Transaction:
 
         ``resident``: the tokens the target's memory holds now (the previous request's committed
         history, for prompt reuse). Their longest common prefix with the prompt, short of its last
-        token, is kept when the runtime can trim to it (optional ``keep_prefix(n) -> bool``), and only
+        token, is kept when the runtime can trim to it (``TargetCapabilities.keep_prefix``), and only
         the rest is prefilled; :attr:`reused` says how many. The proposer still begins on the whole
         prompt and observes the chunks actually decoded.
         """
@@ -659,8 +664,3 @@ class Transaction:
             self.finished = stop
         elif len(self.emitted) >= self.max_tokens:
             self.finished = "max_tokens"
-
-    def run(self) -> None:
-        """Run rounds until the request finishes (stop token, max_tokens or context)."""
-        while self.finished is None:
-            self.step()

@@ -100,7 +100,8 @@ def replay(prompt: list[int], answer: list[int], costs: list[float], k_max: int)
                       sampler=TargetSampler.from_config(config),
                       scheduler=Scheduler.for_request(config, None, True, tuple(costs)), max_tokens=len(answer))
     txn.prefill(prompt)
-    txn.run()
+    while txn.step() is not None:  # a scripted target, no session: the rounds one by one
+        pass
     assert txn.emitted == answer, "the scripted target must reproduce the answer"
     rounds = txn.rounds[1:]  # round 0 emits the prefill's token
     return sum(costs[r.shape - 1] for r in rounds), len(rounds)
