@@ -379,7 +379,8 @@ def _strategy_flags(r: argparse.ArgumentParser) -> None:
         if key.type is bool:
             r.add_argument(key.flag, dest=key.name, action="store_const", const=True, help=text)
         else:
-            r.add_argument(key.flag, dest=key.name, type=key.type, help=text, choices=key.choices or None)
+            r.add_argument(key.flag, dest=key.name, type=key.type, help=text, choices=key.choices or None,
+                           metavar=None if key.choices else {int: "N", float: "X"}.get(key.type, "TEXT"))
 
 
 def _chat_template(args: argparse.Namespace) -> str | None:

@@ -114,6 +114,8 @@ class ConfigKey:
     def __attrs_post_init__(self) -> None:
         if self.type not in (int, float, bool, str, tuple):
             raise PluginError(f"ConfigKey {self.name!r}: type={self.type!r}, expected int, float, bool or str")
+        if self.type is tuple and self.validate is None:
+            raise PluginError(f"ConfigKey {self.name!r}: a tuple-valued key needs its own validate=")
         if self.default is not None or not self.optional:
             try:
                 self.check(self.default)

@@ -137,6 +137,7 @@ def test_a_bad_declaration_is_a_plugin_error_naming_the_plugin(tp, key, match):
 @pytest.mark.parametrize(("kw", "match"), [
     (dict(name="Bad Name", type=int, default=0), "key name"),
     (dict(name="tp_x", type=list, default=[]), "type="),
+    (dict(name="tp_x", type=tuple, default=()), "validate="),
     (dict(name="tp_x", type=int, default=-1, lo=0), "default is invalid"),
     (dict(name="tp_x", type=int, default=0, scope="forever"), "scope="),
     (dict(name="tp_x", type=int, default=0, flag="-x"), "flag="),
@@ -194,3 +195,30 @@ def test_the_proposer_reads_its_key_from_the_session_config(tp):
         result = s.generate([1, 2, 3])
     assert tp.seen == [7]
     assert result.receipt.config["tp_lookback"] == 7
+
+
+# -- the CLI -----------------------------------------------------------------------------------------------
+def test_strategy_flags_come_from_the_declarations(capsys):
+    """``--p-min`` and ``--fr-vocab`` are the DFlash family's and MTP's declared flags, not the CLI's own."""
+    from power_core.cli import _config_from_args, build_parser, main
+    from power_core.plugins import get_plugins
+
+    args = build_parser().parse_args(["run", "--mode", "dflash", "--p-min", "0.25"])
+    assert _config_from_args(args).spec_draft_p_min == 0.25
+    args = build_parser().parse_args(["run", "--mode", "mtp", "--fr-vocab", "64"])
+    assert _config_from_args(args).spec_mtp_fr_vocab_size == 64
+    assert main(["run", "--mode", "dflash", "--p-min", "1.5", "--json"]) == 2  # the key's own ConfigError
+    out, _ = capsys.readouterr()
+    assert '"code": "config_invalid"' in out and "spec_draft_p_min" in out
+    run_help = _run_help()
+    installed = get_plugins().config_keys()  # the core's and the installed strategies' keys
+    missing = [k.name for k in installed if k.flag is not None and k.flag not in run_help]
+    assert not missing, f"keys whose declared flag power run lacks: {missing}"
+
+
+def _run_help() -> str:
+    from power_core.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "run" in a.choices)  # the subcommands
+    return str(sub.choices["run"].format_help())
