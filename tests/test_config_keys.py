@@ -222,3 +222,26 @@ def _run_help() -> str:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and "run" in a.choices)  # the subcommands
     return str(sub.choices["run"].format_help())
+
+
+def test_a_sequence_may_set_its_strategys_sequence_keys_but_not_the_batchs(tp):
+    from power_core.session import SequenceSpec
+
+    base = PowerConfig(spec_mode="off", n_ctx=256, max_tokens=4)
+    specs = [SequenceSpec("off"), SequenceSpec("tp-draft", config={"tp_lookback": 2, "spec_draft_max": 3})]
+    with Session.open_engine(2, base, model=MODEL, plugins=core_plugins(tp), sequences=specs) as engine:
+        assert (engine.sessions[1].config.tp_lookback, engine.sessions[1].config.draft_max) == (2, 3)
+        assert engine.sessions[0].config.tp_lookback == 4  # the other sequence keeps the default
+    with pytest.raises(ConfigError, match=r"sequences\[1\]\.n_ctx"):
+        Session.open_batch(2, base, model=MODEL, plugins=core_plugins(tp),
+                           sequences=[SequenceSpec("off"), SequenceSpec("tp-draft", config={"n_ctx": 64})])
+
+
+def test_a_request_may_set_only_request_keys(tp):
+    with Session.open(PowerConfig(spec_mode="tp-draft", n_ctx=256, max_tokens=4), model=MODEL,
+                      plugins=core_plugins(tp)) as s:
+        for key, value in (("tp_lookback", 2), ("n_ctx", 64), ("spec_draft_max", 2)):
+            with pytest.raises(ConfigError) as err:
+                s.start([1, 2, 3], sampling={key: value})
+            assert err.value.key == f"sampling.{key}"
+        assert s.start([1, 2, 3], sampling={"temperature": 0.5, "seed": 3}).run().receipt.config["temperature"] == 0.5
