@@ -452,6 +452,8 @@ def _unknown_key(key: str, value: Any) -> ConfigError:
     known = sorted({*_CORE, *_declared})
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+    hint += ("; a strategy's key is known when its plugin is installed and allowed by POWER_LOAD_PLUGINS "
+             "(`power plugins --json` lists each plugin's config_keys)")
     return ConfigError(str(key), value, "a known configuration key (the core's or an installed strategy's)", hint)
 
 
