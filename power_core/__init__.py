@@ -28,6 +28,7 @@ from power_core.runtime import (
     Proposal,
     ProposalContext,
     Proposer,
+    ProposerCapabilities,
     TargetCapabilities,
     TargetRuntime,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "Proposal",
     "ProposalContext",
     "Proposer",
+    "ProposerCapabilities",
     "ProposerRequest",
     "Receipt",
     "Result",

@@ -43,7 +43,6 @@ import attrs
 
 from power_core.config import PowerConfig, device_names
 from power_core.errors import ConfigError, MissingDependency
-from power_core.runtime import InGraphGreedyRuntime
 
 __all__ = ["BenchSpec", "run_bench", "check_dependencies", "peer_launch", "peer_offload", "NGRAM_TYPES",
            "OPTIONAL_DEPENDENCIES"]
@@ -378,8 +377,8 @@ def _numerics_probe(cell: _PowerCell, prompt: str | Sequence[int], off_tokens: l
 
     session = cell.session
     target = session.opened.target
-    if isinstance(target, InGraphGreedyRuntime):
-        target.sample_in_graph(False)  # the replay compares logits rows
+    if (sample_in_graph := target.capabilities.sample_in_graph) is not None:
+        sample_in_graph(False)  # the replay compares logits rows
     prompt_ids = session.encode(prompt)
     toks = [int(t) for t in off_tokens]
 

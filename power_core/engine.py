@@ -52,7 +52,7 @@ from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, Se
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
 from power_core.receipt import Receipt
-from power_core.runtime import BatchItem, BatchRuntime, ComputeTimed, DecodeResult
+from power_core.runtime import BatchItem, BatchRuntime, DecodeResult
 from power_core.scheduler import PassLoad
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, TokenLogprob, Transaction
 
@@ -258,8 +258,8 @@ class Engine(Generic[SlotT]):
             raise PowerError(f"a pass budget of {budget} tokens cannot hold {len(self.sessions)} verify blocks of "
                              f"{max_block}")
         self.token_budget = budget
-        # the shared passes' compute clock, bound once (a protocol check costs more than the read)
-        self._compute = runtime.compute_seconds if isinstance(runtime, ComputeTimed) else None
+        # the shared passes' compute clock (BatchRuntime.compute_seconds), bound once
+        self._compute = runtime.compute_seconds
         self._thread = threading.Thread(target=self._loop, name="power-engine", daemon=True)
         self._thread.start()
 

@@ -22,25 +22,20 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from power_core.errors import AdapterFault
+
 __all__ = [
     "TokenArray",
     "TargetCapabilities",
     "DecodeResult",
     "DecodeKind",
     "TargetRuntime",
-    "PrefixKeepingRuntime",
-    "InterruptibleRuntime",
-    "InGraphGreedyRuntime",
     "ProposalContext",
     "Proposal",
+    "ProposerCapabilities",
     "Proposer",
-    "RowReadingProposer",
-    "ClosableProposer",
-    "GraphSamplingProposer",
     "BatchItem",
     "BatchRuntime",
-    "CountingRuntime",
-    "ComputeTimed",
     "runtime_counters",
 ]
 
@@ -48,13 +43,49 @@ __all__ = [
 TokenArray = npt.NDArray[np.int32]
 
 
+def _callable_or_none(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{attribute.name} must be a callable (the runtime's or proposer's own method) or None, "
+                        f"not {type(value).__name__}")
+
+
+def _ability() -> Any:
+    """An optional ability: the function that exercises it, or ``None`` where it is absent (never
+    compared: two values that differ only in whose method they hold are the same capabilities)."""
+    return attrs.field(default=None, eq=False, validator=_callable_or_none)
+
+
 @attrs.frozen
 class TargetCapabilities:
-    """What a target runtime can do, read back after it was created.
+    """What a target runtime can do, declared once by the runtime (its ``capabilities``) and read
+    from there by the core: the limits of its memory, and its optional abilities.
 
     ``rollback_window`` is the deepest in-place rollback (tokens) of the last decode: ``None`` for
     pure attention memory (unbounded), otherwise the resident snapshot count actually granted
     (llama.cpp may silently clamp ``n_rs_seq`` to 0; runtimes report what they got).
+
+    An optional ability is the runtime's own function that exercises it, or ``None`` where the
+    runtime lacks it; the core calls it from here and never looks for methods on the runtime:
+
+    * ``keep_prefix(n) -> bool``: keep the first ``n`` tokens of memory and drop the rest (prompt
+      reuse, config ``cache_prompt``); False when it cannot (the core then resets and prefills the
+      whole prompt);
+    * ``cancel()`` / ``clear_abort()`` (both or neither): stop a decode in flight, from any
+      thread, and withdraw that for the next request;
+    * ``sample_in_graph(on) -> bool``: greedy sampling in its own graph, so only token ids leave the
+      backend: ``True`` makes the following passes (``decode`` and ``prefill``) return
+      :attr:`DecodeResult.greedy_ids`, each row's first maximum exactly as ``numpy.argmax`` picks
+      it, with zero logits rows; ``False`` brings the rows back. Returns whether the ids come from
+      the graph now. The core turns it on only for a greedy request that wants no logprobs and whose
+      proposer reads no target rows (config ``sampling_in_graph``); ``graph_sampling_pays`` is True
+      where the rows would cross a device boundary, and ``sampling_in_graph = "auto"`` samples in
+      the graph only then;
+    * ``counters() -> Mapping[str, int]``: monotonic counts over its life (``rollback_in_place``,
+      ``rollback_restored``, ``restores``, ``decodes``); a receipt reports the request's own
+      difference (``backend.rollback``), never the running totals;
+    * ``compute_seconds() -> float``: monotonic seconds its backend has spent computing (llama.cpp:
+      inside ``llama_decode`` up to ``llama_synchronize``, so a GPU pass counts whole); a receipt's
+      ``host_s`` is the decode time minus the target's and the draft's compute.
     """
 
     name: str
@@ -72,6 +103,18 @@ class TargetCapabilities:
     #: whose memory cells are removed before ``decode`` returns, so the result and the memory are the
     #: unpadded pass's (``max_block <= B``); 0: a pass is as wide as its block
     verify_capacity: int = 0
+    keep_prefix: Callable[[int], bool] | None = _ability()
+    cancel: Callable[[], None] | None = _ability()
+    clear_abort: Callable[[], None] | None = _ability()
+    sample_in_graph: Callable[[bool], bool] | None = _ability()
+    graph_sampling_pays: bool = False
+    counters: Callable[[], Mapping[str, int]] | None = _ability()
+    compute_seconds: Callable[[], float] | None = _ability()
+
+    def __attrs_post_init__(self) -> None:
+        if (self.cancel is None) != (self.clear_abort is None):
+            raise TypeError(f"target {self.name!r} declares {'cancel' if self.cancel else 'clear_abort'} without "
+                            f"{'clear_abort' if self.cancel else 'cancel'}: an interruptible runtime declares both")
 
     def in_place(self, depth: int) -> bool:
         """True when removing ``depth`` trailing tokens of the last decode needs no checkpoint."""
@@ -99,7 +142,7 @@ class DecodeResult:
     features: Mapping[str, npt.NDArray[np.float32]] = attrs.field(factory=dict)
     kind: DecodeKind = attrs.field(default="verify", validator=attrs.validators.in_(("prompt", "verify")))
     #: each output row's greedy token id (its first maximum, numpy's ``argmax``), sampled in the
-    #: target's graph (:class:`InGraphGreedyRuntime`); ``logits`` then has zero rows
+    #: target's graph (:attr:`TargetCapabilities.sample_in_graph`); ``logits`` then has zero rows
     greedy_ids: TokenArray | None = None
 
 
@@ -108,7 +151,10 @@ class TargetRuntime(Protocol):
     """The authoritative model. Implemented by ``power_native.LlamaTarget`` and the reference backend."""
 
     @property
-    def capabilities(self) -> TargetCapabilities: ...
+    def capabilities(self) -> TargetCapabilities:
+        """What it is and can do, declared once (its optional abilities included: the core reads
+        them here and never looks for methods on the runtime)."""
+        ...
 
     @property
     def n_past(self) -> int:
@@ -154,81 +200,10 @@ class TargetRuntime(Protocol):
         ...
 
 
-@runtime_checkable
-class CountingRuntime(Protocol):
-    """Optional capability of a target runtime: monotonic counts over its whole life (the llama
-    and reference backends count ``rollback_in_place``, ``rollback_restored``, ``restores`` and
-    ``decodes``). The core snapshots them around each request and reports the request's own
-    difference in its receipt (``backend.rollback``), never the running totals."""
-
-    def counters(self) -> Mapping[str, int]: ...
-
-
-@runtime_checkable
-class PrefixKeepingRuntime(Protocol):
-    """Optional capability of a target runtime: keep the first ``n`` tokens of its memory and drop
-    the rest (prompt reuse, config ``cache_prompt``). Returns False when it cannot (the core then
-    resets and prefills the whole prompt)."""
-
-    def keep_prefix(self, n: int) -> bool: ...
-
-
-@runtime_checkable
-class InterruptibleRuntime(Protocol):
-    """Optional capability of a target runtime: stop a decode in flight. ``cancel`` (from any thread)
-    makes the running or next decode abort; ``clear_abort`` withdraws it for the next request."""
-
-    def cancel(self) -> None: ...
-
-    def clear_abort(self) -> None: ...
-
-
-@runtime_checkable
-class InGraphGreedyRuntime(Protocol):
-    """Optional capability of a target runtime: greedy sampling in its own graph, so only token ids
-    leave the backend. ``sample_in_graph(True)`` makes the following passes (``decode`` and
-    ``prefill``) return :attr:`DecodeResult.greedy_ids`, each row's first maximum exactly as
-    ``numpy.argmax`` picks it, with zero logits rows; ``False`` brings the rows back. Returns
-    whether the ids come from the graph now. The core turns it on only for a greedy request that
-    wants no logprobs and whose proposer reads no target rows (config ``sampling_in_graph``).
-
-    ``graph_sampling_pays``: True where the rows would cross a device boundary (the output layer
-    runs off the host), so ids instead of rows save the transfer; ``sampling_in_graph = "auto"``
-    samples in the graph only then (on the host CPU a row is already in memory)."""
-
-    @property
-    def graph_sampling_pays(self) -> bool: ...
-
-    def sample_in_graph(self, on: bool) -> bool: ...
-
-
-@runtime_checkable
-class GraphSamplingProposer(Protocol):
-    """Optional capability of a model-backed :class:`Proposer` whose drafts are each row's argmax:
-    ``samples_in_graph`` True when its draft context samples those ids in its own graph (config
-    ``sampling_in_graph``), so only ids leave the backend; the receipt's ``backend.draft_sampling``
-    says which path ran."""
-
-    samples_in_graph: bool
-
-
-@runtime_checkable
-class ComputeTimed(Protocol):
-    """Optional capability of a target runtime, a :class:`BatchRuntime` or a :class:`Proposer`:
-    ``compute_seconds()``, the monotonic seconds its backend has spent computing over its life
-    (llama.cpp: inside ``llama_decode``/``llama_process`` up to ``llama_synchronize``, so a GPU
-    pass counts whole). The core reads it around each round: a receipt's ``host_s`` is its decode
-    time minus the target's and the draft's compute (a proposer without this capability computes
-    on the host: all of its time is host time)."""
-
-    def compute_seconds(self) -> float: ...
-
-
-def runtime_counters(target: object) -> dict[str, int]:
-    """A snapshot of the target's :class:`CountingRuntime` counters; ``{}`` for a runtime without them."""
-    if isinstance(target, CountingRuntime):
-        return {str(k): int(v) for k, v in target.counters().items()}
-    return {}
+def runtime_counters(target: TargetRuntime) -> dict[str, int]:
+    """A snapshot of the target's counters (:attr:`TargetCapabilities.counters`); ``{}`` for a runtime without them."""
+    counters = target.capabilities.counters
+    return {} if counters is None else {str(k): int(v) for k, v in counters().items()}
 
 
 @attrs.frozen
@@ -273,6 +248,11 @@ class BatchRuntime(Protocol):
 
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]: ...
 
+    def compute_seconds(self) -> float:
+        """Monotonic seconds the shared passes have spent computing (as
+        :attr:`TargetCapabilities.compute_seconds`); the engine reads it around each pass."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -316,6 +296,47 @@ class Proposal:
 _NO_PROPOSAL = Proposal(ids=np.zeros(0, dtype=np.int32))
 
 
+@attrs.frozen
+class ProposerCapabilities:
+    """What a :class:`Proposer` can do beyond the protocol, declared once by the proposer (its
+    ``capabilities``, fixed when the strategy's factory made it) and read from there by the core
+    through :meth:`of`. ``ProposerCapabilities()`` declares none: a model-free proposer that reads
+    no target rows and computes on the host.
+
+    * ``reads_target_rows``: its ``observe`` reads the target's logits rows, so greedy ids are
+      not sampled in the target's graph for its requests;
+    * ``samples_in_graph``: for a proposer whose drafts are each row's argmax (a draft model or
+      head), whether its draft context samples those ids in its own graph (config
+      ``sampling_in_graph``) or on the host; the receipt's ``backend.draft_sampling`` says which.
+      ``None``: its proposals are no model's argmax;
+    * ``compute_seconds() -> float``: monotonic seconds its draft model has spent computing (the
+      receipt's ``draft_compute_s``); ``None``: it computes on the host, all of its time is host time;
+    * ``close()``: releases what it holds (a draft context); the session calls it once, when it closes.
+    """
+
+    reads_target_rows: bool = False
+    samples_in_graph: bool | None = None
+    compute_seconds: Callable[[], float] | None = _ability()
+    close: Callable[[], None] | None = _ability()
+
+    @classmethod
+    def of(cls, proposer: Proposer) -> ProposerCapabilities:
+        """``proposer.capabilities``, checked: the one place the core reads them. A proposer that
+        declares none, or declares something else, is an :class:`~power_core.errors.AdapterFault`."""
+        name = type(proposer).__name__
+        try:
+            caps = proposer.capabilities
+        except AttributeError as exc:
+            raise AdapterFault(f"proposer {name} declares no capabilities ({exc}); give the class "
+                               "`capabilities = ProposerCapabilities()` (power_core.ProposerCapabilities), with the "
+                               "abilities it has, e.g. ProposerCapabilities(close=self.close)", proposer=name,
+                               method="capabilities") from None
+        if not isinstance(caps, ProposerCapabilities):
+            raise AdapterFault(f"proposer {name}.capabilities is a {type(caps).__name__}; expected a "
+                               "power_core.ProposerCapabilities", proposer=name, method="capabilities")
+        return caps
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """A proposal mechanism. Advisory only: the target verifies every token it proposes.
@@ -334,15 +355,22 @@ class Proposer(Protocol):
 
     ``propose`` returns a :class:`Proposal`: the ids, and optionally one confidence per id (the
     probability that it is accepted given that the previous one was) and a few statistics.
-    Optional ``close()`` (:class:`ClosableProposer`) runs when the session closes.
+    ``capabilities`` declares what it can do beyond this protocol (:class:`ProposerCapabilities`:
+    a compute clock, a ``close`` for the session's end, ...).
 
-    While greedy sampling runs in the target's graph (:class:`InGraphGreedyRuntime`), ``observe``
-    gets zero logits rows and :attr:`DecodeResult.greedy_ids`; a proposer that reads the target's
-    logits rows says so (:class:`RowReadingProposer`) and its requests keep the rows.
+    While greedy sampling runs in the target's graph (:attr:`TargetCapabilities.sample_in_graph`),
+    ``observe`` gets zero logits rows and :attr:`DecodeResult.greedy_ids`; a proposer that reads the
+    target's logits rows says so (:attr:`ProposerCapabilities.reads_target_rows`) and its requests
+    keep the rows.
     """
 
     #: hidden-state taps this proposer needs from the target's verify pass (may be empty)
     features: frozenset[str]
+
+    @property
+    def capabilities(self) -> ProposerCapabilities:
+        """What it can do beyond this protocol (``ProposerCapabilities()``: nothing)."""
+        ...
 
     def begin(self, prompt: TokenArray) -> None:
         """Start a request on ``prompt`` (everything before the first anchor, plus the anchor)."""
@@ -364,19 +392,3 @@ class Proposer(Protocol):
         ...
 
     def restore(self, checkpoint: Any) -> None: ...
-
-
-@runtime_checkable
-class RowReadingProposer(Protocol):
-    """Optional capability of a :class:`Proposer`: ``reads_target_rows`` True means its ``observe``
-    reads the target's logits rows, so greedy sampling stays on the host for its requests."""
-
-    reads_target_rows: bool
-
-
-@runtime_checkable
-class ClosableProposer(Protocol):
-    """Optional capability of a :class:`Proposer`: ``close()`` releases what it holds (a draft
-    context); the session calls it once, when it closes."""
-
-    def close(self) -> None: ...

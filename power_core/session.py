@@ -46,11 +46,9 @@ from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
     BatchRuntime,
-    ClosableProposer,
-    ComputeTimed,
-    GraphSamplingProposer,
-    InterruptibleRuntime,
     Proposer,
+    ProposerCapabilities,
+    TargetRuntime,
     runtime_counters,
 )
 from power_core.sampling import TargetSampler
@@ -422,9 +420,9 @@ class Session:
             owner.close_stream()  # an unfinished stream of this thread ends as cancelled
         proposer = self.proposer
         try:
-            if isinstance(proposer, ClosableProposer):
+            if proposer is not None and (close := ProposerCapabilities.of(proposer).close) is not None:
                 try:
-                    proposer.close()
+                    close()
                 except PowerError:
                     raise
                 except Exception as exc:
@@ -573,7 +571,7 @@ class Session:
 @attrs.define
 class DecodeClock:
     """Where a request's decode time went: the target's and the draft's compute
-    (:class:`~power_core.runtime.ComputeTimed`, read around each round) and the rest, the host's
+    (their capabilities' ``compute_seconds``, read around each round) and the rest, the host's
     (the core, the sampler, the proposer's own host work, the runtime's bindings)."""
 
     target_s: float = 0.0
@@ -584,10 +582,10 @@ class DecodeClock:
     _target: Callable[[], float] | None = None
     _draft: Callable[[], float] | None = None
 
-    def bind(self, target: object, proposer: object) -> None:
-        """Read these two from now on (the protocol checks run here once, not every round)."""
-        self._target = target.compute_seconds if isinstance(target, ComputeTimed) else None
-        self._draft = proposer.compute_seconds if isinstance(proposer, ComputeTimed) else None
+    def bind(self, target: TargetRuntime, proposer: Proposer | None) -> None:
+        """Read these two from now on (from the capabilities both declared, once, not every round)."""
+        self._target = target.capabilities.compute_seconds
+        self._draft = ProposerCapabilities.of(proposer).compute_seconds if proposer is not None else None
 
     def read(self) -> tuple[float | None, float]:
         """A snapshot of the target's and the proposer's compute clocks (an untimed proposer: 0)."""
@@ -665,8 +663,8 @@ class Generation:
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
         target = s.opened.target
-        if isinstance(target, InterruptibleRuntime):  # the runtime can stop a decode in flight
-            self.cancel.subscribe(target.cancel, target.clear_abort)
+        if (caps := target.capabilities).cancel is not None and caps.clear_abort is not None:  # it can stop a decode
+            self.cancel.subscribe(caps.cancel, caps.clear_abort)
         caps = s.opened.target.capabilities
         proposer = None if self.target_only else s.proposer
         scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=proposer is not None,
@@ -877,8 +875,8 @@ class Generation:
             backend["verify_capacity"] = s.opened.target.capabilities.verify_capacity
             backend["verify_widths"] = {str(w): n for w, n in sorted(txn.verify_widths.items())}
             backend["sampling"] = "in-graph" if txn.in_graph else "host"  # where its greedy ids came from
-        if isinstance(s.proposer, GraphSamplingProposer):  # where the drafter's argmax ids came from
-            backend["draft_sampling"] = "in-graph" if s.proposer.samples_in_graph else "host"
+        if txn is not None and txn.proposer_caps.samples_in_graph is not None:  # where the drafter's argmax ids came from
+            backend["draft_sampling"] = "in-graph" if txn.proposer_caps.samples_in_graph else "host"
         return Receipt(
             status=status,
             finish_reason=txn.finished if txn else None,

@@ -13,7 +13,7 @@ from power_core.bench import NGRAM_TYPES, BenchSpec, run_bench
 from power_core.cli import main
 from power_core.config import PowerConfig
 from power_core.plugins import Strategy, hookimpl
-from power_core.runtime import Proposal
+from power_core.runtime import Proposal, ProposerCapabilities
 
 REF = "reference:seed=11,vocab=300,dim=16,recurrent=1"  # > 256 ids: a byte tokenizer
 
@@ -53,6 +53,7 @@ class _Corrupting:
     """A broken adapter that writes into the target behind the transaction's back."""
 
     features = frozenset()
+    capabilities = ProposerCapabilities()
 
     def __init__(self, target):
         self.target = target

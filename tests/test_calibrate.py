@@ -17,7 +17,7 @@ from power_core.cli import main
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.plugins import Strategy, hookimpl
-from power_core.runtime import Proposal
+from power_core.runtime import Proposal, ProposerCapabilities
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ["--backend", "reference"]  # the default reference model: a byte tokenizer, no chat template
@@ -90,6 +90,7 @@ class _Corrupting:
     """A broken adapter that writes into the target behind the transaction's back: its outputs differ from off."""
 
     features = frozenset()
+    capabilities = ProposerCapabilities()
 
     def __init__(self, target):
         self.target = target

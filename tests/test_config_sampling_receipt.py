@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.receipt import token_digest
-from power_core.runtime import runtime_counters
+from power_core.runtime import ProposerCapabilities, TargetCapabilities, runtime_counters
 from power_core.sampling import TargetSampler
 from tests.helpers import check_host_split, open_session, run
 
@@ -144,15 +144,14 @@ def test_receipt_rollback_counts_are_the_requests_own():
 
 
 def test_runtime_counters_are_optional():
-    class Plain:
-        pass
+    class Target:
+        def __init__(self, **abilities: Any) -> None:
+            self.capabilities = TargetCapabilities(name="t", n_vocab=8, n_ctx=8, max_block=2, rollback_window=None,
+                                                   **abilities)
 
-    class Counting:
-        def counters(self):
-            return {"decodes": np.int64(3)}
-
-    assert runtime_counters(Plain()) == {}
-    assert runtime_counters(Counting()) == {"decodes": 3} and type(runtime_counters(Counting())["decodes"]) is int
+    assert runtime_counters(Target()) == {}  # type: ignore[arg-type]
+    counting = Target(counters=lambda: {"decodes": np.int64(3)})
+    assert runtime_counters(counting) == {"decodes": 3} and type(runtime_counters(counting)["decodes"]) is int  # type: ignore[arg-type]
 
 
 def check_proposer_stats(receipt: Any) -> dict[str, Any]:
@@ -196,7 +195,7 @@ def test_proposer_statistics_from_rounds():
 
 @pytest.mark.parametrize("mode,draft", [("off", None), ("ref-draft", "reference:accept=0.5")])
 def test_receipt_splits_decode_time_into_compute_and_host(mode, draft):
-    """The reference target times its passes (``ComputeTimed``); its draft proposer has no compute clock
+    """The reference target times its passes (``TargetCapabilities.compute_seconds``); its draft proposer has no compute clock
     (it computes on the host), so its work is host time."""
     res = run("reference:seed=4,vocab=60,dim=8", [1, 2, 3], mode, draft, max_tokens=25, spec_draft_max=4)
     t = check_host_split(res.receipt, draft_timed=False)
@@ -206,21 +205,29 @@ def test_receipt_splits_decode_time_into_compute_and_host(mode, draft):
 def test_a_timed_proposer_counts_as_draft_compute():
     from power_core.session import DecodeClock
 
-    class Target:
-        def __init__(self) -> None:
+    class Timed:
+        def __init__(self, timed: bool = True) -> None:
             self.s = 0.0
+            clock = self.compute_seconds if timed else None
+            self.capabilities = TargetCapabilities(name="t", n_vocab=8, n_ctx=8, max_block=2, rollback_window=None,
+                                                   compute_seconds=clock)
 
         def compute_seconds(self) -> float:
             return self.s
 
-    target, proposer = Target(), Target()
+    class Proposer(Timed):
+        def __init__(self) -> None:
+            super().__init__()
+            self.capabilities = ProposerCapabilities(compute_seconds=self.compute_seconds)  # type: ignore[assignment]
+
+    target, proposer = Timed(), Proposer()
     clock = DecodeClock()
-    clock.bind(target, proposer)
+    clock.bind(target, proposer)  # type: ignore[arg-type]
     c0 = clock.read()
     target.s, proposer.s = 0.5, 0.25
     clock.lap(c0, clock.read())
     assert clock.timings(1.0) == {"target_compute_s": 0.5, "draft_compute_s": 0.25, "host_s": 0.25,
                                   "decode_rounds": 1, "host_us_per_round": 250000.0}
-    clock.bind(object(), None)  # a target without a clock
+    clock.bind(Timed(timed=False), None)  # type: ignore[arg-type]  # a target without a clock
     clock.lap(clock.read(), clock.read())
     assert clock.timings(1.0) == {}

@@ -1,5 +1,5 @@
 """In-graph greedy sampling seen from the core: a runtime that hands over greedy ids instead of
-logits rows (:class:`power_core.runtime.InGraphGreedyRuntime`) emits exactly the host path's
+logits rows (``TargetCapabilities.sample_in_graph``) emits exactly the host path's
 tokens; the host path runs whenever the rows are needed (stochastic sampling, logprobs, a proposer
 that reads target rows), with ``sampling_in_graph = "off"``, and with ``"auto"`` where the runtime
 says graph sampling does not pay; the receipt says which path ran."""
@@ -15,7 +15,8 @@ import pytest
 
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
-from power_core.runtime import DecodeResult, InGraphGreedyRuntime, TargetRuntime, TokenArray
+from power_core.runtime import DecodeResult, ProposerCapabilities, TargetCapabilities, TargetRuntime, TokenArray
+from power_core.reference.proposers import ProposerWrapper
 from power_core.session import Session
 from tests.helpers import open_session
 
@@ -34,8 +35,10 @@ class GraphGreedy:
         self.asked: list[bool] = []
 
     @property
-    def capabilities(self) -> Any:
-        return self.inner.capabilities
+    def capabilities(self) -> TargetCapabilities:
+        # the inner target's, plus the ability it adds: declared, not discovered
+        return attrs.evolve(self.inner.capabilities, sample_in_graph=self.sample_in_graph,
+                            graph_sampling_pays=self.graph_sampling_pays)
 
     @property
     def n_past(self) -> int:
@@ -80,10 +83,11 @@ def _graph_session(mode: str = "off", draft: str | None = None, pays: bool = Tru
     return s, target
 
 
-def test_the_wrapper_is_an_in_graph_runtime():
+def test_the_wrapper_declares_in_graph_sampling():
     s, target = _graph_session()
     with s:
-        assert isinstance(target, InGraphGreedyRuntime) and not isinstance(target.inner, InGraphGreedyRuntime)
+        assert target.capabilities.sample_in_graph is not None and target.inner.capabilities.sample_in_graph is None
+        assert target.capabilities.graph_sampling_pays and not target.inner.capabilities.graph_sampling_pays
 
 
 @pytest.mark.parametrize("mode,draft", [("off", None), ("ref-draft", "reference:accept=0.6")])
@@ -124,7 +128,10 @@ def test_auto_samples_in_the_graph_only_where_it_pays(setting, want):
 def test_a_proposer_that_reads_target_rows_keeps_them():
     s, target = _graph_session("ref-draft", "reference:accept=0.6", max_tokens=20)
     with s:
-        s.proposer.reads_target_rows = True  # type: ignore[union-attr]
+        class RowReader(ProposerWrapper):
+            capabilities = ProposerCapabilities(reads_target_rows=True)  # declared, as an adapter would
+
+        s.proposer = RowReader(s.proposer)
         got = s.generate(PROMPT)
     assert got.receipt.backend["sampling"] == "host" and target.asked == [False]
 

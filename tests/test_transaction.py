@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from power_core.errors import AdapterFault, CapacityError, RuntimeFault
-from power_core.runtime import Proposal, ProposalContext
+from power_core.runtime import Proposal, ProposalContext, ProposerCapabilities
 from tests.helpers import open_session, run
 
 MODEL = "reference:seed=8,vocab=48,dim=8,recurrent=1"
@@ -47,7 +47,9 @@ def test_context_limit_is_never_exceeded():
     assert res.tokens == run(MODEL, [1, 2, 3, 4], n_ctx=20, max_tokens=100).tokens
 
 
-class _Bad:
+class _Undeclared:
+    """A proposer as written before ProposerCapabilities: every method, no ``capabilities``."""
+
     features = frozenset()
 
     def __init__(self, out):
@@ -61,6 +63,10 @@ class _Bad:
 
     def propose(self, ctx: ProposalContext):
         return self.out(ctx)
+
+
+class _Bad(_Undeclared):
+    capabilities = ProposerCapabilities()
 
 
 @pytest.mark.parametrize("out,msg", [
@@ -170,6 +176,10 @@ def test_session_close_closes_the_target_even_when_the_proposer_close_fails():
     s.opened.close = lambda: closed.append(True)
 
     class Boom(_Bad):
+        @property
+        def capabilities(self):
+            return ProposerCapabilities(close=self.close)
+
         def close(self):
             raise OSError("handle already freed")
 
@@ -177,3 +187,46 @@ def test_session_close_closes_the_target_even_when_the_proposer_close_fails():
     with pytest.raises(AdapterFault, match=r"Boom\.close raised OSError"):
         s.close()
     assert closed == [True]
+
+
+# -- capabilities: declared once, as a value, read from there ----------------------------------------------
+def test_a_proposer_that_declares_no_capabilities_is_an_adapter_fault():
+    with open_session(MODEL, "ref-draft", max_tokens=5) as s:
+        s.proposer = _Undeclared(lambda ctx: Proposal.none())
+        with pytest.raises(AdapterFault, match=r"proposer _Undeclared declares no capabilities .*"
+                                               r"capabilities = ProposerCapabilities\(\)") as err:
+            s.generate([1, 2, 3])
+        assert err.value.method == "capabilities"
+        s.proposer = None  # the session closes cleanly without it
+
+
+def test_proposer_capabilities_of_checks_the_type():
+    class Wrong(_Bad):
+        capabilities = {"close": None}
+
+    with pytest.raises(AdapterFault, match=r"Wrong\.capabilities is a dict; expected a power_core\.ProposerCapabilities"):
+        ProposerCapabilities.of(Wrong(None))
+    assert ProposerCapabilities.of(_Bad(None)) == ProposerCapabilities()
+
+
+def test_declared_abilities_are_callables_and_compare_by_flags():
+    from power_core.runtime import TargetCapabilities
+
+    def clock() -> float:
+        return 1.0
+
+    assert ProposerCapabilities(compute_seconds=clock) == ProposerCapabilities()  # abilities never compared
+    assert ProposerCapabilities(reads_target_rows=True) != ProposerCapabilities()
+    with pytest.raises(TypeError, match="close must be a callable"):
+        ProposerCapabilities(close=True)  # type: ignore[arg-type]
+    base = dict(name="t", n_vocab=8, n_ctx=8, max_block=2, rollback_window=None)
+    with pytest.raises(TypeError, match="declares cancel without clear_abort"):
+        TargetCapabilities(**base, cancel=clock)  # type: ignore[arg-type]
+
+
+def test_the_reference_target_declares_its_abilities():
+    with open_session(MODEL, "off", max_tokens=5) as s:
+        caps = s.opened.target.capabilities
+        assert caps.keep_prefix is not None and caps.counters is not None and caps.compute_seconds is not None
+        assert caps.cancel is None and caps.sample_in_graph is None  # it can neither abort nor sample in a graph
+        assert set(caps.counters()) >= {"decodes"} and caps.compute_seconds() >= 0.0

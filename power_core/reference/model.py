@@ -168,6 +168,7 @@ class ReferenceTarget:
             rollback_window=self.snapshots if self.model.recurrent else None,
             eog_ids=frozenset({self.model.eos}), features=frozenset({"hidden"}), verify_cost=self.verify_cost,
             verify_capacity=self.verify_capacity,
+            keep_prefix=self.keep_prefix, counters=self.counters, compute_seconds=self.compute_seconds,
         )
 
     @property
@@ -185,7 +186,7 @@ class ReferenceTarget:
         return self._pass(tokens, self.verify_capacity)
 
     def compute_seconds(self) -> float:
-        """Seconds spent in its passes (:class:`~power_core.runtime.ComputeTimed`)."""
+        """Seconds spent in its passes (``TargetCapabilities.compute_seconds``)."""
         return self._compute_s
 
     def _pass(self, tokens: TokenArray, width: int) -> DecodeResult:
@@ -304,6 +305,6 @@ class ReferenceTarget:
         self.stats["restores"] += 1
 
     def counters(self) -> dict[str, int]:
-        """A snapshot of :attr:`stats` (``power_core.runtime.runtime_counters``: the core reports the
+        """A snapshot of :attr:`stats` (``TargetCapabilities.counters``: the core reports the
         difference over a request in its receipt's ``backend.rollback``)."""
         return dict(self.stats)

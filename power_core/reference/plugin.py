@@ -106,7 +106,7 @@ class ReferenceBatch:
     fail_on: int | None = None
 
     def compute_seconds(self) -> float:
-        """The sequences' compute (:class:`~power_core.runtime.ComputeTimed`)."""
+        """The sequences' compute (:meth:`~power_core.runtime.BatchRuntime.compute_seconds`)."""
         return sum(t.compute_seconds() for t in self.sequences)
 
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:

@@ -13,7 +13,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, Proposer, TargetRuntime, TokenArray
+from power_core.runtime import (
+    DecodeResult,
+    Proposal,
+    ProposalContext,
+    Proposer,
+    ProposerCapabilities,
+    TargetRuntime,
+    TokenArray,
+)
 
 __all__ = ["DraftModelProposer", "NoisyProposer", "ProposerWrapper"]
 
@@ -24,6 +32,8 @@ class DraftModelProposer:
 
     draft: TargetRuntime
     features: frozenset[str] = frozenset()
+    #: none (a test may declare more, e.g. ``reads_target_rows``)
+    capabilities: ProposerCapabilities = attrs.field(factory=ProposerCapabilities)
     _anchor: int = attrs.field(init=False, default=-1)
     _base: Any = attrs.field(init=False, default=None)
 
@@ -68,6 +78,11 @@ class ProposerWrapper:
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
         self.features = frozenset(inner.features)
+
+    @property
+    def capabilities(self) -> ProposerCapabilities:
+        """The wrapped proposer's (wrapping changes nothing it declared)."""
+        return self.inner.capabilities
 
     def begin(self, prompt: TokenArray) -> None:
         self.inner.begin(prompt)

@@ -20,7 +20,7 @@ from power_core.config import ConfigKey, PowerConfig
 from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError, RuntimeFault
 from power_core.plugins import PowerPlugins, build_plugins
 from power_core.reference.proposers import NoisyProposer, ProposerWrapper
-from power_core.runtime import Proposal, ProposalContext, Proposer
+from power_core.runtime import Proposal, ProposalContext, Proposer, ProposerCapabilities
 from power_core.session import Result, Session
 from power_core.spec import Strategy, hookimpl
 from power_core.transaction import PHASES, CancelToken
@@ -72,8 +72,9 @@ class FaultInjector:
 
 
 class _Transparent(ProposerWrapper):
-    """A wrapper that forwards every attribute it does not define (``confidence``, ``close``) to the
-    proposer it wraps, so wrapping changes nothing the transaction can see."""
+    """A wrapper that forwards every attribute it does not define to the proposer it wraps (its
+    ``capabilities`` too, through :class:`ProposerWrapper`), so wrapping changes nothing the
+    transaction can see."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":
@@ -355,7 +356,7 @@ class AdapterConformance:
 
         Troubleshooting: an adapter that never proposes passes every parity check while doing
         nothing. If it proposes nothing, check that ``propose`` reads ``ctx.history`` (read-only
-        int32, ending with the anchor) and returns int32 ids; if nothing is accepted, that the ids
+        int32, ending with the anchor) and returns a ``Proposal`` of int32 ids; if nothing is accepted, that the ids
         continue ``ctx.anchor``. If your adapter needs another prompt (or model) to propose,
         override :meth:`proposing_prompt`; opt out only with ``xfail(reason=...)``."""
         v = self.n_vocab()
@@ -371,6 +372,28 @@ class AdapterConformance:
             if summary["accepted"] > 0:
                 return
         raise AssertionError("the adapter never got a proposal accepted: " + "; ".join(seen))
+
+    @pytest.mark.power_conformance
+    def test_declares_capabilities(self) -> None:
+        """The proposer declares what it can do as a ``ProposerCapabilities`` value, and a compute
+        clock it declares is monotonic seconds over a request.
+
+        Troubleshooting: "declares no capabilities" means the class lacks ``capabilities``; add
+        ``capabilities = ProposerCapabilities()`` (nothing beyond the protocol) or a property that
+        declares its abilities, e.g. ``ProposerCapabilities(compute_seconds=self.compute_seconds,
+        close=self.close)``. A clock that runs backwards is a wrong unit or a counter that resets."""
+        v = self.n_vocab()
+        session = self.open(self.name())
+        try:
+            assert session.proposer is not None, "the strategy made no proposer"
+            caps = ProposerCapabilities.of(session.proposer)
+            before = caps.compute_seconds() if caps.compute_seconds is not None else 0.0
+            session.generate(self.proposing_prompt(0, v))
+            after = caps.compute_seconds() if caps.compute_seconds is not None else 0.0
+            assert isinstance(after, float) and after >= before >= 0.0, (
+                f"compute_seconds went from {before!r} to {after!r} over a request: it must be monotonic seconds")
+        finally:
+            session.close()
 
     @pytest.mark.power_conformance
     def test_rejection_at_every_position(self) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import structlog
 
 from power_core.config import PowerConfig
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, TargetCapabilities
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TargetCapabilities
 from power_core.sampling import TargetSampler
 from power_core.scheduler import Scheduler
 from power_core.transaction import Transaction
@@ -80,6 +80,7 @@ class NullTarget:
 
 class NullProposer:
     features: frozenset[str] = frozenset()
+    capabilities = ProposerCapabilities()
 
     def __init__(self, k: int, clock: Clock, hit: int, token: int = 7) -> None:
         self.props = np.full(k, token, dtype=np.int32)

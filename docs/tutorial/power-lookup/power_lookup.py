@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from power_core import ConfigKey, DecodeResult, Proposal, ProposalContext, ProposerRequest, Strategy, hookimpl
+from power_core import (
+    ConfigKey,
+    DecodeResult,
+    Proposal,
+    ProposalContext,
+    ProposerCapabilities,
+    ProposerRequest,
+    Strategy,
+    hookimpl,
+)
 
 __version__ = "0.1.0"
 
@@ -26,6 +35,7 @@ MAX_NGRAM = ConfigKey(name="lookup_max_ngram", type=int, default=3, lo=1, hi=8, 
 
 class LookupProposer:
     features: frozenset[str] = frozenset()  # needs no hidden states from the target
+    capabilities = ProposerCapabilities()  # nothing beyond the protocol: no draft model, nothing to close
 
     def __init__(self, n_vocab: int, max_ngram: int = 3) -> None:
         self.n_vocab = n_vocab  # every id it proposes is copied from the history, so below n_vocab

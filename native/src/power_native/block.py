@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from power_core.artifacts.contracts import Verified
 from power_core.errors import ArtifactMismatch
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 
 if TYPE_CHECKING:  # the extension loads when a proposer opens, not when a plugin registers
@@ -162,8 +162,14 @@ class BlockDraftProposer:
         self.draft.trim(int(checkpoint))
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the draft context (:class:`power_core.runtime.ComputeTimed`)."""
+        """Seconds inside llama.cpp's decode calls on the draft context (``ProposerCapabilities.compute_seconds``)."""
         return float(self.draft.ctx.compute_ns) * 1e-9
+
+    @property
+    def capabilities(self) -> ProposerCapabilities:
+        """Argmax drafts (from the draft context's graph or its rows), the draft context's compute clock, and a close."""
+        return ProposerCapabilities(samples_in_graph=self.samples_in_graph, compute_seconds=self.compute_seconds,
+                                    close=self.close)
 
     def close(self) -> None:
         self.draft.ctx.close()

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from power_core.errors import ArtifactMismatch, CapacityError
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
 from power_native.target import PREFILL_BATCH, draft_graph_sampling, llama_target, load_model, offload, warm_up
@@ -116,8 +116,14 @@ class DraftModelProposer:
         self._row_ready = True  # a decode always outputs its last row
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the draft context (:class:`power_core.runtime.ComputeTimed`)."""
+        """Seconds inside llama.cpp's decode calls on the draft context (``ProposerCapabilities.compute_seconds``)."""
         return float(self.ctx.compute_ns) * 1e-9
+
+    @property
+    def capabilities(self) -> ProposerCapabilities:
+        """Argmax drafts (from the draft context's graph or its rows), the draft context's compute clock, and a close."""
+        return ProposerCapabilities(samples_in_graph=self.samples_in_graph, compute_seconds=self.compute_seconds,
+                                    close=self.close)
 
     def close(self) -> None:
         self.ctx.close()

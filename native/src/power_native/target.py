@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
@@ -49,6 +49,26 @@ KV_CELLS_PAD = 256
 #: publishes the input of target layer ``L`` for every decoded token (:func:`layer_feature`)
 TARGET_FEATURES = frozenset({"h_nextn", "mtp_head"})
 _LAYER_PREFIX = "layer_inp:"
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _weakly(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``method``, holding its object weakly: a target's capabilities hold its abilities, and a
+    strong reference would make a cycle that keeps the target (and its numerics mode, which its
+    finalizer releases) alive until the garbage collector runs."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        bound = ref()
+        if bound is None:
+            raise StateLost("the llama target these capabilities describe is gone")
+        result: _R = bound(*args, **kwargs)
+        return result
+
+    return call
 
 
 def layer_feature(layer: int) -> str:
@@ -294,10 +314,17 @@ class LlamaTarget:
         if n_ctx + verify_capacity > ctx.n_ctx:
             raise ConfigError("verify_capacity", verify_capacity, f"at most {ctx.n_ctx - n_ctx} on a context of "
                               f"{ctx.n_ctx} cells holding {n_ctx} tokens", "the padding of the last pass needs cells")
+        own = not shared  # a sequence of a shared context cannot abort the pass or sample in its graph
         self._caps = TargetCapabilities(
             name="llama", n_vocab=model.n_vocab, n_ctx=n_ctx, max_block=max_block,
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
-            features=frozenset(features), digest=digest, verify_capacity=verify_capacity)
+            features=frozenset(features), digest=digest, verify_capacity=verify_capacity,
+            keep_prefix=_weakly(self.keep_prefix), counters=_weakly(self.counters),
+            compute_seconds=_weakly(self.compute_seconds),
+            cancel=_weakly(self.cancel) if own else None, clear_abort=_weakly(self.clear_abort) if own else None,
+            # padded passes keep their rows (decode_multi)
+            sample_in_graph=_weakly(self.sample_in_graph) if own and not verify_capacity else None,
+            graph_sampling_pays=offloaded)
         self._recurrent = recurrent
         # a recurrent target's checkpoints copy its state every round. Offloaded (``device_states``
         # None: where the model runs), the copy stays in the context's backend buffers (llama.cpp's
@@ -404,11 +431,12 @@ class LlamaTarget:
     def graph_sampling_pays(self) -> bool:
         """True when the logits rows would cross from a device (GPU, rpc-server) to the host. On the
         CPU they are already in memory, and numpy's argmax of a row costs less than the sampler's
-        per-row ggml ops (docs/numerics.md, "In-graph greedy sampling")."""
+        per-row ggml ops (docs/numerics.md, "In-graph greedy sampling"). Declared once, as
+        ``TargetCapabilities.graph_sampling_pays``."""
         return self.offloaded
 
     def sample_in_graph(self, on: bool) -> bool:
-        """Greedy ids from the graph (:class:`power_core.runtime.InGraphGreedyRuntime`): llama.cpp's
+        """Greedy ids from the graph (``TargetCapabilities.sample_in_graph``): llama.cpp's
         backend sampling with Power's first-maximum sampler (``Context.set_greedy``), so no logits
         row crosses to the host. A sequence of a shared context (:class:`LlamaBatch`) stays on rows.
         Changing it rebuilds the graph once; it holds until the next call."""
@@ -519,11 +547,11 @@ class LlamaTarget:
 
     # -- extras -------------------------------------------------------------------------------------------
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on this context (:class:`power_core.runtime.ComputeTimed`)."""
+        """Seconds inside llama.cpp's decode calls on this context (``TargetCapabilities.compute_seconds``)."""
         return float(self.ctx.compute_ns) * 1e-9
 
     def counters(self) -> dict[str, int]:
-        """A snapshot of :attr:`stats` (``power_core.runtime.runtime_counters``: the core reports the
+        """A snapshot of :attr:`stats` (``TargetCapabilities.counters``: the core reports the
         difference over a request in its receipt's ``backend.rollback``)."""
         return dict(self.stats)
 
@@ -726,7 +754,7 @@ class LlamaBatch:
         return self.ctx.n_batch
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the shared context (:class:`power_core.runtime.ComputeTimed`)."""
+        """Seconds inside llama.cpp's decode calls on the shared context (``BatchRuntime.compute_seconds``)."""
         return float(self.ctx.compute_ns) * 1e-9
 
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:

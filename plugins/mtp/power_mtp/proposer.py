@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from power_core.errors import ArtifactMismatch, StrategyNotFound
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 
 __all__ = ["MtpProposer", "make_mtp_proposer", "TARGET_FEATURES"]
@@ -76,8 +76,14 @@ class MtpProposer:
         self.head.set_state(n_kv, pending)
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the MTP context (:class:`power_core.runtime.ComputeTimed`)."""
+        """Seconds inside llama.cpp's decode calls on the MTP context (``ProposerCapabilities.compute_seconds``)."""
         return float(self.head.ctx.compute_ns) * 1e-9
+
+    @property
+    def capabilities(self) -> ProposerCapabilities:
+        """Argmax drafts (from the MTP context's graph or its rows), the MTP context's compute clock, and a close."""
+        return ProposerCapabilities(samples_in_graph=self.samples_in_graph, compute_seconds=self.compute_seconds,
+                                    close=self.close)
 
     def close(self) -> None:
         self.head.ctx.close()

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
 from power_suffix.index import LENGTHS, SuffixIndex
 
 __all__ = ["SuffixProposer", "ALPHA", "SESSION_MEMORY"]
@@ -48,6 +48,8 @@ class SuffixProposer:
     """Suffix-index drafting; one per session (it remembers the session's earlier requests)."""
 
     features: frozenset[str] = frozenset()
+    #: none: model-free, on the host, reads no target rows, holds nothing to close
+    capabilities = ProposerCapabilities()
 
     def __init__(self, *, session_memory: int = SESSION_MEMORY) -> None:
         self.session_memory = session_memory
