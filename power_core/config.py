@@ -252,7 +252,8 @@ def _key(name: str, type_: type, default: Any, owner: str, help: str, *, scope: 
 CORE_KEYS: tuple[ConfigKey, ...] = (
     _key("spec_mode", str, MODE_AUTO, "session", "the strategy: off, auto or an installed strategy's name",
          flag="--mode", validate=_mode),
-    _key("spec_draft_max", int, None, "scheduler", "K: proposal width (unset: the strategy's default, else 7)",
+    _key("spec_draft_max", int, None, "scheduler",
+         "K: proposal width (unset: the strategy's default, e.g. 32 for suffix, else 7)",
          scope="sequence", flag="--draft-max", lo=1, hi=K_MAX, optional=True),
     _key("spec_mtp_recurrent_snapshots", int, None, "transaction",
          "S: resident rollback snapshots of the target (unset: K)", scope="sequence", flag="--snapshots", lo=1,
@@ -279,32 +280,45 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
          hi=1024, optional=True),
     _key("trace", bool, False, "transaction", "each round's proposed ids in the receipt (rounds[i].proposal)",
          scope="sequence", flag="--trace"),
-    _key("stop", tuple, (), "session", "stop strings: the output ends right before the first one (needs a tokenizer)",
-         scope="request", flag="--stop", convert=_stop_tuple, validate=_stops),
+    _key("stop", tuple, (), "session",
+         "stop strings: the output ends right before the first one, matched on the decoded text across token "
+         "boundaries (needs a tokenizer)", scope="request", flag="--stop", convert=_stop_tuple, validate=_stops),
     _key("cache_prompt", bool, False, "session",
-         "reuse the target's state for the prefix a prompt shares with the previous request (receipt prompt_reused)"),
-    _key("rpc_servers", tuple, (), "session", "llama.cpp rpc-server endpoints (HOST:PORT) that hold the target's layers",
-         flag="--rpc", convert=_endpoints, validate=_valid),
-    _key("n_gpu_layers", int, 0, "session", "target layers offloaded to the GPU devices (-1: all, 0: CPU only)",
-         flag="--gpu-layers", lo=-1, hint="-1 offloads every layer, 0 none (CPU only)"),
-    _key("devices", tuple, (), "session", "llama.cpp devices the offloaded layers go to (empty: every GPU)",
+         "reuse the target's state for the prefix a prompt shares with the session's previous request (receipt "
+         "prompt_reused)"),
+    _key("rpc_servers", tuple, (), "session",
+         "llama.cpp rpc-server endpoints (HOST:PORT) that hold the target's layers (power-native built with "
+         "POWER_NATIVE_RPC=1; empty: all in this process)", flag="--rpc", convert=_endpoints, validate=_valid),
+    _key("n_gpu_layers", int, 0, "session",
+         "target layers offloaded to the GPU devices, or to rpc_servers (-1: all, 0: CPU only); the MTP head "
+         "follows the target", flag="--gpu-layers", lo=-1, hint="-1 offloads every layer, 0 none (CPU only)"),
+    _key("devices", tuple, (), "session",
+         "llama.cpp device names the offloaded layers go to (e.g. CUDA0,CUDA1; empty: every GPU of the build)",
          flag="--devices", convert=device_names, validate=_valid),
-    _key("flash_attn", str, "auto", "session", "flash attention: auto (llama.cpp decides per device), on or off",
-         flag="--flash-attn", choices=FLASH_ATTN),
-    _key("draft_gpu_layers", int, 0, "session", "a draft model's layers offloaded to the GPU devices (-1: all)",
+    _key("flash_attn", str, "auto", "session",
+         "flash attention for every context: auto (llama.cpp decides per device), on or off", flag="--flash-attn",
+         choices=FLASH_ATTN),
+    _key("draft_gpu_layers", int, 0, "session",
+         "layers of a separate draft model (draft-model, the DFlash family) offloaded to the devices (-1: all)",
          flag="--draft-gpu-layers", lo=-1, hint="-1 offloads every layer, 0 none (CPU only)"),
     _key("numerics", str, "exact", "session",
-         "target kernels: exact (batch-invariant: output equals spec_mode off) or stock", flag="--numerics",
-         choices=NUMERICS),
-    _key("sampling_in_graph", str, "auto", "session", "greedy ids from the target's graph (auto, on) or the host (off)",
+         "target kernels: exact (batch-invariant: speculative output equals spec_mode off on every model) or "
+         "stock (as stock llama.cpp binaries)", flag="--numerics", choices=NUMERICS),
+    _key("sampling_in_graph", str, "auto", "session",
+         "greedy ids from the target's graph (auto: where rows would cross a device boundary; on: wherever "
+         "supported) or from logits rows on the host (off; always for stochastic sampling or logprobs)",
          flag="--sampling-in-graph", choices=SAMPLING_IN_GRAPH),
     _key("selftest", bool, False, "session", "probe the target's batch numerics at open (receipt selftest)",
          flag="--selftest"),
-    _key("warmup", bool, True, "session", "one throwaway pass on each context at open", flag="--no-warmup"),
+    _key("warmup", bool, True, "session",
+         "one throwaway pass on each context at open (target, draft model, MTP head), as llama.cpp's tools do",
+         flag="--no-warmup"),
     _key("require_identical", bool, False, "session",
-         "target-only, with the reason, when verify rows differ from one-token decodes", flag="--require-identical"),
-    _key("verify_capacity", int, 0, "transaction", "B: pad every target verify pass to exactly B tokens (0: off)",
-         flag="--verify-capacity", lo=0, hi=VERIFY_CAPACITY_MAX),
+         "target-only, with the reason, when the probe finds verify rows that differ from one-token decodes "
+         "(implies selftest)", flag="--require-identical"),
+    _key("verify_capacity", int, 0, "transaction",
+         "B: pad every target verify pass to exactly B tokens, one pass shape (0: off); an unset K resolves to "
+         "at most B - 1", flag="--verify-capacity", lo=0, hi=VERIFY_CAPACITY_MAX),
 )
 _CORE: dict[str, ConfigKey] = {k.name: k for k in CORE_KEYS}
 
@@ -463,19 +477,15 @@ class PowerConfig:
     strategies' keys that differ from their declared defaults in ``options``.
 
     ``PowerConfig(spec_mode="mtp", spec_mtp_fr_vocab_size=64)`` takes a strategy's key like a core key, and
-    ``config.spec_mtp_fr_vocab_size`` reads it (its default when unset). ``spec_draft_max`` (K) bounds
-    proposal width (unset: the strategy's default, else 7); ``spec_mtp_recurrent_snapshots`` (S) bounds
-    the target's resident rollback snapshots (``None`` means S = K, the balanced default K7/S7).
+    ``config.spec_mtp_fr_vocab_size`` reads it (its default when unset). What each core key means is its
+    declaration in :data:`CORE_KEYS` (README's configuration table is generated from them).
     """
 
     spec_mode: str = _CORE["spec_mode"].field()
-    #: K; ``None`` takes the strategy's own default (``Strategy.default_draft_max``), else 7
     spec_draft_max: int | None = _CORE["spec_draft_max"].field()
     spec_mtp_recurrent_snapshots: int | None = _CORE["spec_mtp_recurrent_snapshots"].field()
     spec_mtp_adaptive: bool = _CORE["spec_mtp_adaptive"].field()
-    #: adaptive controller: a round "yields low" when accepted/proposed < this fraction
     spec_adaptive_low_yield: float = _CORE["spec_adaptive_low_yield"].field()
-    #: adaptive controller: consecutive low-yield rounds that open the target-only circuit
     spec_adaptive_low_yield_rounds: int = _CORE["spec_adaptive_low_yield_rounds"].field()
     temperature: float = _CORE["temperature"].field()
     top_k: int = _CORE["top_k"].field()
@@ -485,51 +495,19 @@ class PowerConfig:
     max_tokens: int = _CORE["max_tokens"].field()
     n_ctx: int = _CORE["n_ctx"].field()
     n_threads: int | None = _CORE["n_threads"].field()
-    #: record each round's proposed token ids in the receipt (``rounds[i].proposal``)
     trace: bool = _CORE["trace"].field()
-    #: stop strings: the output ends right before the first occurrence of any of them, matched on
-    #: the decoded text across token boundaries (needs a model with a tokenizer)
     stop: tuple[str, ...] = _CORE["stop"].field()
-    #: reuse the target's state for the prefix a request's prompt shares with what the previous
-    #: request of the session left in memory (llama-server's ``cache_prompt``); the receipt's
-    #: ``prompt_reused`` counts the tokens not prefilled again
     cache_prompt: bool = _CORE["cache_prompt"].field()
-    #: llama.cpp ``rpc-server`` endpoints (``HOST:PORT``) that hold the target's layers (power-native
-    #: built with ``POWER_NATIVE_RPC=1``); empty: everything runs in this process
     rpc_servers: tuple[str, ...] = _CORE["rpc_servers"].field()
-    #: target layers offloaded to GPU devices (``devices``; -1: all, 0: none, every layer on the CPU);
-    #: with ``rpc_servers``, to the servers (0 there: every layer). The MTP head follows the target
     n_gpu_layers: int = _CORE["n_gpu_layers"].field()
-    #: llama.cpp device names the offloaded layers go to (e.g. ``["CUDA0", "CUDA1"]``); empty: every GPU
-    #: of the build
     devices: tuple[str, ...] = _CORE["devices"].field()
-    #: flash attention for every context of the session (llama.cpp ``--flash-attn``): ``auto`` (its
-    #: per-device choice), ``on`` or ``off``
     flash_attn: str = _CORE["flash_attn"].field()
-    #: layers of a separate draft model (draft-model, the DFlash family) offloaded to ``devices``
     draft_gpu_layers: int = _CORE["draft_gpu_layers"].field()
-    #: the target's kernels: ``exact`` (batch-invariant: a verify row has the bits of a one-token
-    #: decode, so speculative output equals ``spec_mode = "off"`` on every model) or ``stock`` (the
-    #: backend's stock kernels, e.g. to compare with a stock llama.cpp binary)
     numerics: str = _CORE["numerics"].field()
-    #: where a greedy request's token ids come from: the target's graph, so only ids leave the
-    #: backend (``auto``: where the runtime says that pays, i.e. the rows would cross a device
-    #: boundary; ``on``: wherever the runtime can), or the logits rows on the host (``off``, and
-    #: always for stochastic sampling or logprobs); the receipt's ``backend.sampling`` says which ran
     sampling_in_graph: str = _CORE["sampling_in_graph"].field()
-    #: probe the target's batch numerics when the session opens (:mod:`power_core.numerics`); the
-    #: result goes into every receipt (``selftest``)
     selftest: bool = _CORE["selftest"].field()
-    #: one throwaway pass on each context when the session opens (target, draft model, MTP head), as
-    #: llama.cpp's tools do at load (``--warmup``, their default): the first pass of a context pages
-    #: its weights in and sizes its compute buffers, which no request should pay for
     warmup: bool = _CORE["warmup"].field()
-    #: run target-only, with the reason, when the probe finds verify rows that differ from one-token
-    #: decodes on the running build (implies ``selftest``)
     require_identical: bool = _CORE["require_identical"].field()
-    #: B: pad every target verify pass to exactly B tokens (one pass shape, e.g. one captured GPU
-    #: graph); the padding's rows and memory cells never leave the target runtime. 0: off. An unset
-    #: ``spec_draft_max`` then resolves to at most B - 1; a set one must satisfy K + 1 <= B
     verify_capacity: int = _CORE["verify_capacity"].field()
     #: the strategies' keys whose values differ from their defaults, sorted by name
     options: tuple[tuple[str, Any], ...] = ()
