@@ -245,3 +245,15 @@ def test_a_request_may_set_only_request_keys(tp):
                 s.start([1, 2, 3], sampling={key: value})
             assert err.value.key == f"sampling.{key}"
         assert s.start([1, 2, 3], sampling={"temperature": 0.5, "seed": 3}).run().receipt.config["temperature"] == 0.5
+
+
+def test_the_servers_per_request_fields_are_the_request_scoped_keys():
+    """What one HTTP request may set is what one library request may set: the request-scoped keys."""
+    pytest.importorskip("pydantic")
+    from power_core.serve.protocol import CompletionRequest
+
+    request_keys = {k.name for k in CORE_KEYS if k.scope == "request"}
+    fields = set(CompletionRequest.model_fields)
+    assert request_keys <= fields, f"request-scoped keys the server does not take: {sorted(request_keys - fields)}"
+    req = CompletionRequest(model="m", prompt="x", temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, seed=7)
+    assert set(req.sampling()) == set(SAMPLING_KEYS)
