@@ -15,8 +15,8 @@ import pytest
 
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
-from power_core.runtime import DecodeResult, ProposerCapabilities, TargetCapabilities, TargetRuntime, TokenArray
 from power_core.reference.proposers import ProposerWrapper
+from power_core.runtime import DecodeResult, ProposerCapabilities, TargetCapabilities, TargetRuntime, TokenArray
 from power_core.session import Session
 from tests.helpers import open_session
 

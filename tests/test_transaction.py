@@ -230,3 +230,32 @@ def test_the_reference_target_declares_its_abilities():
         assert caps.keep_prefix is not None and caps.counters is not None and caps.compute_seconds is not None
         assert caps.cancel is None and caps.sample_in_graph is None  # it can neither abort nor sample in a graph
         assert set(caps.counters()) >= {"decodes"} and caps.compute_seconds() >= 0.0
+
+
+def test_an_observer_of_the_propose_phase_sees_the_checked_proposal():
+    """The ``propose`` phase's result is the Proposal itself: ids (int32, as checked), the
+    proposer's confidence and its statistics travel as one value, not as attributes read later."""
+    from power_core.plugins import hookimpl
+
+    seen = []
+
+    class Watch:
+        __name__ = "watch"
+
+        @hookimpl(wrapper=True)
+        def power_txn_phase(self, phase, round_index):
+            result = yield
+            if phase == "propose":
+                seen.append(result)
+            return result
+
+    def out(ctx):
+        return Proposal(np.arange(1, ctx.k + 1, dtype=np.int64), confidence=[0.5] * ctx.k, stats={"k": float(ctx.k)})
+
+    with open_session(MODEL, "ref-draft", None, Watch(), max_tokens=6, spec_draft_max=3) as s:
+        s.proposer = _Bad(out)
+        s.generate([1, 2, 3])
+    assert seen and all(isinstance(p, Proposal) and p.ids.dtype == np.int32 for p in seen)
+    offered = [p for p in seen if p.ids.size]  # round 0 (and a width-0 round) propose nothing: Proposal.none()
+    assert offered and all(p.stats == {"k": float(p.ids.shape[0])} and len(p.confidence) == p.ids.shape[0]
+                           for p in offered)
