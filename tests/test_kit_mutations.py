@@ -51,6 +51,18 @@ MUTANTS: dict[str, tuple[str, str, set[str], str]] = {
         {"test_requests_are_independent"},
         "state leaked from an earlier request",
     ),
+    "undeclared-capabilities": (
+        "    capabilities = ProposerCapabilities()  # nothing beyond the protocol: no draft model, nothing to close\n",
+        "",
+        {"test_declares_capabilities"},
+        "declares no capabilities",
+    ),
+    "bare-array": (
+        "return Proposal(hist[start:start + ctx.k].astype(np.int32))",
+        "return hist[start:start + ctx.k].astype(np.int32)",
+        {"test_greedy_parity"},
+        "not a Proposal; return power_core.Proposal(ids)",
+    ),
     "one-instance-for-every-sequence": (
         "    return LookupProposer(n_vocab, max_ngram=request.config.lookup_max_ngram)  # the key, as declared",
         "    global _ONE\n    _ONE = globals().get('_ONE') or LookupProposer(n_vocab)\n"
