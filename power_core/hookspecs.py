@@ -27,7 +27,9 @@ hookspec = pluggy.HookspecMarker("power")
 def power_register_strategies(register: Callable[[Strategy], None]) -> None:
     """Register proposal strategies (adapters) by calling ``register(Strategy(...))``.
 
-    Called by :func:`power_core.plugins.build_plugins` once per plugin, in registration order.
+    Called by :func:`power_core.plugins.build_plugins` once per plugin, in registration order. A
+    strategy's own configuration keys (``Strategy.config_keys``, each a
+    :class:`~power_core.config.ConfigKey`) are entered when it registers.
 
     :param register: adds one :class:`~power_core.spec.Strategy`; raises
         :class:`~power_core.errors.PluginError` for a missing or duplicate name.

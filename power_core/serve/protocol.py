@@ -17,6 +17,7 @@ from typing import Any, Literal
 import attrs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from power_core.config import SAMPLING_KEYS
 from power_core.transaction import TokenLogprob
 
 __all__ = ["APIError", "ChatRequest", "CompletionRequest", "parse_request", "finish_reason"]
@@ -104,8 +105,8 @@ class _Sampling(_Strict):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     def sampling(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed")
-                if getattr(self, k) is not None}
+        # the request-scoped keys of the configuration: the library's and the server's come from one declaration
+        return {k: getattr(self, k) for k in SAMPLING_KEYS if getattr(self, k) is not None}
 
     @property
     def include_usage(self) -> bool:

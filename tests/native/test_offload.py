@@ -73,7 +73,7 @@ def test_receipts_record_devices_and_offload(tiny_llama, mode, flash):
     assert receipt.backend["devices"] == ["CPU"]
     assert {k: receipt.backend[k] for k in ("n_gpu_layers", "draft_gpu_layers", "flash_attn")} == {
         "n_gpu_layers": 0, "draft_gpu_layers": 0, "flash_attn": flash}
-    assert receipt.config["flash_attn"] == flash and receipt.config["devices"] == ()
+    assert receipt.config["flash_attn"] == flash and receipt.config["devices"] == []
 
 
 def test_batch_receipts_record_devices(tiny_llama):
