@@ -27,6 +27,24 @@ def _solo(mode: str, prompt: list[int], max_tokens: int) -> tuple[int, ...]:
         return s.start(prompt, max_tokens=max_tokens).run().tokens
 
 
+def _run_concurrently(engine, gens) -> list:
+    """Run every request in a thread of its own (they share the engine's passes); results or errors."""
+    out: list = [None] * len(gens)
+
+    def go(i: int) -> None:
+        try:
+            out[i] = engine.run(gens[i])
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            out[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
 class RaisingObserver:
     """A third-party observer with a bug in ``power_request_end`` (and one in ``power_request_start``)."""
 
@@ -50,19 +68,7 @@ def test_an_observer_that_raises_is_counted_and_stops_no_request(caplog):
     plugins = core_plugins(RaisingObserver())
     with Session.open_engine(2, _config("ref-draft"), model=MODEL, plugins=plugins) as engine:
         gens = [engine.submit(p, max_tokens=30) for p in prompts]
-        out: list = [None, None]
-
-        def go(i: int) -> None:
-            try:
-                out[i] = engine.run(gens[i])
-            except BaseException as exc:  # noqa: BLE001 - inspected below
-                out[i] = exc
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = _run_concurrently(engine, gens)
         for prompt, res in zip(prompts, out, strict=True):
             assert not isinstance(res, BaseException), res
             assert res.tokens == _solo("ref-draft", prompt, 30)
@@ -183,19 +189,7 @@ def test_in_shared_passes_only_the_sequence_whose_restore_failed_is_lost(monkeyp
         victim = gens[1].session
         victim.proposer = Flaky(victim.proposer, fail_at=3)
         _lose_state_on_restore(monkeypatch, victim.opened.target)
-        out: list = [None, None]
-
-        def go(i: int) -> None:
-            try:
-                out[i] = engine.run(gens[i])
-            except BaseException as exc:  # noqa: BLE001 - inspected below
-                out[i] = exc
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = _run_concurrently(engine, gens)
         assert isinstance(out[1], RuntimeFault) and victim.lost is not None
         assert out[0].tokens == _solo("ref-draft", prompts[0], 30)
         with pytest.raises(StateLost):
