@@ -161,6 +161,8 @@ class Ticket(Generic[SlotT]):
         self._engine = engine
         self.strategy = strategy
         self.session: SlotT | None = None
+        #: why the wait ended without a sequence (the engine closed, or every sequence that fits was lost)
+        self.failure: PowerError | None = None
         self._given = threading.Event()
         self._callbacks: list[Callable[[], None]] = []
 
@@ -168,8 +170,9 @@ class Ticket(Generic[SlotT]):
     def ready(self) -> bool:
         return self._given.is_set()
 
-    def _give(self, session: SlotT) -> None:  # under the engine's lock
-        self.session = session
+    def _give(self, session: SlotT | None, failure: PowerError | None = None) -> None:  # under the engine's lock
+        """Hand the ticket ``session``, or end its wait with ``failure`` (``session`` None)."""
+        self.session, self.failure = session, failure
         self._given.set()
         for fn in self._callbacks:
             fn()
@@ -195,7 +198,7 @@ class Ticket(Generic[SlotT]):
                 raise Overloaded(f"no free slot within {timeout} s")
             # (else handed a sequence just as the time ran out: take it)
         if self.session is None:
-            raise Overloaded("the engine closed before a slot was free")
+            raise self.failure or Overloaded("the ticket left the queue")
         return self.session
 
     def withdraw(self) -> None:
@@ -235,6 +238,8 @@ class Engine(Generic[SlotT]):
         self._free: collections.deque[SlotT] = collections.deque(self.sessions)
         self._waiting: collections.deque[Ticket[SlotT]] = collections.deque()
         self._running: dict[SlotT, Request[Any]] = {}
+        #: sequences handed to a ticket whose request has not started yet
+        self._reserved: set[SlotT] = set()
         self._closed = False
         #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
         self.probe = probe
@@ -265,7 +270,7 @@ class Engine(Generic[SlotT]):
 
     # -- admission ------------------------------------------------------------------------------------------
     def _fits(self, session: SlotT, strategy: str | None) -> bool:
-        return session.lost is None and (strategy is None or session.strategy_name == strategy)
+        return session.lost is None and not session.closed and (strategy is None or session.strategy_name == strategy)
 
     def reserve(self, *, strategy: str | None = None) -> Ticket[SlotT]:
         """A ticket for the next free sequence (of ``strategy`` when given): given at once when one is
@@ -284,6 +289,7 @@ class Engine(Generic[SlotT]):
             free = next((s for s in self._free if self._fits(s, strategy)), None)
             if free is not None and not any(self._fits(free, t.strategy) for t in self._waiting):
                 self._free.remove(free)
+                self._reserved.add(free)
                 ticket._give(free)
                 return ticket
             if self.queue_max is not None and len(self._waiting) >= self.queue_max:
@@ -301,18 +307,28 @@ class Engine(Generic[SlotT]):
 
     def release(self, session: SlotT) -> None:
         """Give ``session`` back: to the oldest waiting ticket it fits, else to the free ones."""
+        close_now = False
         with self._cv:
             self._running.pop(session, None)
-            if session in self._free:
-                return
-            for ticket in self._waiting:
-                if self._fits(session, ticket.strategy):
+            self._reserved.discard(session)
+            if session not in self._free:
+                for ticket in self._waiting:
+                    if self._fits(session, ticket.strategy):
+                        self._waiting.remove(ticket)
+                        self._reserved.add(session)
+                        ticket._give(session)
+                        break
+                else:
+                    self._free.append(session)
+            if session.lost is not None:  # tickets no healthy sequence can serve would wait forever
+                for ticket in [t for t in self._waiting if not any(self._fits(s, t.strategy) for s in self.sessions)]:
                     self._waiting.remove(ticket)
-                    ticket._give(session)
-                    break
-            else:
-                self._free.append(session)
+                    ticket._give(None, StateLost("every sequence this request could run on lost its target state "
+                                                 "(a failed restore); close the engine and open a new one"))
+            close_now = self._close_deferred and self.runtime is None and not self._running
             self._cv.notify_all()
+        if close_now:  # close() stopped waiting for this request: free the sequences now that it ended
+            self._close_sequences()
 
     def _dequeue(self, ticket: Ticket[SlotT]) -> bool:
         """Take ``ticket`` out of the queue if it still waits there (True), else False (it holds a sequence)."""
@@ -327,6 +343,8 @@ class Engine(Generic[SlotT]):
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
             session, ticket.session = ticket.session, None
+            if session is not None:
+                self._reserved.discard(session)
         if session is not None:
             self.release(session)
 
@@ -337,12 +355,14 @@ class Engine(Generic[SlotT]):
         with self._cv:
             if self._closed or s.closed:
                 raise SessionBusy("the session is closed; open a new one")
-            if s in self._running:
+            if s in self._running or (s in self._reserved and gen.txn is not None):
+                # (a resumed request may not take a sequence admitted for another one)
                 raise SessionBusy("the session is serving another request (another thread's, or an unfinished "
                                   "stream); a session runs one request at a time: open one session per thread, "
                                   "or finish/close the stream first")
             if s in self._free:
                 self._free.remove(s)
+            self._reserved.discard(s)
             self._running[s] = gen
         try:
             s.hand_over(gen)
@@ -401,6 +421,8 @@ class Engine(Generic[SlotT]):
         closing the iterator early cancels the request."""
         if gen.session not in self.sessions:
             raise SessionBusy("this request's session does not belong to the engine")
+        if gen.txn is not None and gen.txn.finished is not None:
+            return  # it has ended: nothing to run (and no sequence to claim)
         yield from (self._solo(gen) if self.runtime is None else self._shared(gen))
 
     def _begin(self, gen: Request[Any]) -> None:
@@ -507,9 +529,17 @@ class Engine(Generic[SlotT]):
                 gen.cancel.cancel()
             waiting, self._waiting = list(self._waiting), collections.deque()
             self._cv.notify_all()
-        for ticket in waiting:
-            ticket._given.set()  # session None: wait() raises Overloaded
-        if self._thread is not None:
+        with self._cv:
+            for ticket in waiting:
+                ticket._give(None, SessionBusy("the engine closed before a slot was free"))
+        if self._thread is None:  # solo sequences: their readers' threads run the rounds; wait for them
+            with self._cv:
+                if not self._cv.wait_for(lambda: not self._running, timeout):
+                    self._close_deferred = True  # the last request to end closes them (release)
+                    log.error("engine.close_deferred", timeout=timeout,
+                              reason="requests still running; the last one to end closes the sequences")
+                    return
+        else:
             self._thread.join(timeout)
             with self._cv:
                 if not self._driver_done:

@@ -407,8 +407,8 @@ class Session:
     def close(self) -> None:
         """Free the model: the proposer (its optional ``close()``), then the target, even if the former
         fails. Raises :class:`SessionBusy` while a request runs in another thread."""
-        owner = self.engine.running_request(self) if self.engine is not None else None
-        with self._mutex:
+        with self._mutex:  # (the owner is read under the lock hand_over takes: no request starts meanwhile)
+            owner = self.engine.running_request(self) if self.engine is not None else None
             if self._closed:
                 return
             if owner is not None and owner.thread is not threading.current_thread():
@@ -669,7 +669,10 @@ class Generation:
         proposer = None if self.target_only else s.proposer
         scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=proposer is not None,
                                           costs=caps.verify_cost if s.selection.strategy.cost_aware else None)
-        stop_text = self._text.find_stop if self._text is not None and self.config.stop else None
+        # the transaction's own assembler: it runs on the driver's thread, the request's text on the reader's
+        tok = s.opened.tokenizer
+        stop_text = TextAssembler(tok.decode, self.config.stop).find_stop if tok is not None and self.config.stop \
+            else None
         return Transaction(target=s.opened.target, proposer=proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
@@ -717,15 +720,18 @@ class Generation:
         return self._stream
 
     def _deltas(self, text: TextAssembler) -> Generator[str, None, None]:
-        rounds = self.rounds()
+        # from the commits' snapshots: on shared passes the driver runs on while the reader reads
+        tokens = list(self.tokens)  # committed before this attempt (a resumed request); nothing runs yet
+        commits = self.session.driver().rounds(self)
         try:
-            for _ in rounds:
-                text.sync(self.tokens)
-                delta = text.take(final=self.finished)
+            for commit in commits:
+                tokens.extend(commit.tokens)
+                text.sync(tokens)
+                delta = text.take(final=commit.finished)
                 if delta:
                     yield delta
         finally:
-            rounds.close()
+            commits.close()
         text.sync(self.tokens)
         delta = text.take(final=True)
         if delta:

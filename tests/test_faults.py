@@ -10,7 +10,7 @@ import time
 import pytest
 
 from power_core.config import PowerConfig
-from power_core.errors import Cancelled, RuntimeFault, StateLost
+from power_core.errors import Cancelled, RuntimeFault, SessionBusy, StateLost
 from power_core.session import Session
 from power_core.spec import hookimpl
 from tests.helpers import Flaky, core_plugins
@@ -196,3 +196,94 @@ def test_in_shared_passes_only_the_sequence_whose_restore_failed_is_lost(monkeyp
             engine.run(victim.start([9, 9], max_tokens=3))
         again = engine.run(engine.submit([9, 9], max_tokens=3))  # the healthy sequence keeps serving
         assert again.tokens == _solo("ref-draft", [9, 9], 3)
+
+
+# -- admission stays consistent (found in review) ------------------------------------------------------
+
+
+def test_a_finished_or_resumed_request_never_takes_a_sequence_admitted_for_another():
+    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+        done = engine.submit([1, 2, 3], max_tokens=4)
+        assert engine.run(done).receipt.status == "completed"
+        gen = engine.submit([4, 5], max_tokens=50)
+        commits = engine.rounds(gen)
+        next(commits)
+        gen.cancel.cancel()
+        with pytest.raises(Cancelled):
+            list(commits)
+        a, b = engine.reserve(), engine.reserve()  # both sequences admitted for new requests
+        assert a.ready and b.ready and engine.busy == 2
+        assert list(engine.rounds(done)) == [] and engine.busy == 2  # a finished request runs nothing
+        gen.cancel.reset()
+        with pytest.raises(SessionBusy):  # an interrupted request may not resume on an admitted sequence
+            list(engine.rounds(gen))
+        assert engine.busy == 2
+        engine.release(a.session)
+        engine.release(b.session)
+        assert engine.busy == 0
+
+
+def test_tickets_waiting_for_lost_sequences_fail_instead_of_waiting_forever(monkeypatch):
+    with Session.open_engine(1, _config("ref-draft"), model=MODEL, plugins=core_plugins()) as engine:
+        gen = engine.submit([1, 2, 3], max_tokens=30)
+        session = gen.session
+        session.proposer = Flaky(session.proposer, fail_at=3)
+        _lose_state_on_restore(monkeypatch, session.opened.target)
+        waiting = engine.reserve()
+        assert not waiting.ready
+        with pytest.raises(RuntimeFault):
+            engine.run(gen)
+        with pytest.raises(StateLost):
+            waiting.wait(5)
+
+
+def test_closing_independent_sequences_waits_for_their_requests():
+    sessions = [Session.open(_config("off"), model=MODEL, plugins=core_plugins()) for _ in range(2)]
+    engine = Session.independent_engine(sessions)
+    gen = engine.submit([1, 2, 3], max_tokens=400)
+    started = threading.Event()
+    out: list = []
+
+    def read() -> None:
+        try:
+            for _ in engine.rounds(gen):
+                started.set()
+                time.sleep(0.001)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            out.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(10)
+    engine.close(timeout=10)  # cancels the request, waits for it, then closes both sessions
+    reader.join(10)
+    assert isinstance(out[0], Cancelled) and all(s.closed for s in sessions)
+
+
+def test_closing_the_engine_ends_every_waiting_ticket():
+    with Session.open_engine(1, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+        held = engine.reserve()
+        waiting = engine.reserve()
+        woken: list[bool] = []
+        waiting.on_ready(lambda: woken.append(True))
+        engine.release(held.session)  # (handed to the waiting ticket, then given back below)
+        engine.release(waiting.session)
+        late = engine.reserve()
+        later = engine.reserve()
+        later.on_ready(lambda: woken.append(True))
+        engine.close()
+        assert woken == [True, True] and later.session is None
+        with pytest.raises(SessionBusy, match="closed"):
+            later.wait(1)
+        assert late.ready
+
+
+def test_a_stream_on_shared_passes_equals_its_generate():
+    with Session.open_engine(2, _config("ref-draft", stop=("e",)), model=MODEL, plugins=core_plugins()) as engine:
+        session = engine.sessions[0]
+        expect = session.generate("hello there", max_tokens=60)
+        parts = []
+        for delta in session.stream("hello there", max_tokens=60):
+            time.sleep(0.005)  # the driver runs ahead of the reader
+            parts.append(delta)
+        assert "".join(parts) == expect.text

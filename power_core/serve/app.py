@@ -40,6 +40,8 @@ from power_core.errors import (
     Overloaded,
     PowerError,
     RuntimeFault,
+    SessionBusy,
+    StateLost,
 )
 from power_core.logs import get_logger
 from power_core.serve.audit import Auditor
@@ -286,6 +288,9 @@ async def _admit(state: ServerState, job: Job) -> Session:
     except Overloaded as exc:
         raise APIError(503, f"server busy: {exc} (--queue); retry later", type="server_error",
                        code="server_overloaded", headers={"Retry-After": "1"}) from None
+    except SessionBusy as exc:  # the engine is closing
+        raise APIError(503, f"the server is shutting down ({exc}); retry on another instance", type="server_error",
+                       code="shutting_down", headers={"Retry-After": "5"}) from None
     if not ticket.ready:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
@@ -309,7 +314,11 @@ async def _admit(state: ServerState, job: Job) -> Session:
                                "retry later", type="server_error", code="server_overloaded",
                                headers={"Retry-After": "1"}) from None
             raise
-    assert ticket.session is not None
+    if ticket.session is None:  # the wait ended without a sequence: the engine closed, or they were lost
+        if isinstance(ticket.failure, StateLost):
+            raise _from_power_error(ticket.failure)
+        raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
+                       code="shutting_down", headers={"Retry-After": "5"})
     state.metrics.prompt_tokens.inc(int(job.prompt.size))
     return ticket.session
 

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from power_core.engine import Engine
-from power_core.errors import Overloaded, SessionBusy
+from power_core.errors import PowerError
 from power_core.logs import get_logger
 from power_core.receipt import Receipt
 from power_core.serve.jobs import Job, Metrics, Outcome, ReceiptStore
@@ -99,7 +99,7 @@ class Auditor:
             if self.engine.waiting == 0:
                 try:
                     ticket = self.engine.reserve()
-                except (Overloaded, SessionBusy):
+                except PowerError:  # busy, closed, or every sequence lost: try again later
                     ticket = None
                 if ticket is not None:
                     if ticket.ready and ticket.session is not None:

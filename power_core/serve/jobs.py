@@ -198,6 +198,10 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     except Exception as exc:  # a defect: the client gets a 500 without a traceback, the log gets it
         error = exc
         log.error("serve.request_crashed", id=job.id, exc_info=True)
+    if gen.receipt is None:  # it never started (the engine or the session refused it): no receipt to give
+        engine.release(session)
+        assert error is not None
+        raise error
     # the request has ended: the driver no longer touches it
     if text is not None and emit is not None:
         text.sync(gen.tokens)
