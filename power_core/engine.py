@@ -73,9 +73,6 @@ class Slot(Protocol):
         ...
 
     @property
-    def require_identical(self) -> bool: ...
-
-    @property
     def closed(self) -> bool: ...
 
     @property

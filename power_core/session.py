@@ -371,10 +371,6 @@ class Session:
         """The widest verify block this session's rounds open: the anchor plus K proposals (1 target-only)."""
         return self.config.draft_max + 1 if self.proposer is not None else 1
 
-    @property
-    def require_identical(self) -> bool:
-        return bool(self.config.require_identical)
-
     @classmethod
     def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None) -> Session:
         """The session over a loaded target: the self-test, then the proposer."""

@@ -536,7 +536,7 @@ def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
     receipts = ReceiptStore(options.receipts)
     executor = ThreadPoolExecutor(max_workers=len(engine.sessions), thread_name_prefix="power-slot")
     auditor = Auditor(rate=options.audit_rate, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
-                      require_identical=engine.sessions[0].require_identical)
+                      require_identical=engine.sessions[0].config.require_identical)
     state = ServerState(options=options, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
                         auditor=auditor)
 
