@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import re
 import threading
 import tomllib
@@ -51,6 +52,8 @@ VERIFY_CAPACITY_MAX = 256
 SAMPLING_IN_GRAPH = ("auto", "on", "off")
 #: at most this many stop strings per request
 STOP_MAX = 64
+#: the token biases one request may give
+LOGIT_BIAS_MAX = 1024
 
 Scope = Literal["session", "sequence", "request"]
 #: when a key may change, widest last: fixed at open, per sequence of a batch, per request
@@ -238,6 +241,36 @@ def _stops(key: ConfigKey, value: Any) -> None:
                           "e.g. stop = [\"\\n\\n\", \"###\"]")
 
 
+def _bias_pairs(value: Any) -> Any:
+    """``{"15": -5.0}`` / ``{15: -5.0}`` / ``[(15, -5.0)]`` -> ``((15, -5.0),)`` sorted by id (anything else is
+    left for the validator to reject)."""
+    if isinstance(value, Mapping):
+        value = list(value.items())
+    if isinstance(value, (list, tuple)):
+        out = []
+        for pair in value:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                return value
+            tok, bias = pair
+            if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+                tok = int(tok)
+            if isinstance(bias, int) and not isinstance(bias, bool):
+                bias = float(bias)
+            out.append((tok, bias))
+        return tuple(sorted(out, key=lambda p: p[0] if isinstance(p[0], int) else -1))
+    return value
+
+
+def _biases(key: ConfigKey, value: Any) -> None:
+    ok = isinstance(value, tuple) and len(value) <= LOGIT_BIAS_MAX and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, float)
+        and (math.isfinite(b) or b == -math.inf) for t, b in value)
+    if not ok or len({t for t, _ in value}) != len(value):
+        raise ConfigError(key.name, value, f"at most {LOGIT_BIAS_MAX} distinct token ids, each with a finite bias "
+                          "or -inf", 'e.g. logit_bias = {"15043": -100.0}; the token ids are checked against the '
+                          "model's vocabulary when a request starts")
+
+
 def _valid(key: ConfigKey, value: Any) -> None:
     """For keys whose converter already validated (and raised)."""
 
@@ -273,6 +306,24 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
          flag="--min-p", lo=0.0, hi=1.0, hi_open=True),
     _key("seed", int, 0, "sampler", "the random stream, keyed by emitted position", scope="request", flag="--seed",
          lo=0, hi=2**63 - 1),
+    _key("repeat_penalty", float, 1.0, "sampler",
+         "llama.cpp's repeat penalty over the last repeat_last_n tokens of prompt + output (1: off)",
+         scope="request", flag="--repeat-penalty", lo=0.0, hi=10.0, lo_open=True),
+    _key("repeat_last_n", int, 64, "sampler",
+         "the penalties' window: the last N tokens of prompt + output (0: penalties off, -1: the whole context)",
+         scope="request", flag="--repeat-last-n", lo=-1, hi=1 << 20),
+    _key("frequency_penalty", float, 0.0, "sampler",
+         "subtracted from a token's logit once per occurrence in the penalties' window", scope="request",
+         flag="--frequency-penalty", lo=-2.0, hi=2.0),
+    _key("presence_penalty", float, 0.0, "sampler",
+         "subtracted from the logit of a token that occurs in the penalties' window", scope="request",
+         flag="--presence-penalty", lo=-2.0, hi=2.0),
+    _key("logit_bias", tuple, (), "sampler",
+         "token id -> bias added to its logit before the penalties (-inf bans it)", scope="request",
+         convert=_bias_pairs, validate=_biases),
+    _key("tenant", str, "", "session",
+         "whose memories a request may use (prompt cache, cross-request suffix index): requests see only "
+         "their own tenant's (empty: the default tenant)", scope="request"),
     _key("max_tokens", int, 128, "session", "tokens to emit at most", scope="request", flag="--max-tokens", lo=1,
          hi=1 << 20),
     _key("n_ctx", int, 2048, "session", "context length", flag="--n-ctx", lo=16, hi=1 << 20),
@@ -492,6 +543,12 @@ class PowerConfig:
     top_p: float = _CORE["top_p"].field()
     min_p: float = _CORE["min_p"].field()
     seed: int = _CORE["seed"].field()
+    repeat_penalty: float = _CORE["repeat_penalty"].field()
+    repeat_last_n: int = _CORE["repeat_last_n"].field()
+    frequency_penalty: float = _CORE["frequency_penalty"].field()
+    presence_penalty: float = _CORE["presence_penalty"].field()
+    logit_bias: tuple[tuple[int, float], ...] = _CORE["logit_bias"].field()
+    tenant: str = _CORE["tenant"].field()
     max_tokens: int = _CORE["max_tokens"].field()
     n_ctx: int = _CORE["n_ctx"].field()
     n_threads: int | None = _CORE["n_threads"].field()

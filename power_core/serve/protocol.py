@@ -74,8 +74,11 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
-    frequency_penalty: Literal[0] | None = None
-    presence_penalty: Literal[0] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    #: llama-server's names for llama.cpp's repeat penalty and the penalties' window
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
@@ -89,9 +92,12 @@ class _Sampling(_Strict):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported: the target alone decides every token")
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids (decimal strings); got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values are in [-100, 100]; got {bias} for token {key}")
         return v
 
     @model_validator(mode="after")
