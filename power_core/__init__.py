@@ -29,6 +29,7 @@ from power_core.runtime import (
     ProposalContext,
     Proposer,
     ProposerCapabilities,
+    RequestScope,
     TargetCapabilities,
     TargetRuntime,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "ProposerCapabilities",
     "ProposerRequest",
     "Receipt",
+    "RequestScope",
     "Result",
     "RoundOutcome",
     "RoundPlan",

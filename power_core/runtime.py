@@ -33,6 +33,7 @@ __all__ = [
     "ProposalContext",
     "Proposal",
     "ProposerCapabilities",
+    "RequestScope",
     "Proposer",
     "BatchItem",
     "BatchRuntime",
@@ -297,6 +298,16 @@ _NO_PROPOSAL = Proposal(ids=np.zeros(0, dtype=np.int32))
 
 
 @attrs.frozen
+class RequestScope:
+    """Whom a request runs for, as a proposer that keeps memories across requests needs to know it
+    (:attr:`ProposerCapabilities.request_scope`). ``tenant``: the request's configuration key
+    ``tenant`` (``""``: the default tenant); what one tenant's requests taught such a proposer must
+    never reach another tenant's proposals unless the proposer was told to share them."""
+
+    tenant: str = ""
+
+
+@attrs.frozen
 class ProposerCapabilities:
     """What a :class:`Proposer` can do beyond the protocol, declared once by the proposer (its
     ``capabilities``, fixed when the strategy's factory made it) and read from there by the core
@@ -311,13 +322,17 @@ class ProposerCapabilities:
       ``None``: its proposals are no model's argmax;
     * ``compute_seconds() -> float``: monotonic seconds its draft model has spent computing (the
       receipt's ``draft_compute_s``); ``None``: it computes on the host, all of its time is host time;
-    * ``close()``: releases what it holds (a draft context); the session calls it once, when it closes.
+    * ``close()``: releases what it holds (a draft context); the session calls it once, when it closes;
+    * ``request_scope(scope)``: takes the request's :class:`RequestScope`; the transaction calls it
+      right before every ``begin`` (a proposer whose memory outlives a request keeps tenants apart
+      with it). ``None``: the proposer never needs to know whom a request runs for.
     """
 
     reads_target_rows: bool = False
     samples_in_graph: bool | None = None
     compute_seconds: Callable[[], float] | None = _ability()
     close: Callable[[], None] | None = _ability()
+    request_scope: Callable[[RequestScope], None] | None = _ability()
 
     @classmethod
     def of(cls, proposer: Proposer) -> ProposerCapabilities:

@@ -48,6 +48,7 @@ from power_core.runtime import (
     BatchRuntime,
     Proposer,
     ProposerCapabilities,
+    RequestScope,
     TargetRuntime,
     runtime_counters,
 )
@@ -482,7 +483,7 @@ class Session:
     def start(self, prompt: Prompt, *, cancel: CancelToken | None = None,
               max_tokens: int | None = None, stop: Sequence[str] | None = None,
               sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
-              target_only: bool = False) -> Generation:
+              target_only: bool = False, tenant: str | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
@@ -492,9 +493,13 @@ class Session:
         that emitted it and the N most likely alternatives (:attr:`Generation.logprobs`).
         ``target_only=True`` decodes without the session's proposer (one token per target pass, the
         same sampling): what speculation must equal, e.g. for ``power serve --audit-rate``.
+        ``tenant`` (config ``tenant``) is whom the request runs for: memories kept across requests
+        (a proposer's, :class:`~power_core.runtime.RequestScope`) serve only that tenant's requests.
         """
         config = self.config
         changes: dict[str, Any] = {}
+        if tenant is not None and tenant != config.tenant:
+            changes["tenant"] = tenant
         if max_tokens is not None and max_tokens != config.max_tokens:
             changes["max_tokens"] = max_tokens
         if stop is not None and tuple(stop) != config.stop:
@@ -673,7 +678,8 @@ class Generation:
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
                            top_logprobs=self.top_logprobs,
-                           sampling_in_graph=self.config.sampling_in_graph)
+                           sampling_in_graph=self.config.sampling_in_graph,
+                           scope=RequestScope(tenant=self.config.tenant))
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -41,6 +41,7 @@ from power_core.runtime import (
     ProposalContext,
     Proposer,
     ProposerCapabilities,
+    RequestScope,
     TargetRuntime,
     TokenArray,
 )
@@ -202,6 +203,9 @@ class Transaction:
     #: what the request's proposer declared it can do (:meth:`ProposerCapabilities.of`), read in
     #: :meth:`start_prefill`; nothing for a target-only request
     proposer_caps: ProposerCapabilities = attrs.field(init=False, factory=ProposerCapabilities)
+    #: whom the request runs for (config ``tenant``), told to a proposer that asks for it
+    #: (:attr:`ProposerCapabilities.request_scope`) right before its ``begin``
+    scope: RequestScope = attrs.field(factory=RequestScope)
     # decoder state
     _hist: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + emitted, grown x2
     _n_hist: int = 0
@@ -260,6 +264,8 @@ class Transaction:
             if self.proposer is not None:
                 # begin first: the proposer sees every prefill batch (llama.cpp feeds its drafters the
                 # prompt's ubatches too), e.g. to fill an MTP or DFlash draft KV from the target's taps
+                if (told := self.proposer_caps.request_scope) is not None:
+                    self._call("request_scope", self.scope, fn=told)
                 self._call("begin", tokens)
         except BaseException:
             self.target.reset()
@@ -330,15 +336,16 @@ class Transaction:
             self._call("observe", res if res.kind == "prompt" else attrs.evolve(res, kind="prompt"))
 
     # -- the one door into the proposer ---------------------------------------------------------------
-    def _call(self, method: str, *args: Any) -> Any:
-        """Call ``proposer.<method>(*args)``; a foreign exception becomes :class:`AdapterFault`.
+    def _call(self, method: str, *args: Any, fn: Callable[..., Any] | None = None) -> Any:
+        """Call ``proposer.<method>(*args)`` (or ``fn``, the ability of that name it declared in its
+        capabilities); a foreign exception becomes :class:`AdapterFault`.
 
         A :class:`PowerError` (e.g. a native runtime's typed error) passes through unchanged, and so
         does a ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``). The caller's
         round then restores, as for any failure.
         """
         try:
-            return getattr(self.proposer, method)(*args)
+            return (fn or getattr(self.proposer, method))(*args)
         except PowerError:
             raise
         except Exception as exc:
