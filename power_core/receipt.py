@@ -32,11 +32,17 @@ def proposer_stats(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     alone (llama.cpp keeps the same counts for each of its drafters): ``drafts`` (rounds in which
     the proposer offered tokens), ``drafted`` (tokens it offered: ``width.offered`` where a
     cost-aware width verified only a prefix, else ``proposed``), ``accepted`` (proposals the target
-    accepted) and ``accepted_per_position`` (``[i]``: drafts whose proposal ``i`` was accepted; one
-    entry per position ever offered)."""
+    accepted), ``accepted_per_position`` (``[i]``: drafts whose proposal ``i`` was accepted; one
+    entry per position ever offered), ``sources`` (per ``Proposal.source`` a round named: the same
+    ``drafts``, ``drafted`` and ``accepted`` of its proposals) and ``stats`` (each ``Proposal.stats``
+    name, summed over the rounds that gave it)."""
     drafts = drafted = accepted = 0
     per_position: list[int] = []
+    sources: dict[str, dict[str, int]] = {}
+    stats: dict[str, float] = {}
     for r in rounds:
+        for name, value in (r.get("stats") or {}).items():
+            stats[name] = stats.get(name, 0.0) + float(value)
         width = r.get("width") or {}
         offered = int(width.get("offered", r["proposed"]))
         if offered <= 0:
@@ -49,7 +55,13 @@ def proposer_stats(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             per_position.extend([0] * (offered - len(per_position)))
         for i in range(n):
             per_position[i] += 1
-    return {"drafts": drafts, "drafted": drafted, "accepted": accepted, "accepted_per_position": per_position}
+        if (source := r.get("source")) is not None:
+            counts = sources.setdefault(str(source), {"drafts": 0, "drafted": 0, "accepted": 0})
+            counts["drafts"] += 1
+            counts["drafted"] += offered
+            counts["accepted"] += n
+    return {"drafts": drafts, "drafted": drafted, "accepted": accepted, "accepted_per_position": per_position,
+            "sources": dict(sorted(sources.items())), "stats": dict(sorted(stats.items()))}
 
 
 @attrs.frozen

@@ -276,8 +276,11 @@ class Proposal:
     float in ``[0, 1]`` per id, the probability that it is accepted given that the previous one
     was; cost-aware strategies (``Strategy.cost_aware``) use it to choose how much of the
     proposal to verify, and ``observe`` then shows the proposer the block actually verified.
-    ``stats``: a few named numbers about how the proposal was made (e.g. a match length), for
-    observers of the ``propose`` phase (``power_txn_phase``); the core does not read them.
+    ``stats``: a few named numbers about how the proposal was made (e.g. a match length); the round
+    records them and the receipt sums them over the request (``proposer.stats``). ``source``: which
+    of the proposer's sources the proposal came from (e.g. a suffix index's ``"request"``,
+    ``"shared"`` or ``"corpus"``), when it has several; the receipt counts the tokens offered and
+    accepted per source (``proposer.sources``), and ``power serve`` in ``/metrics``.
 
     The transaction checks every proposal in one place before the target sees it, and refuses a
     bad one with :class:`~power_core.errors.AdapterFault` naming the proposer. A value, compared
@@ -287,6 +290,7 @@ class Proposal:
     ids: TokenArray
     confidence: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None
     stats: Mapping[str, float] | None = None
+    source: str | None = None
 
     @classmethod
     def none(cls) -> Proposal:

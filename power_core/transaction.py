@@ -26,6 +26,8 @@ The transaction knows no adapter and no backend: only the protocols in :mod:`pow
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -119,10 +121,13 @@ class RoundRecord:
     proposal: tuple[int, ...] | None = None
     #: the cost-aware width choice and its inputs (cost-aware strategies only)
     width: dict[str, Any] | None = None
+    #: where the proposal came from and the proposer's statistics of it (``Proposal.source``, ``.stats``)
+    source: str | None = None
+    stats: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
-        for key in ("proposal", "width"):
+        for key in ("proposal", "width", "source", "stats"):
             if out[key] is None:
                 del out[key]
         if self.proposal is not None:
@@ -168,6 +173,7 @@ class PendingRound:
     props: TokenArray = _EMPTY
     block: TokenArray = _EMPTY
     width: dict[str, Any] | None = None
+    proposal: Proposal = attrs.field(factory=Proposal.none)
 
     @property
     def needs_pass(self) -> bool:
@@ -438,10 +444,18 @@ class Transaction:
                 self._refuse(f"returned {len(p)} confidences for {len(ids)} ids; give one per id, or None")
             if not all(0.0 <= x <= 1.0 for x in p):  # NaN fails too
                 self._refuse(f"returned a confidence outside [0, 1]: {p}")
-        if got.stats is not None and not isinstance(got.stats, Mapping):
-            self._refuse(f"returned stats of type {type(got.stats).__name__}; expected a mapping of names to numbers")
-        if props.dtype != np.int32 or props is not got.ids:
-            return attrs.evolve(got, ids=props.astype(np.int32))
+        stats = got.stats
+        if stats is not None:
+            if not isinstance(stats, Mapping):
+                self._refuse(f"returned stats of type {type(stats).__name__}; expected a mapping of names to numbers")
+            if not all(isinstance(k, str) and isinstance(v, numbers.Real) and not isinstance(v, bool)
+                       and math.isfinite(v) for k, v in stats.items()):
+                self._refuse(f"returned stats {dict(stats)!r}; expected names (str) to finite numbers")
+            stats = {k: float(v) for k, v in stats.items()}
+        if got.source is not None and not isinstance(got.source, str):
+            self._refuse(f"returned a source of type {type(got.source).__name__}; expected a name (str) or None")
+        if props.dtype != np.int32 or props is not got.ids or stats is not got.stats:
+            return attrs.evolve(got, ids=props.astype(np.int32), stats=stats)
         return got
 
     def _refuse(self, what: str) -> NoReturn:
@@ -570,7 +584,7 @@ class Transaction:
         try:
             self._check_cancel()
             proposal = self._phase("propose", self._propose, k)
-            pending.offered = proposal.ids
+            pending.offered, pending.proposal = proposal.ids, proposal
             props, pending.width = self._choose_width(proposal, load)
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
@@ -607,7 +621,8 @@ class Transaction:
         record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
                              stop=self.finished, seconds=time.perf_counter() - pending.t0,
-                             proposal=tuple(int(t) for t in props) if self.trace else None, width=pending.width)
+                             proposal=tuple(int(t) for t in props) if self.trace else None, width=pending.width,
+                             source=pending.proposal.source, stats=pending.proposal.stats)
         self.rounds.append(record)
         if log.isEnabledFor(logging.DEBUG):  # per-round detail costs nothing when debug is off
             log.debug("txn.commit", round=record)

@@ -158,7 +158,7 @@ def check_proposer_stats(receipt: Any) -> dict[str, Any]:
     """The receipt's ``proposer`` section: one shape for every proposer, consistent with its rounds."""
     d = receipt.to_dict()
     p = d["proposer"]
-    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position"}, p
+    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position", "sources", "stats"}, p
     rounds = d["rounds"]
     assert p["drafts"] == sum(1 for r in rounds if (r.get("width") or {}).get("offered", r["proposed"]) > 0)
     assert p["accepted"] == d["summary"]["accepted"] and p["drafted"] >= d["summary"]["proposed"]
@@ -176,7 +176,7 @@ def test_proposer_statistics_in_every_receipt(mode, draft):
     res = run(model, [1, 2, 3], mode, draft, max_tokens=25, spec_draft_max=4)
     p = check_proposer_stats(res.receipt)
     if mode == "off":
-        assert p == {"drafts": 0, "drafted": 0, "accepted": 0, "accepted_per_position": []}
+        assert p == {"drafts": 0, "drafted": 0, "accepted": 0, "accepted_per_position": [], "sources": {}, "stats": {}}
         return
     assert p["drafts"] > 0 and p["drafted"] == res.receipt.proposed
     assert len(p["accepted_per_position"]) <= 4
@@ -190,7 +190,16 @@ def test_proposer_statistics_from_rounds():
     rounds = [{"proposed": 0, "accepted": 0}, {"proposed": 3, "accepted": 1},
               {"proposed": 2, "accepted": 2, "width": {"offered": 4, "chosen": 2}},
               {"proposed": 0, "accepted": 0, "width": {"offered": 2, "chosen": 0}}]
-    assert proposer_stats(rounds) == {"drafts": 3, "drafted": 9, "accepted": 3, "accepted_per_position": [2, 1, 0, 0]}
+    assert proposer_stats(rounds) == {"drafts": 3, "drafted": 9, "accepted": 3, "accepted_per_position": [2, 1, 0, 0],
+                                      "sources": {}, "stats": {}}
+    # a proposal's source and statistics (Proposal.source, .stats) are counted and summed per request
+    rounds = [{"proposed": 0, "accepted": 0, "stats": {"n": 1.0}},
+              {"proposed": 3, "accepted": 1, "source": "a", "stats": {"n": 2.0, "m": 0.5}},
+              {"proposed": 2, "accepted": 2, "source": "b", "width": {"offered": 4, "chosen": 2}},
+              {"proposed": 1, "accepted": 1, "source": "a"}]
+    got = proposer_stats(rounds)
+    assert got["sources"] == {"a": {"drafts": 2, "drafted": 4, "accepted": 2}, "b": {"drafts": 1, "drafted": 4, "accepted": 2}}
+    assert got["stats"] == {"m": 0.5, "n": 3.0}
 
 
 @pytest.mark.parametrize("mode,draft", [("off", None), ("ref-draft", "reference:accept=0.5")])

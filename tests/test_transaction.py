@@ -69,6 +69,25 @@ class _Bad(_Undeclared):
     capabilities = ProposerCapabilities()
 
 
+def test_proposal_source_and_stats_reach_the_rounds_and_the_receipt():
+    def out(ctx):
+        return Proposal(np.arange(1, ctx.k + 1), stats={"k": ctx.k, "one": np.float32(1)},
+                        source="even" if ctx.round_index % 2 == 0 else "odd")
+
+    with open_session(MODEL, "ref-draft", max_tokens=9, spec_draft_max=3) as s:
+        s.proposer = _Bad(out)
+        res = s.generate([1, 2, 3])
+    d = res.receipt.to_dict()
+    offered = [r for r in d["rounds"] if r["proposed"]]
+    assert offered and all(r["source"] == ("even" if r["index"] % 2 == 0 else "odd") for r in offered)
+    assert all(r["stats"] == {"k": float(r["proposed"]), "one": 1.0} for r in offered)
+    assert "source" not in d["rounds"][0] and "stats" not in d["rounds"][0]  # round 0 proposes nothing
+    p = d["proposer"]
+    assert p["stats"] == {"k": float(sum(r["proposed"] for r in offered)), "one": float(len(offered))}
+    assert sum(v["accepted"] for v in p["sources"].values()) == p["accepted"]
+    assert sum(v["drafted"] for v in p["sources"].values()) == p["drafted"]
+
+
 @pytest.mark.parametrize("out,msg", [
     (lambda ctx: Proposal(np.arange(ctx.k + 1)), "at most"),
     (lambda ctx: Proposal(np.array([48])), "outside"),
@@ -85,6 +104,9 @@ class _Bad(_Undeclared):
     (lambda ctx: Proposal(np.array([1]), confidence=[1.5]), r"confidence outside \[0, 1\]"),
     (lambda ctx: Proposal(np.array([1]), confidence=[float("nan")]), r"confidence outside \[0, 1\]"),
     (lambda ctx: Proposal(np.array([1]), stats=[("n", 1)]), "stats of type list; expected a mapping"),
+    (lambda ctx: Proposal(np.array([1]), stats={"n": "1"}), r"expected names \(str\) to finite numbers"),
+    (lambda ctx: Proposal(np.array([1]), stats={"n": float("inf")}), r"expected names \(str\) to finite numbers"),
+    (lambda ctx: Proposal(np.array([1]), source=3), "source of type int; expected a name"),
 ])
 def test_proposer_contract_violations_are_adapter_faults(out, msg):
     with open_session(MODEL, "ref-draft", max_tokens=5) as s:

@@ -100,6 +100,12 @@ class Metrics:
         self.accepted_per_pos = Counter("power:spec_decode_num_accepted_tokens_per_pos",
                                         "Drafts whose proposal at this position was accepted", ["position"],
                                         registry=r)
+        self.accepted_by_source = Counter("power:spec_decode_num_accepted_tokens_by_source",
+                                          "Proposal tokens accepted, by the proposal's source (Proposal.source, e.g. "
+                                          "suffix's request, shared, corpus)", ["source"], registry=r)
+        self.draft_tokens_by_source = Counter("power:spec_decode_num_draft_tokens_by_source",
+                                              "Proposal tokens verified, by the proposal's source", ["source"],
+                                              registry=r)
         self.requests = Counter("power:request_success", "Finished requests by finish reason "
                                 "(stop, length, abort: cancelled, error: failed)", ["finished_reason"], registry=r)
         self.prompt_tokens = Counter("power:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
@@ -128,6 +134,9 @@ class Metrics:
             self.num_accepted_tokens.inc(record.accepted)
             for pos in range(record.accepted):
                 self.accepted_per_pos.labels(position=str(pos)).inc()
+            if record.source is not None:
+                self.draft_tokens_by_source.labels(source=record.source).inc(record.proposed)
+                self.accepted_by_source.labels(source=record.source).inc(record.accepted)
 
 
 @attrs.define(eq=False)

@@ -47,7 +47,7 @@ def test_self_draft_full_acceptance_and_parity(tiny_model, k, s):
     assert summary["proposed"] > 0 and summary["accepted"] == summary["proposed"], summary
     # the proposer's statistics, computed by the core (the native proposer keeps none): all accepted
     p = got.receipt.to_dict()["proposer"]
-    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position"}
+    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position", "sources", "stats"}
     assert p["drafted"] == p["accepted"] == summary["proposed"] == sum(p["accepted_per_position"])
     assert p["drafts"] == p["accepted_per_position"][0] == sum(1 for r in got.receipt.rounds if r["proposed"])
     assert info["llama_cpp_commit"] and info["sdist_sha256"]

@@ -147,7 +147,7 @@ def test_cost_aware_width_is_in_the_receipt():
     assert res.receipt.scheduler["cost_aware"] is True
     # the proposer's statistics, in the core's one shape: offered tokens count as drafted
     p = res.receipt.to_dict()["proposer"]
-    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position"}
+    assert set(p) == {"drafts", "drafted", "accepted", "accepted_per_position", "sources", "stats"}
     assert p["drafts"] == len([w for w in widths if w["offered"] > 0])
     assert p["drafted"] == sum(w["offered"] for w in widths) >= res.receipt.proposed
     assert p["accepted"] == res.receipt.accepted == sum(p["accepted_per_position"])
