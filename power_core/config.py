@@ -264,10 +264,10 @@ def _bias_pairs(value: Any) -> Any:
 def _biases(key: ConfigKey, value: Any) -> None:
     ok = isinstance(value, tuple) and len(value) <= LOGIT_BIAS_MAX and all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, float)
-        and (math.isfinite(b) or b == -math.inf) for t, b in value)
+        and math.isfinite(b) for t, b in value)
     if not ok or len({t for t, _ in value}) != len(value):
-        raise ConfigError(key.name, value, f"at most {LOGIT_BIAS_MAX} distinct token ids, each with a finite bias "
-                          "or -inf", 'e.g. logit_bias = {"15043": -100.0}; the token ids are checked against the '
+        raise ConfigError(key.name, value, f"at most {LOGIT_BIAS_MAX} distinct token ids, each with a finite bias",
+                          'e.g. logit_bias = {"15043": -100.0}; the token ids are checked against the '
                           "model's vocabulary when a request starts")
 
 
@@ -319,7 +319,7 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
          "subtracted from the logit of a token that occurs in the penalties' window", scope="request",
          flag="--presence-penalty", lo=-2.0, hi=2.0),
     _key("logit_bias", tuple, (), "sampler",
-         "token id -> bias added to its logit before the penalties (-inf bans it)", scope="request",
+         "token id -> bias added to its logit before the penalties (e.g. -100 all but bans it)", scope="request",
          convert=_bias_pairs, validate=_biases),
     _key("tenant", str, "", "session",
          "whose memories a request may use (prompt cache, cross-request suffix index): requests see only "

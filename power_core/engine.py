@@ -48,6 +48,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 import numpy as np
 
+from power_core.constraint import ConstraintSpec
 from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
@@ -86,7 +87,8 @@ class Slot(Protocol):
 
     def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
               stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
-              logprobs: int | None = None) -> Request[Any]: ...
+              logprobs: int | None = None, tenant: str | None = None,
+              constraint: ConstraintSpec | None = None) -> Request[Any]: ...
 
 
 SlotT = TypeVar("SlotT", bound=Slot)
@@ -394,13 +396,15 @@ class Engine(Generic[SlotT]):
     # -- requests -------------------------------------------------------------------------------------------
     def submit(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
                stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
-               logprobs: int | None = None, strategy: str | None = None) -> Request[Any]:
+               logprobs: int | None = None, strategy: str | None = None,
+               constraint: ConstraintSpec | None = None) -> Request[Any]:
         """Start a request on the next free sequence (of ``strategy`` when given; waits for one); run
-        it with :meth:`rounds` or :meth:`run`."""
+        it with :meth:`rounds` or :meth:`run`. ``constraint``: what its output must match
+        (:class:`~power_core.constraint.ConstraintSpec`)."""
         session = self.acquire(strategy=strategy)
         try:
             return session.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                                 logprobs=logprobs)
+                                 logprobs=logprobs, constraint=constraint)
         except BaseException:
             self.release(session)
             raise

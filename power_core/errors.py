@@ -19,6 +19,7 @@ __all__ = [
     "Cancelled",
     "StateLost",
     "CapacityError",
+    "ConstraintError",
     "SessionBusy",
     "Overloaded",
     "MissingDependency",
@@ -125,6 +126,19 @@ class CapacityError(PowerError, ValueError):
     """A request does not fit (prompt longer than the context, K/S beyond what the runtime allows)."""
 
     code = "capacity_exceeded"
+
+
+class ConstraintError(PowerError, ValueError):
+    """A schema, regular expression, grammar or tool definition the grammar engine refuses (a syntax
+    error, an unsupported keyword, an unsatisfiable grammar). ``field`` names where it came from
+    (``response_format``, ``grammar``, ``tools[0].function.parameters``, ``--json-schema``)."""
+
+    code = "constraint_invalid"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.detail = message
 
 
 class SessionBusy(PowerError, RuntimeError):

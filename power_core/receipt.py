@@ -90,6 +90,9 @@ class Receipt:
     prompt_reused: int = 0
     #: observer hooks that raised during the request (logged; the request itself was unaffected)
     observer_faults: int = 0
+    #: the request's constraint (:class:`power_core.constraint.ConstraintStats`): kind, digest, lazy,
+    #: cuts, cut_tokens, cuts_per_round, masks; ``None`` when the output was unconstrained
+    constraint: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     @property

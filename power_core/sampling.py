@@ -14,6 +14,8 @@ import numpy.typing as npt
 
 __all__ = ["TargetSampler"]
 
+_F32 = np.float32
+
 
 @attrs.frozen
 class TargetSampler:
@@ -27,14 +29,56 @@ class TargetSampler:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    #: llama.cpp's penalties over the last ``repeat_last_n`` tokens of prompt + output (``-1``: all of them)
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    #: (token id, bias) pairs added to the row before the penalties (llama.cpp's logit-bias sampler)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def from_config(cls, config) -> TargetSampler:
-        return cls(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+        return cls(config.temperature, config.top_k, config.top_p, config.min_p, config.seed,
+                   config.repeat_penalty, config.repeat_last_n, config.frequency_penalty, config.presence_penalty,
+                   config.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalizes(self) -> bool:
+        """The penalties change rows (llama.cpp's ``is_disabled`` is false)."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                            or self.presence_penalty != 0.0)
+
+    @property
+    def adjusts(self) -> bool:
+        """Rows are changed before sampling (a bias or a penalty): the row at emitted position ``p``
+        then depends on the tokens before ``p`` (:meth:`adjust`)."""
+        return bool(self.logit_bias) or self.penalizes
+
+    def adjust(self, row: npt.NDArray[np.floating], history: npt.NDArray[np.int32]) -> npt.NDArray[np.float32]:
+        """The row as llama.cpp's logit-bias then penalties samplers leave it (float32 arithmetic as
+        theirs), given ``history``: every token before this row's position (prompt, output and the
+        row's accepted proposals). A copy; ``row`` is not changed."""
+        x = np.array(row, dtype=_F32)
+        for tok, bias in self.logit_bias:
+            x[tok] += _F32(bias)
+        if not self.penalizes:
+            return x
+        n = history.shape[0] if self.repeat_last_n < 0 else self.repeat_last_n
+        window = history[-n:] if n else history[:0]
+        if window.shape[0] == 0:
+            return x
+        ids, counts = np.unique(window, return_counts=True)
+        v = x[ids]
+        if self.repeat_penalty != 1.0:
+            r = _F32(self.repeat_penalty)
+            v = np.where(v <= 0, v * r, v / r)
+        x[ids] = v - (counts.astype(_F32) * _F32(self.frequency_penalty) + _F32(self.presence_penalty))
+        return x
 
     def uniform(self, position: int) -> float:
         """The position-indexed variate in [0, 1)."""

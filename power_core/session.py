@@ -30,11 +30,13 @@ import pluggy
 
 from power_core.chat import ChatTemplate, template_for
 from power_core.config import SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig
+from power_core.constraint import Constraint, ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import (
     AdapterFault,
     Cancelled,
     ConfigError,
+    ConstraintError,
     PowerError,
     SessionBusy,
     StateLost,
@@ -483,7 +485,8 @@ class Session:
     def start(self, prompt: Prompt, *, cancel: CancelToken | None = None,
               max_tokens: int | None = None, stop: Sequence[str] | None = None,
               sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
-              target_only: bool = False, tenant: str | None = None) -> Generation:
+              target_only: bool = False, tenant: str | None = None,
+              constraint: ConstraintSpec | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
@@ -495,6 +498,9 @@ class Session:
         same sampling): what speculation must equal, e.g. for ``power serve --audit-rate``.
         ``tenant`` (config ``tenant``) is whom the request runs for: memories kept across requests
         (a proposer's, :class:`~power_core.runtime.RequestScope`) serve only that tenant's requests.
+        ``constraint`` (a :class:`~power_core.constraint.ConstraintSpec`: JSON schema, regex or
+        grammar, optionally lazy) is what the output must match; it is compiled here, so a schema
+        the grammar engine refuses is a :class:`~power_core.errors.ConstraintError` before anything runs.
         """
         config = self.config
         changes: dict[str, Any] = {}
@@ -519,18 +525,31 @@ class Session:
                                      or not 0 <= logprobs <= LOGPROBS_MAX):
             raise ConfigError("logprobs", logprobs, f"an integer in [0, {LOGPROBS_MAX}]",
                               "the number of alternatives recorded per emitted token")
-        return Generation(self, self.encode(prompt), cancel or CancelToken(), config.max_tokens, config=config,
-                          top_logprobs=logprobs, target_only=target_only)
+        tokens = self.encode(prompt)
+        compiled = self.compile(constraint) if constraint is not None else None
+        return Generation(self, tokens, cancel or CancelToken(), config.max_tokens, config=config,
+                          top_logprobs=logprobs, target_only=target_only, constraint=compiled)
+
+    def compile(self, spec: ConstraintSpec) -> Constraint:
+        """``spec`` compiled against this model's vocabulary, at the start of an output."""
+        if self.opened.grammars is None:
+            raise ConstraintError(spec.field, f"the {self.backend.name} backend cannot read this model's vocabulary, "
+                                  "so it cannot constrain output; use a model with a tokenizer")
+        return self.opened.grammars.compile(spec)
 
     def generate(self, prompt: Prompt, *, cancel: CancelToken | None = None,
-                 max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Result:
+                 max_tokens: int | None = None, stop: Sequence[str] | None = None,
+                 sampling: Mapping[str, Any] | None = None, constraint: ConstraintSpec | None = None) -> Result:
         """Run one request to completion and return its tokens, text and receipt."""
-        return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).run()
+        return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
+                          constraint=constraint).run()
 
     def stream(self, prompt: Prompt, *, cancel: CancelToken | None = None,
-               max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Stream[Result]:
+               max_tokens: int | None = None, stop: Sequence[str] | None = None,
+               sampling: Mapping[str, Any] | None = None, constraint: ConstraintSpec | None = None) -> Stream[Result]:
         """Run one request as a :class:`~power_core.streaming.Stream` of committed text deltas."""
-        return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop).stream()
+        return self.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
+                          constraint=constraint).stream()
 
     # -- chat ----------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
@@ -556,17 +575,21 @@ class Session:
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
              max_tokens: int | None = None, stop: Sequence[str] | None = None,
-             chat_template: str | ChatTemplate | None = None) -> Result:
+             chat_template: str | ChatTemplate | None = None, sampling: Mapping[str, Any] | None = None,
+             constraint: ConstraintSpec | None = None) -> Result:
         """Answer a conversation (``[{"role": "user", "content": ...}, ...]``) through the chat template."""
         prompt = self.chat_prompt(messages, chat_template=chat_template)
-        return self.generate(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop)
+        return self.generate(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
+                             constraint=constraint)
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
                     max_tokens: int | None = None, stop: Sequence[str] | None = None,
-                    chat_template: str | ChatTemplate | None = None) -> Stream[Result]:
+                    chat_template: str | ChatTemplate | None = None, sampling: Mapping[str, Any] | None = None,
+                    constraint: ConstraintSpec | None = None) -> Stream[Result]:
         """:meth:`chat` as a :class:`~power_core.streaming.Stream`."""
         prompt = self.chat_prompt(messages, chat_template=chat_template)
-        return self.stream(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop)
+        return self.stream(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
+                           constraint=constraint)
 
 
 @attrs.define
@@ -632,6 +655,8 @@ class Generation:
     top_logprobs: int | None = None
     #: decode without the session's proposer (:meth:`Session.start`'s ``target_only``)
     target_only: bool = False
+    #: what the output must match (compiled by :meth:`Session.start`); its state lives with the transaction
+    constraint: Constraint | None = None
     #: observer hooks (``power_request_start``/``power_request_end``) that raised for this request:
     #: logged, counted here and in the receipt, never a failure of the request or of anyone else's
     observer_faults: int = attrs.field(default=0, init=False)
@@ -678,7 +703,7 @@ class Generation:
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
                            top_logprobs=self.top_logprobs,
-                           sampling_in_graph=self.config.sampling_in_graph,
+                           sampling_in_graph=self.config.sampling_in_graph, constraint=self.constraint,
                            scope=RequestScope(tenant=self.config.tenant))
 
     @property
@@ -907,9 +932,13 @@ class Generation:
                 "decode_tok_s": max(n_out - 1, 0) / self._decode_s if self._decode_s > 0 else 0.0,
                 "target_passes": txn.target_passes if txn else 0,
                 **self._clock.timings(self._decode_s),
+                **({"constraint_us_per_round": 1e6 * self.constraint.stats.seconds / max(1, len(txn.rounds))}
+                   if self.constraint is not None and txn is not None else {}),
                 **({"selftest_s": s.numerics.seconds} if s.numerics else {}),
             },
             error=error,
             observer_faults=self.observer_faults,
+            constraint=self.constraint.stats.to_dict(len(txn.rounds) if txn else 0)
+            if self.constraint is not None else None,
             selftest={k: v for k, v in s.numerics.to_dict().items() if k != "seconds"} if s.numerics else None,
         )

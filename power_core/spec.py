@@ -26,6 +26,8 @@ from importlib import metadata
 from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
+
+from power_core.constraint import Grammars
 import pluggy
 
 from power_core.config import MODE_NAME_RE, ConfigKey, PowerConfig
@@ -103,6 +105,10 @@ class OpenedModel:
     artifacts: dict[str, str] = attrs.field(factory=dict)  # role -> sha256
     backend_info: dict[str, Any] = attrs.field(factory=dict)
     close: Callable[[], None] = lambda: None
+    #: compiles constraints against the model's vocabulary (:mod:`power_core.constraint`); ``None``: the
+    #: backend cannot read its vocabulary, and constrained requests are refused. One per model: the
+    #: sequences of a batch share it (its tokenizer for the grammar engine is built once, on first use)
+    grammars: Grammars | None = None
 
 
 @attrs.frozen

@@ -35,7 +35,8 @@ from typing import Any, NoReturn
 import attrs
 import numpy as np
 
-from power_core.errors import AdapterFault, Cancelled, CapacityError, PluginError, PowerError, RuntimeFault
+from power_core.constraint import Constraint
+from power_core.errors import AdapterFault, Cancelled, CapacityError, ConfigError, PluginError, PowerError, RuntimeFault
 from power_core.logs import get_logger
 from power_core.runtime import (
     DecodeResult,
@@ -121,6 +122,8 @@ class RoundRecord:
     proposal: tuple[int, ...] | None = None
     #: the cost-aware width choice and its inputs (cost-aware strategies only)
     width: dict[str, Any] | None = None
+    #: proposed tokens the request's constraint removed before verification (from the first it forbids)
+    cut: int = 0
     #: where the proposal came from and the proposer's statistics of it (``Proposal.source``, ``.stats``)
     source: str | None = None
     stats: dict[str, float] | None = None
@@ -130,6 +133,8 @@ class RoundRecord:
         for key in ("proposal", "width", "source", "stats"):
             if out[key] is None:
                 del out[key]
+        if not self.cut:
+            del out["cut"]
         if self.proposal is not None:
             out["proposal"] = list(self.proposal)
         return out
@@ -173,6 +178,7 @@ class PendingRound:
     props: TokenArray = _EMPTY
     block: TokenArray = _EMPTY
     width: dict[str, Any] | None = None
+    cut: int = 0
     proposal: Proposal = attrs.field(factory=Proposal.none)
 
     @property
@@ -206,6 +212,9 @@ class Transaction:
     #: the request's greedy ids come from the target's graph (``TargetCapabilities.sample_in_graph``), not
     #: from logits rows on the host; decided in :meth:`start_prefill`
     in_graph: bool = False
+    #: what the output must match (:mod:`power_core.constraint`): it masks every sampled row and cuts
+    #: proposals at the first token it forbids; advanced once per emitted token, rolled back on restore
+    constraint: Constraint | None = None
     #: what the request's proposer declared it can do (:meth:`ProposerCapabilities.of`), read in
     #: :meth:`start_prefill`; nothing for a target-only request
     proposer_caps: ProposerCapabilities = attrs.field(init=False, factory=ProposerCapabilities)
@@ -255,6 +264,9 @@ class Transaction:
         if tokens.shape[0] >= caps.n_ctx:
             raise CapacityError(f"the prompt has {tokens.shape[0]} tokens but the context holds {caps.n_ctx}; "
                                 "raise n_ctx or shorten the prompt (one slot is needed to generate)")
+        for tok, _ in self.sampler.logit_bias:
+            if tok >= caps.n_vocab:
+                raise ConfigError("logit_bias", tok, f"token ids in [0, {caps.n_vocab}) (the model's vocabulary)")
         self._choose_sampling()
         keep = 0
         if resident is not None and resident.shape[0]:
@@ -294,7 +306,8 @@ class Transaction:
             return
         mode = self.sampling_in_graph
         wanted = mode == "on" or (mode == "auto" and caps.graph_sampling_pays)
-        want = wanted and self.sampler.greedy and self.top_logprobs is None and not rows
+        want = (wanted and self.sampler.greedy and self.top_logprobs is None and not rows
+                and not self.sampler.adjusts and self.constraint is None)
         self.in_graph = caps.sample_in_graph(want)
 
     def prefill(self, prompt: Iterable[int], resident: TokenArray | None = None) -> None:
@@ -502,7 +515,10 @@ class Transaction:
         return res
 
     def _accept(self, props: TokenArray, res: DecodeResult) -> tuple[list[int], int, str | None]:
-        """Sample rows through the first mismatch. Returns (emitted, accepted, stop reason)."""
+        """Sample rows through the first mismatch. Returns (emitted, accepted, stop reason).
+
+        With a constraint, each emitted token advances it as soon as it is sampled (the next row's
+        mask is the state after it); :meth:`_cut_at_stop_text` and :meth:`_restore` roll it back."""
         out: list[int] = []
         accepted = 0
         base = len(self.emitted)
@@ -510,13 +526,19 @@ class Transaction:
         lp = self._round_logprobs
         lp.clear()
         greedy = self.sampler.greedy
+        plain = not self.sampler.adjusts and self.constraint is None
         ids = res.greedy_ids if greedy else None  # the graph's first maximum: np.argmax's
-        if ids is None and greedy and res.logits.shape[1] * (n + 1) <= _BATCH_ARGMAX:
+        if ids is None and greedy and plain and res.logits.shape[1] * (n + 1) <= _BATCH_ARGMAX:
             ids = res.logits[: n + 1].argmax(axis=1)  # small rows: one call beats a call per row
-        first = ids[: n + 1].tolist() if ids is not None else None
+        first = ids[: n + 1].tolist() if ids is not None and plain else None
         drafted = props.tolist()
         for j in range(n + 1):
-            tok = first[j] if first is not None else self.sampler.sample(res.logits[j], base + j)
+            if first is not None:
+                tok = first[j]
+            elif plain:
+                tok = self.sampler.sample(res.logits[j], base + j)
+            else:
+                tok = self._pick(res.logits[j], base + j, out)
             out.append(tok)
             if self.top_logprobs is not None:
                 lp.append(TokenLogprob.from_row(res.logits[j], tok, self.top_logprobs))
@@ -530,6 +552,26 @@ class Transaction:
                 break
         return out, accepted, None
 
+    def _pick(self, row: Any, position: int, out: list[int]) -> int:
+        """One row through the request's bias and penalties (over the history this row would have had
+        autoregressively: committed tokens plus ``out``, the round's tokens before it) and its
+        constraint, then the sampler. The constraint advances over the token."""
+        sampler, constraint = self.sampler, self.constraint
+        x = row
+        if sampler.adjusts:
+            hist = self._hist[: self._n_hist]
+            x = sampler.adjust(row, np.concatenate((hist, np.asarray(out, dtype=np.int32))) if out else hist)
+        if constraint is None:
+            return sampler.sample(x, position)
+        if sampler.greedy:
+            tok = int(np.argmax(x))  # the first maximum is the masked row's when the grammar allows it
+            if constraint.allows((tok,)) == 0:
+                tok = int(np.argmax(constraint.mask(x)))
+        else:
+            tok = sampler.sample(constraint.mask(x), position)
+        constraint.advance((tok,))
+        return tok
+
     def _accept_round(self, props: TokenArray, res: DecodeResult) -> tuple[list[int], int, str | None]:
         """The accept phase: :meth:`_accept`, cut at a completed stop string."""
         return self._cut_at_stop_text(*self._accept(props, res))
@@ -539,6 +581,8 @@ class Transaction:
         if self.stop_text is not None:
             keep = self.stop_text(self.emitted, out)
             if keep is not None:
+                if self.constraint is not None:
+                    self.constraint.rollback(len(out) - keep)
                 return out[:keep], min(accepted, keep), "stop"
         return out, accepted, stop
 
@@ -586,6 +630,13 @@ class Transaction:
             proposal = self._phase("propose", self._propose, k)
             pending.offered, pending.proposal = proposal.ids, proposal
             props, pending.width = self._choose_width(proposal, load)
+            if self.constraint is not None and props.shape[0]:
+                ok = self.constraint.allows(props.tolist())
+                pending.cut = props.shape[0] - ok
+                if pending.cut:
+                    self.constraint.stats.cuts += 1
+                    self.constraint.stats.cut_tokens += pending.cut
+                props = props[:ok]
             self._check_cancel()
             block = np.empty(props.shape[0] + 1, dtype=np.int32)
             block[0] = self.anchor
@@ -622,7 +673,7 @@ class Transaction:
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
                              stop=self.finished, seconds=time.perf_counter() - pending.t0,
                              proposal=tuple(int(t) for t in props) if self.trace else None, width=pending.width,
-                             source=pending.proposal.source, stats=pending.proposal.stats)
+                             cut=pending.cut, source=pending.proposal.source, stats=pending.proposal.stats)
         self.rounds.append(record)
         if log.isEnabledFor(logging.DEBUG):  # per-round detail costs nothing when debug is off
             log.debug("txn.commit", round=record)
@@ -646,6 +697,8 @@ class Transaction:
                  exc: BaseException) -> None:
         # the decoder first (pure bookkeeping, cannot fail), then the target, then the proposer
         n_emitted, self.anchor, self.finished = decoder
+        if self.constraint is not None:  # it has advanced over every token sampled since: emitted or not
+            self.constraint.rollback(self.constraint.consumed - n_emitted)
         self._n_hist -= len(self.emitted) - n_emitted
         del self.emitted[n_emitted:]
         del self.logprobs[n_emitted:]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
+from power_core.constraint import Grammars, Vocabulary
 from power_core.errors import CapacityError, ConfigError, RuntimeFault
 from power_core.reference.model import ReferenceModel, ReferenceTarget, parse_spec
 from power_core.reference.proposers import DraftModelProposer, NoisyProposer
@@ -35,6 +36,17 @@ BYTE_EOS = 256
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255; other ids render as ``<|id|>`` (256 is end of text)."""
+
+    def __init__(self, n_vocab: int = BYTE_EOS + 1, eos: int = BYTE_EOS) -> None:
+        self.n_vocab = n_vocab
+        self.eos = eos
+
+    def vocabulary(self) -> Vocabulary:
+        """Bytes 0..255 as themselves; every other id a special token (``<|endoftext|>``, ``<|id|>``)."""
+        pieces = [bytes([i]) for i in range(256)]
+        pieces += [b"\xff<|endoftext|>" if i == BYTE_EOS else b"\xff<|%d|>" % i for i in range(256, self.n_vocab)]
+        return Vocabulary(tuple(pieces), tuple(sorted({self.eos, BYTE_EOS} & set(range(self.n_vocab)))),
+                          lambda text: list(text))
 
     def encode(self, text: str) -> TokenArray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
@@ -84,9 +96,11 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     stock = request.config.numerics == "stock"
     target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
                              verify_cost=costs, verify_capacity=padded, stock=stock)
+    tokenizer = ByteTokenizer(model.vocab, model.eos) if model.vocab > BYTE_EOS else None
     return OpenedModel(
         target=target,
-        tokenizer=ByteTokenizer() if model.vocab > BYTE_EOS else None,
+        tokenizer=tokenizer,
+        grammars=Grammars(tokenizer.vocabulary) if tokenizer is not None else None,
         model_path=spec,
         artifacts={"target": model_digest(model)},
         backend_info={"model": spec, "devices": ["CPU"], "numerics": request.config.numerics},
@@ -151,7 +165,9 @@ def open_reference_batch(request: OpenRequest, n: int) -> OpenedBatch:
         t.model = model.model
         targets.append(t)
     batch = ReferenceBatch(sequences=tuple(targets), token_budget=max(256, n * model.max_block))
-    models = tuple(attrs.evolve(o, backend_info={**o.backend_info, "seq_id": i}) for i, o in enumerate(opened))
+    grammars = opened[0].grammars  # one vocabulary: its grammar engine's tokenizer is built once
+    models = tuple(attrs.evolve(o, backend_info={**o.backend_info, "seq_id": i}, grammars=grammars)
+                   for i, o in enumerate(opened))
     return OpenedBatch(runtime=batch, models=models, close=batch.close)
 
 

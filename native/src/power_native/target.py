@@ -26,6 +26,7 @@ import numpy as np
 
 from power_core.artifacts import ArtifactView, check_architecture, file_digest
 from power_core.config import NUMERICS, PowerConfig
+from power_core.constraint import Grammars, Vocabulary
 from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost, StrategyNotFound
 from power_core.logs import get_logger
 from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
@@ -281,6 +282,20 @@ class LlamaTokenizer:
 
     def decode(self, tokens: TokenArray) -> str:
         return self.model.detokenize(np.asarray(tokens, dtype=np.int32)).decode("utf-8", "replace")
+
+    def vocabulary(self) -> Vocabulary:
+        """Every id's piece as llama.cpp renders it with special tokens shown; a control token (one
+        that renders empty without them) is prefixed by ``0xff`` as llama.cpp's llguidance glue marks
+        it, so no text spells it. Generation ends at any end-of-generation id."""
+        model = self.model
+        pieces = []
+        for t in range(model.n_vocab):
+            piece = model.token_to_piece(t, special=True)
+            if piece and not model.token_to_piece(t, special=False):
+                piece = b"\xff" + piece
+            pieces.append(piece)
+        return Vocabulary(tuple(pieces), tuple(sorted(model.eog_ids())),
+                          lambda text: model.tokenize(text, add_special=False, parse_special=False).tolist())
 
 
 class LlamaTarget:
@@ -888,7 +903,9 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
                     verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost
                     else None)
         tokenizer = LlamaTokenizer(model)
-        models = tuple(OpenedModel(target=t, tokenizer=tokenizer, model_path=str(path), artifacts={"target": digest},
+        grammars = Grammars(tokenizer.vocabulary)
+        models = tuple(OpenedModel(target=t, tokenizer=tokenizer, grammars=grammars, model_path=str(path),
+                                   artifacts={"target": digest},
                                    backend_info={**info, "seq_id": t.seq_id}) for t in targets)
         undo.pop_all()  # opened: the batch owns its context and the numerics mode now
     # released once: by close(), or when a batch nobody closed is collected
@@ -923,5 +940,5 @@ def open_llama(req: OpenRequest) -> OpenedModel:
         raise
     log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
              n_rs_seq=target.ctx.n_rs_seq)
-    return OpenedModel(target=target, tokenizer=tokenizer, model_path=str(path),
+    return OpenedModel(target=target, tokenizer=tokenizer, grammars=Grammars(tokenizer.vocabulary), model_path=str(path),
                        artifacts={"target": digest}, backend_info=info, close=target.close)
