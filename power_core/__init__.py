@@ -21,6 +21,7 @@ from power_core.errors import (
     StrategyNotFound,
     StrategyNotInstalled,
 )
+from power_core.memory import PromptCache, PromptCacheStats
 from power_core.plugins import get_plugins
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
@@ -59,6 +60,8 @@ __all__ = [
     "PluginError",
     "PowerConfig",
     "PowerError",
+    "PromptCache",
+    "PromptCacheStats",
     "Proposal",
     "ProposalContext",
     "Proposer",

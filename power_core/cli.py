@@ -414,10 +414,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"power serve: {flag} must be a positive number of seconds, not {value}")
     if not 0 <= args.port < 65536:
         raise UsageError(f"power serve: --port must be in [0, 65535], not {args.port}")
+    if args.cache_ram < 0:
+        raise UsageError(f"power serve: --cache-ram must be a number of MiB >= 0 (0: off), not {args.cache_ram}")
     config = _config_from_args(args)
     template = _chat_template(args)
+    from power_core.memory import PromptCache
+
+    cache = PromptCache.of_mib(args.cache_ram, share_tenants=args.cache_share_tenants)
     slots = open_sessions(config, args.parallel, batch=not args.no_batch, queue=args.queue, model=args.model,
-                          draft=args.draft, backend=args.backend)
+                          draft=args.draft, backend=args.backend, prompt_cache=cache)
     sessions = slots.sessions
     try:
         if sessions[0].opened.tokenizer is None:
@@ -481,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
     r.set_defaults(func=_cmd_run)
 
+    from power_core.memory import DEFAULT_CACHE_MIB  # (numpy: the parser is built once per command)
+
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (pip install 'power-core[serve]'); "
                        "see docs/serving.md")
     _model_flags(v)
@@ -502,6 +509,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-decode this fraction of completed speculative requests target-only on an idle slot and "
                         "compare output digests (power:audit_* metrics; with --require-identical a mismatch switches "
                         "the server to target-only)")
+    v.add_argument("--cache-ram", type=int, default=DEFAULT_CACHE_MIB, metavar="MiB",
+                   help="host memory for saved prompt states across requests: a request restores the longest "
+                        f"prefix of its prompt any earlier request computed (default {DEFAULT_CACHE_MIB}, as "
+                        "llama-server's; 0: off, no prompt reuse unless the configuration sets cache_prompt)")
+    v.add_argument("--cache-share-tenants", action="store_true",
+                   help="let requests restore prompt states of other tenants (API key, else the 'user' field); a "
+                        "restored prefix is faster, so a tenant could time its requests to learn another's prompts")
     v.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM (default 30)")
     v.set_defaults(func=_cmd_serve)

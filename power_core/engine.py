@@ -85,6 +85,15 @@ class Slot(Protocol):
         """``gen`` is about to run on this sequence's target (raises when it cannot)."""
         ...
 
+    def resident_match(self, prompt: np.ndarray, tenant: str) -> int:
+        """How many of ``prompt``'s tokens (ids) a request of ``tenant`` would keep of what this
+        sequence holds now (prompt reuse; 0 without it)."""
+        ...
+
+    def encode(self, prompt: Any) -> np.ndarray:
+        """A prompt (text or ids) as token ids."""
+        ...
+
     def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
               stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
               logprobs: int | None = None, tenant: str | None = None,
@@ -271,10 +280,17 @@ class Engine(Generic[SlotT]):
     def _fits(self, session: SlotT, strategy: str | None) -> bool:
         return session.lost is None and not session.closed and (strategy is None or session.strategy_name == strategy)
 
-    def reserve(self, *, strategy: str | None = None) -> Ticket[SlotT]:
+    def reserve(self, *, strategy: str | None = None, prompt: np.ndarray | None = None,
+                tenant: str = "") -> Ticket[SlotT]:
         """A ticket for the next free sequence (of ``strategy`` when given): given at once when one is
         free and nobody waits, else queued. Never blocks; :class:`Overloaded` when ``queue_max``
-        tickets already wait, :class:`SessionBusy` once the engine is closed."""
+        tickets already wait, :class:`SessionBusy` once the engine is closed.
+
+        With the request's ``prompt`` (token ids) and ``tenant``, of the free sequences the one that
+        holds the longest prefix of the prompt it may reuse (:meth:`Slot.resident_match`), as
+        llama-server's slot selection does; with none, the one freed longest ago, so the states
+        used most recently stay in their sequences longest. A waiting ticket gets the first
+        sequence freed (first come, first served)."""
         if strategy is not None and not any(self._fits(s, strategy) for s in self.sessions):
             have = sorted({s.strategy_name for s in self.sessions})
             raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
@@ -285,7 +301,7 @@ class Engine(Generic[SlotT]):
             if not any(self._fits(s, strategy) for s in self.sessions):
                 raise StateLost(f"every sequence{'' if strategy is None else ' of ' + strategy} of this engine lost "
                                 "its target state (a failed restore); close the engine and open a new one")
-            free = next((s for s in self._free if self._fits(s, strategy)), None)
+            free = self._choose([s for s in self._free if self._fits(s, strategy)], prompt, tenant)
             if free is not None and not any(self._fits(free, t.strategy) for t in self._waiting):
                 self._free.remove(free)
                 self._reserved.add(free)
@@ -297,12 +313,22 @@ class Engine(Generic[SlotT]):
             self._waiting.append(ticket)
             return ticket
 
+    @staticmethod
+    def _choose(free: list[SlotT], prompt: np.ndarray | None, tenant: str) -> SlotT | None:  # under the lock
+        """Of ``free`` (freed longest ago first), the one that holds the longest prefix of ``prompt``."""
+        if not free:
+            return None
+        if prompt is None or len(free) == 1:
+            return free[0]
+        return max(free, key=lambda s: s.resident_match(prompt, tenant))  # (a tie: the first, freed longest ago)
+
     def acquire(self, timeout: float | None = None, *, strategy: str | None = None,
-                cancel: CancelToken | None = None) -> SlotT:
-        """A free sequence (waits for one, up to ``timeout`` seconds: then :class:`Overloaded`). Start a
-        request on it with ``session.start(...)`` and run it with :meth:`rounds`, which gives the
-        sequence back when the request ends (:meth:`release` gives back one never used)."""
-        return self.reserve(strategy=strategy).wait(timeout, cancel)
+                cancel: CancelToken | None = None, prompt: np.ndarray | None = None, tenant: str = "") -> SlotT:
+        """A free sequence (waits for one, up to ``timeout`` seconds: then :class:`Overloaded`); with
+        ``prompt`` and ``tenant``, the one holding the most of it (:meth:`reserve`). Start a request on
+        it with ``session.start(...)`` and run it with :meth:`rounds`, which gives the sequence back
+        when the request ends (:meth:`release` gives back one never used)."""
+        return self.reserve(strategy=strategy, prompt=prompt, tenant=tenant).wait(timeout, cancel)
 
     def release(self, session: SlotT) -> None:
         """Give ``session`` back: to the oldest waiting ticket it fits, else to the free ones."""
@@ -396,15 +422,16 @@ class Engine(Generic[SlotT]):
     # -- requests -------------------------------------------------------------------------------------------
     def submit(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
                stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
-               logprobs: int | None = None, strategy: str | None = None,
+               logprobs: int | None = None, strategy: str | None = None, tenant: str | None = None,
                constraint: ConstraintSpec | None = None) -> Request[Any]:
-        """Start a request on the next free sequence (of ``strategy`` when given; waits for one); run
-        it with :meth:`rounds` or :meth:`run`. ``constraint``: what its output must match
-        (:class:`~power_core.constraint.ConstraintSpec`)."""
-        session = self.acquire(strategy=strategy)
+        """Start a request on the next free sequence (of ``strategy`` when given; waits for one; the
+        free one holding the most of its prompt, :meth:`reserve`); run it with :meth:`rounds` or :meth:`run`.
+        ``constraint``: what its output must match (:class:`~power_core.constraint.ConstraintSpec`)."""
+        ids = self.sessions[0].encode(prompt)
+        session = self.acquire(strategy=strategy, prompt=ids, tenant=tenant or "")
         try:
-            return session.start(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                                 logprobs=logprobs, constraint=constraint)
+            return session.start(ids, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
+                                 logprobs=logprobs, tenant=tenant, constraint=constraint)
         except BaseException:
             self.release(session)
             raise

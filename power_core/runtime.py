@@ -86,7 +86,16 @@ class TargetCapabilities:
       difference (``backend.rollback``), never the running totals;
     * ``compute_seconds() -> float``: monotonic seconds its backend has spent computing (llama.cpp:
       inside ``llama_decode`` up to ``llama_synchronize``, so a GPU pass counts whole); a receipt's
-      ``host_s`` is the decode time minus the target's and the draft's compute.
+      ``host_s`` is the decode time minus the target's and the draft's compute;
+    * ``save_state() -> bytes`` / ``load_state(data, n) -> bool`` (both or neither, with a
+      ``state_format``): the whole memory of the sequence (attention KV and recurrent state;
+      llama.cpp ``llama_state_seq_get_data_ext``/``set_data_ext`` without flags) for the ``n_past``
+      tokens it holds, and loading such a state of ``n`` tokens in place of the memory, from any
+      sequence of any target whose ``state_format`` is equal (the prompt cache across requests,
+      :class:`power_core.memory.PromptCache`). ``load_state`` returns False when it could not, and
+      the memory is then empty (as after ``reset``), never half-loaded. ``state_format`` says what
+      must match for a saved state to be this target's own: the model file, and what changes the
+      numbers its memory holds (kernels, offload); ``None``: its states are never shared.
     """
 
     name: str
@@ -111,11 +120,29 @@ class TargetCapabilities:
     graph_sampling_pays: bool = False
     counters: Callable[[], Mapping[str, int]] | None = _ability()
     compute_seconds: Callable[[], float] | None = _ability()
+    save_state: Callable[[], bytes] | None = _ability()
+    load_state: Callable[[bytes, int], bool] | None = _ability()
+    state_format: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if (self.cancel is None) != (self.clear_abort is None):
             raise TypeError(f"target {self.name!r} declares {'cancel' if self.cancel else 'clear_abort'} without "
                             f"{'clear_abort' if self.cancel else 'cancel'}: an interruptible runtime declares both")
+        if (self.save_state is None) != (self.load_state is None) or (
+                self.save_state is not None and not self.state_format):
+            raise TypeError(f"target {self.name!r} declares save_state, load_state and state_format together, or "
+                            "none of them: a saved state is only useful to a target that can load it")
+
+    @property
+    def saves_states(self) -> bool:
+        """Its memory can be saved and loaded (:attr:`save_state`, :attr:`load_state`)."""
+        return self.save_state is not None and self.load_state is not None and self.state_format is not None
+
+    @property
+    def trims_prefix(self) -> bool:
+        """Its memory can be cut back to any prefix of what it holds (``keep_prefix`` with ``n <
+        n_past``): pure attention memory can, recurrent memory (a ``rollback_window``) only extends."""
+        return self.keep_prefix is not None and self.rollback_window is None
 
     def in_place(self, depth: int) -> bool:
         """True when removing ``depth`` trailing tokens of the last decode needs no checkpoint."""

@@ -43,6 +43,7 @@ from power_core.errors import (
     StrategyNotFound,
 )
 from power_core.logs import get_logger
+from power_core.memory import PromptCache, reusable_prefix
 from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, batch_probe, selftest
 from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
 from power_core.receipt import Receipt, token_digest
@@ -52,6 +53,7 @@ from power_core.runtime import (
     ProposerCapabilities,
     RequestScope,
     TargetRuntime,
+    TokenArray,
     runtime_counters,
 )
 from power_core.sampling import TargetSampler
@@ -136,6 +138,18 @@ def choose_backend(plugins: PowerPlugins, model: str | None, name: str | None) -
             return backend
     raise ConfigError("model", model, "a model one installed backend accepts",
                       f"backends: {', '.join(plugins.backends.names())}; GGUF files need power-native")
+
+
+def _with_cache(overrides: dict[str, Any], cache: PromptCache | None) -> dict[str, Any]:
+    """``overrides`` for sessions with ``cache``: a prompt cache is prompt reuse, so it turns ``cache_prompt`` on."""
+    if cache is None:
+        return overrides
+    if not isinstance(cache, PromptCache):
+        raise ConfigError("prompt_cache", type(cache).__name__, "a power_core.PromptCache, or None")
+    if overrides.get("cache_prompt") is False:
+        raise ConfigError("cache_prompt", False, "true with a prompt_cache",
+                          "a prompt cache restores saved prompt states: that is prompt reuse")
+    return {**overrides, "cache_prompt": True}
 
 
 @attrs.frozen
@@ -237,6 +251,8 @@ class Session:
     stop_ids: frozenset[int]
     #: the batch-numerics self-test run at open (config ``selftest`` / ``require_identical``)
     numerics: SelftestReport | None = None
+    #: saved prompt states its requests restore and save (:class:`~power_core.memory.PromptCache`), or ``None``
+    prompt_cache: PromptCache | None = attrs.field(default=None, repr=False)
     #: the engine whose sequence this session is (its own one-sequence engine unless an engine over
     #: several sessions adopted it); every request runs through it
     engine: Engine[Session] | None = attrs.field(default=None, init=False, repr=False)
@@ -250,14 +266,18 @@ class Session:
     @classmethod
     def open(cls, config: PowerConfig | None = None, *, model: str | None = None, draft: str | None = None,
              backend: str | None = None, plugins: PowerPlugins | None = None,
-             stop_ids: frozenset[int] | None = None, **overrides: Any) -> Session:
-        """Select, verify and load. Nothing stays loaded if any step fails."""
-        plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
+             stop_ids: frozenset[int] | None = None, prompt_cache: PromptCache | None = None,
+             **overrides: Any) -> Session:
+        """Select, verify and load. Nothing stays loaded if any step fails. ``prompt_cache``: the
+        :class:`~power_core.memory.PromptCache` its requests restore saved prompt states from and
+        save theirs into (it may be shared with other sessions and engines; it turns
+        ``cache_prompt`` on)."""
+        plan = _OpenPlan.make(config, model, draft, backend, plugins, _with_cache(overrides, prompt_cache))
 
         def load() -> Session:
             opened = plan.backend.open(plan.request)
             try:
-                return cls._on(plan, opened, stop_ids)
+                return cls._on(plan, opened, stop_ids, prompt_cache)
             except BaseException:
                 opened.close()
                 raise
@@ -268,14 +288,15 @@ class Session:
     def open_batch(cls, n: int, config: PowerConfig | None = None, *, model: str | None = None,
                    draft: str | None = None, backend: str | None = None, plugins: PowerPlugins | None = None,
                    stop_ids: frozenset[int] | None = None, sequences: Sequence[SequenceSpec] | None = None,
-                   **overrides: Any) -> SessionBatch:
+                   prompt_cache: PromptCache | None = None, **overrides: Any) -> SessionBatch:
         """``n`` sessions on the sequences of one target whose passes they share (continuous
         batching; :class:`~power_core.engine.Engine` drives them). Every sequence runs the configured
         strategy, or ``sequences[i]`` its own (off, suffix and draft-model side by side). Raises
         :class:`ConfigError` naming ``parallel`` when the backend or a strategy cannot share passes
-        (then open ``n`` sessions)."""
+        (then open ``n`` sessions). ``prompt_cache``: as :meth:`open`'s, for every sequence."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("parallel", n, "an integer >= 1")
+        overrides = _with_cache(overrides, prompt_cache)
         plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
         if plan.config.verify_capacity:  # named "parallel": serve then runs independent (padded) slots
             raise ConfigError("parallel", n, "independent slots with verify_capacity",
@@ -309,7 +330,7 @@ class Session:
             sessions: list[Session] = []
             try:
                 for one, own in zip(opened.models, plans, strict=True):
-                    sessions.append(cls._on(own, one, stop_ids))
+                    sessions.append(cls._on(own, one, stop_ids, prompt_cache))
             except BaseException:
                 for session in sessions:
                     session.close()
@@ -323,7 +344,10 @@ class Session:
     def open_engine(cls, n: int, config: PowerConfig | None = None, *, token_budget: int | None = None,
                     queue_max: int | None = None, **open_kwargs: Any) -> Engine[Session]:
         """``n`` sequences of one target that share its passes (:meth:`open_batch`) and the engine that
-        drives them (closing it closes them). With more than one sequence the engine first probes
+        drives them (closing it closes them); ``open_kwargs`` are :meth:`open_batch`'s (``prompt_cache``:
+        a :class:`~power_core.memory.PromptCache` its requests share, with other engines too). A request
+        goes to the free sequence that holds the longest prefix of its prompt (:meth:`Engine.reserve`).
+        With more than one sequence the engine first probes
         whether a sequence's rows beside others are its solo rows (every receipt says); under
         ``require_identical`` rows that are not refuse the batch (:class:`ConfigError` naming ``parallel``)."""
         batch = cls.open_batch(n, config, **open_kwargs)
@@ -375,7 +399,8 @@ class Session:
         return self.config.draft_max + 1 if self.proposer is not None else 1
 
     @classmethod
-    def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None) -> Session:
+    def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None,
+            prompt_cache: PromptCache | None = None) -> Session:
         """The session over a loaded target: the self-test, then the proposer."""
         config, strategy, selection, speculative = plan.config, plan.strategy, plan.selection, plan.speculative
         padded = opened.target.capabilities.verify_capacity
@@ -401,7 +426,7 @@ class Session:
                                                          verified=selection.verified))
         stops = opened.target.capabilities.eog_ids if stop_ids is None else frozenset(stop_ids)
         return cls(config=config, plugins=plan.plugins, backend=plan.backend, selection=selection, opened=opened,
-                   proposer=proposer, stop_ids=stops, numerics=report)
+                   proposer=proposer, stop_ids=stops, numerics=report, prompt_cache=prompt_cache)
 
     def close(self) -> None:
         """Free the model: the proposer (its optional ``close()``), then the target, even if the former
@@ -414,9 +439,11 @@ class Session:
                 raise SessionBusy("the session cannot close while another thread's request runs; cancel it "
                                   "and wait for it to end, then close")
             self._closed = True
-            self._resident = None  # no Session <-> Generation cycle: the model goes when the session does
+            resident, self._resident = self._resident, None  # no Session <-> Generation cycle
         if isinstance(owner, Generation):
             owner.close_stream()  # an unfinished stream of this thread ends as cancelled
+        elif resident is not None and self._lost is None:
+            self._keep(resident)  # what the target holds outlives it in the prompt cache
         proposer = self.proposer
         try:
             if proposer is not None and (close := ProposerCapabilities.of(proposer).close) is not None:
@@ -452,6 +479,93 @@ class Session:
             if self.engine is None:
                 self.engine = Engine[Session]((self,))
             return self.engine
+
+    @property
+    def reuses_prompts(self) -> bool:
+        """Its requests keep the prefix of their prompt that its target already holds, or restore it
+        from the prompt cache (config ``cache_prompt``). Not when the proposer is fed from the target's
+        hidden states: it must observe the whole prompt's prefill."""
+        return self.config.cache_prompt and not (self.proposer is not None and self.proposer.features)
+
+    def _shares(self, owner: str, tenant: str) -> bool:
+        """May a request of ``tenant`` reuse what a request of ``owner`` left?"""
+        return owner == tenant or (self.prompt_cache is not None and self.prompt_cache.share_tenants)
+
+    def resident_match(self, prompt: TokenArray, tenant: str) -> int:
+        """How many of ``prompt``'s tokens a request of ``tenant`` would keep of what this session's
+        target holds now (the engine admits a request to the free sequence where this is largest)."""
+        resident = self._resident
+        held = resident.memory() if resident is not None and self.reuses_prompts else None
+        if held is None or not self._shares(held[1], tenant):
+            return 0
+        return reusable_prefix(held[0], prompt, trims=self.opened.target.capabilities.trims_prefix)
+
+    def prepare_memory(self, previous: Generation | None, prompt: TokenArray, tenant: str) -> TokenArray | None:
+        """Make the target hold the longest prefix of ``prompt`` it can get for a request of
+        ``tenant``, on the thread that drives it, right before the prefill: what ``previous`` (the
+        request whose state it holds) left, or the prompt cache's saved state that keeps more of it,
+        loaded now. Before what it holds is cut back or replaced, it is saved into the cache. Returns
+        the tokens the target now holds (:meth:`Transaction.start_prefill` keeps the shared prefix),
+        or ``None``: prefill from empty. A state that cannot be loaded leaves the memory empty."""
+        if not self.reuses_prompts:
+            return None
+        target = self.opened.target
+        caps = target.capabilities
+        held = previous.memory() if previous is not None else None
+        own = 0
+        if held is not None and self._shares(held[1], tenant):
+            own = reusable_prefix(held[0], prompt, trims=caps.trims_prefix)
+        cache = self.prompt_cache if caps.saves_states else None
+        found = None
+        if cache is not None:
+            assert caps.state_format is not None
+            found = cache.lookup(prompt, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix,
+                                 n_ctx=caps.n_ctx)
+            if found is not None and found[1] <= own:
+                found = None
+        if held is not None and (found is not None or own < held[0].shape[0]):
+            self._save(held[0], held[1])  # it is about to be cut back or replaced
+        if found is None:
+            return held[0] if held is not None and own else None
+        state, n = found
+        assert cache is not None and caps.load_state is not None
+        try:
+            loaded = caps.load_state(state.data, int(state.tokens.shape[0]))
+        except Exception as exc:
+            log.warning("prompt_cache.restore_failed", error=f"{type(exc).__name__}: {exc}")
+            loaded = False
+        if not loaded:
+            cache.failed(state)
+            try:  # never half-loaded: the request prefills from empty
+                target.reset()
+            except BaseException as exc:
+                self.mark_lost(f"resetting after a failed prompt-cache restore: {type(exc).__name__}: {exc}")
+                raise StateLost(f"the target's state was lost after a failed prompt-cache restore: {exc}") from exc
+            return None
+        cache.restored(state, n)
+        return state.tokens
+
+    def _save(self, tokens: TokenArray, tenant: str) -> None:
+        """Save what the target holds (``tokens``, of ``tenant``) into the prompt cache, unless it
+        already keeps them; a state the target cannot copy is only not cached."""
+        cache, caps = self.prompt_cache, self.opened.target.capabilities
+        if cache is None or not caps.saves_states or tokens.shape[0] == 0:
+            return
+        assert caps.save_state is not None and caps.state_format is not None
+        if cache.covers(tokens, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix):
+            return
+        try:
+            data = caps.save_state()
+        except Exception as exc:
+            log.warning("prompt_cache.save_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        cache.put(tokens, data, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix)
+
+    def _keep(self, resident: Generation) -> None:
+        """The session closes: what ``resident`` left in the target goes into the prompt cache."""
+        held = resident.memory() if self.reuses_prompts else None
+        if held is not None:
+            self._save(*held)
 
     def hand_over(self, gen: Generation) -> None:
         """``gen`` is about to run on this session's target (the engine admitted it): a fresh request
@@ -810,9 +924,24 @@ class Generation:
         return self.txn
 
     def resident_prefix(self) -> np.ndarray | None:
-        """The tokens the target holds that may seed this prompt (``cache_prompt``; first attempt only)."""
-        resident, self._predecessor = self._resident_memory(), None
-        return resident
+        """The tokens the target holds that may seed this prompt (``cache_prompt``; first attempt
+        only): what the previous request left, or a state of the prompt cache restored now
+        (:meth:`Session.prepare_memory`). Called on the thread that drives the target, right before
+        the prefill."""
+        # (a retried prefill has none: its memory may be half-filled; a restored state replaces it whole)
+        previous, self._predecessor = self._predecessor, None
+        assert self.config is not None
+        return self.session.prepare_memory(previous, self.prompt, self.config.tenant)
+
+    def memory(self) -> tuple[TokenArray, str] | None:
+        """What this request left in the target's memory while the target still holds it: its
+        committed history but the anchor, and the tenant it belongs to; else ``None``."""
+        txn = self.txn
+        if txn is None or not self._prefilled:
+            return None
+        held = txn.history[:-1]
+        assert self.config is not None
+        return (held, self.config.tenant) if self.session.opened.target.n_past == held.shape[0] else None
 
     def prefill_done(self, seconds: float) -> None:
         """The prompt is in the target's memory, after ``seconds``."""
@@ -881,17 +1010,6 @@ class Generation:
             log.warning("observer.failed", hook=hook.name, error=f"{type(exc).__name__}: {exc}", exc_info=True)
             return False
         return True
-
-    def _resident_memory(self) -> np.ndarray | None:
-        """With ``cache_prompt``: the tokens the target holds from the previous request (its committed
-        history but the anchor), when they can seed this prompt; else ``None`` (prefill from empty)."""
-        s, prev = self.session, self._predecessor
-        if not s.config.cache_prompt or prev is None or prev.txn is None or not prev._prefilled:
-            return None
-        if s.proposer is not None and s.proposer.features:
-            return None  # a proposer fed from the target's taps must observe the whole prompt's prefill
-        memory = prev.txn.history[:-1]
-        return memory if s.opened.target.n_past == memory.shape[0] else None
 
     def _receipt(self, status: str, error: str | None) -> Receipt:
         s = self.session

@@ -38,6 +38,7 @@ import numpy as np
 from power_core.constraint import Constraint
 from power_core.errors import AdapterFault, Cancelled, CapacityError, ConfigError, PluginError, PowerError, RuntimeFault
 from power_core.logs import get_logger
+from power_core.memory import reusable_prefix
 from power_core.runtime import (
     DecodeResult,
     Proposal,
@@ -270,9 +271,7 @@ class Transaction:
         self._choose_sampling()
         keep = 0
         if resident is not None and resident.shape[0]:
-            n = min(resident.shape[0], tokens.shape[0] - 1)  # the last prompt token is decoded for its row
-            differ = np.flatnonzero(resident[:n] != tokens[:n])
-            keep = int(differ[0]) if differ.size else n
+            keep = reusable_prefix(resident, tokens, trims=caps.trims_prefix)
             if keep and (caps.keep_prefix is None or not caps.keep_prefix(keep)):
                 keep = 0
         if keep == 0:

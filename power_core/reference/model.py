@@ -144,6 +144,9 @@ class ReferenceTarget:
     #: shared pass holds (:meth:`ReferenceBatch.decode_batch` perturbs them), so output under concurrent
     #: load may differ from a solo run, as it does there
     stock: bool = False
+    #: who may load its saved states (``TargetCapabilities.state_format``; the opener sets it from the
+    #: model's digest and numerics); ``None``: it saves none
+    state_format: str | None = None
 
     def __attrs_post_init__(self) -> None:
         b = self.verify_capacity
@@ -169,6 +172,8 @@ class ReferenceTarget:
             eog_ids=frozenset({self.model.eos}), features=frozenset({"hidden"}), verify_cost=self.verify_cost,
             verify_capacity=self.verify_capacity,
             keep_prefix=self.keep_prefix, counters=self.counters, compute_seconds=self.compute_seconds,
+            save_state=self.save_state if self.state_format else None,
+            load_state=self.load_state if self.state_format else None, state_format=self.state_format,
         )
 
     @property
@@ -262,6 +267,27 @@ class ReferenceTarget:
         self._n_past = n
         self._ring = []
         self._last_n = 0
+        self._rolled = True
+        return True
+
+    def save_state(self) -> bytes:
+        """The whole memory (``TargetCapabilities.save_state``): the KV rows of the ``n_past`` tokens and
+        the recurrent state."""
+        n = self._n_past
+        return self.keys[:n].tobytes() + self.values[:n].tobytes() + self._state.tobytes()
+
+    def load_state(self, data: bytes, n: int) -> bool:
+        """Replace the memory by a :meth:`save_state` of ``n`` tokens (``TargetCapabilities.load_state``);
+        False, with the memory empty, when ``data`` is not one."""
+        self.reset()
+        row = self.model.dim * 8
+        if not 0 < n <= self.n_ctx or len(data) != (2 * n + 1) * row:
+            return False
+        self.keys[:n] = np.frombuffer(data, dtype=np.float64, count=n * self.model.dim).reshape(n, -1)
+        self.values[:n] = np.frombuffer(data, dtype=np.float64, count=n * self.model.dim,
+                                        offset=n * row).reshape(n, -1)
+        self._state = np.frombuffer(data, dtype=np.float64, offset=2 * n * row).copy()
+        self._n_past = n
         self._rolled = True
         return True
 

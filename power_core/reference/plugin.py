@@ -8,6 +8,7 @@ target's own weights, 100 % greedy acceptance), optionally with ``accept=P`` to 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 
@@ -42,11 +43,18 @@ class ByteTokenizer:
         self.eos = eos
 
     def vocabulary(self) -> Vocabulary:
-        """Bytes 0..255 as themselves; every other id a special token (``<|endoftext|>``, ``<|id|>``)."""
-        pieces = [bytes([i]) for i in range(256)]
-        pieces += [b"\xff<|endoftext|>" if i == BYTE_EOS else b"\xff<|%d|>" % i for i in range(256, self.n_vocab)]
-        return Vocabulary(tuple(pieces), tuple(sorted({self.eos, BYTE_EOS} & set(range(self.n_vocab)))),
-                          lambda text: list(text))
+        return byte_vocabulary(self.n_vocab, self.eos)
+
+
+def byte_vocabulary(n_vocab: int, eos: int) -> Vocabulary:
+    """A reference model's vocabulary for the grammar engine: ids below 256 are bytes, every other id
+    a special token (``<|endoftext|>``, ``<|id|>``), and the model's end of text (``eos``; also 256
+    when the vocabulary has it) is special too. Models of at most 256 ids have no text codec
+    (:class:`ByteTokenizer`) but still a vocabulary, so constraints run on every reference model."""
+    ends = {eos, BYTE_EOS} & set(range(n_vocab))
+    pieces = [b"\xff<|endoftext|>" if i in ends else bytes([i]) if i < 256 else b"\xff<|%d|>" % i
+              for i in range(n_vocab)]
+    return Vocabulary(tuple(pieces), tuple(sorted(ends)), lambda text: [b for b in text if b < n_vocab])
 
     def encode(self, text: str) -> TokenArray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
@@ -95,12 +103,13 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     costs = tuple(1.0 if padded else 1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
     stock = request.config.numerics == "stock"
     target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
-                             verify_cost=costs, verify_capacity=padded, stock=stock)
+                             verify_cost=costs, verify_capacity=padded, stock=stock,
+                             state_format=f"reference/{model_digest(model)}/{request.config.numerics}")
     tokenizer = ByteTokenizer(model.vocab, model.eos) if model.vocab > BYTE_EOS else None
     return OpenedModel(
         target=target,
         tokenizer=tokenizer,
-        grammars=Grammars(tokenizer.vocabulary) if tokenizer is not None else None,
+        grammars=Grammars(functools.partial(byte_vocabulary, model.vocab, model.eos)),
         model_path=spec,
         artifacts={"target": model_digest(model)},
         backend_info={"model": spec, "devices": ["CPU"], "numerics": request.config.numerics},

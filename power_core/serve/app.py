@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import hmac
 import json
 import time
@@ -256,8 +257,20 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
     max_tokens = min(limit if limit is not None else default, room)
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
-              target_only=state.auditor.target_only is not None)
+              target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user))
     return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size))
+
+
+def _tenant(options: ServeOptions, user: str | None) -> str:
+    """Whom a request runs for (config ``tenant``: whose saved prompt states it may restore): the API
+    key it authenticated with (a digest of it, never the key), and within it the OpenAI ``user``
+    field; without keys, the ``user`` field alone (none: the default tenant)."""
+    parts = []
+    if options.api_key is not None:
+        parts.append("key:" + hashlib.sha256(options.api_key.encode()).hexdigest()[:16])
+    if user:
+        parts.append("user:" + user)
+    return "/".join(parts)
 
 
 def _power_extension(state: ServerState, job: Job, outcome: Outcome) -> dict[str, Any]:
@@ -266,7 +279,8 @@ def _power_extension(state: ServerState, job: Job, outcome: Outcome) -> dict[str
     return {"receipt_id": job.id, "status": r.status, "cancel_reason": job.cancel_reason,
             "strategy": r.strategy["name"], "numerics": r.config.get("numerics"), "acceptance": s["acceptance"],
             "tokens_per_target_pass": s["verified_tokens_per_pass"], "rounds": s["rounds"],
-            "proposed": s["proposed"], "accepted": s["accepted"], "output_tokens": r.output_tokens,
+            "proposed": s["proposed"], "accepted": s["accepted"], "prompt_reused": r.prompt_reused,
+            "output_tokens": r.output_tokens,
             "output_sha256": r.output_sha256, "receipt_sha256": r.digest(),
             "decode_tok_s": r.timings.get("decode_tok_s")}
 
@@ -284,7 +298,7 @@ async def _admit(state: ServerState, job: Job) -> Session:
         raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
                        code="shutting_down", headers={"Retry-After": "5"})
     try:
-        ticket = state.engine.reserve()
+        ticket = state.engine.reserve(prompt=job.prompt, tenant=job.tenant)
     except Overloaded as exc:
         raise APIError(503, f"server busy: {exc} (--queue); retry later", type="server_error",
                        code="server_overloaded", headers={"Retry-After": "1"}) from None
@@ -518,7 +532,9 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    state = _state(request)
+    state.metrics.cache(state.sessions[0].prompt_cache)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- the application ------------------------------------------------------------------------------------

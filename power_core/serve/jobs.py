@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from power_core.engine import Engine
 from power_core.errors import Cancelled, PowerError
 from power_core.logs import get_logger
+from power_core.memory import PromptCache
 from power_core.receipt import Receipt
 from power_core.session import Session
 from power_core.text import TextAssembler
@@ -59,6 +60,8 @@ class Job:
     cancel_reason: str | None = None
     #: decode without the proposer (the audit switched the server to target-only)
     target_only: bool = False
+    #: whom the request runs for (config ``tenant``): the API key, else the OpenAI ``user`` field
+    tenant: str = ""
 
     def stop_now(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -125,6 +128,51 @@ class Metrics:
         self.audit_skipped = Counter("power:audit_skipped", "Audits skipped because too many waited", registry=r)
         self.e2e = Histogram("power:e2e_request_latency_seconds", "Arrival to the end of the request",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        # prompt reuse: a request's prefix kept in its sequence or restored from the prompt cache
+        self.prompt_requests = Counter("power:prompt_cache_requests", "Requests that prefilled their prompt "
+                                       "(the hit rate's denominator)", registry=r)
+        self.prompt_hits = Counter("power:prompt_cache_hits", "Requests that reused a prefix of their prompt "
+                                   "(held by their sequence or restored from the prompt cache)", registry=r)
+        self.prompt_reused = Counter("power:prompt_tokens_reused", "Prompt tokens not prefilled again "
+                                     "(receipts' prompt_reused)", registry=r)
+        self.prompt_hit_rate = Gauge("power:prompt_cache_hit_rate", "prompt_cache_hits / prompt_cache_requests",
+                                     registry=r)
+        self.cache_bytes = Gauge("power:prompt_cache_bytes", "Bytes of saved target states in the prompt cache "
+                                 "(--cache-ram)", registry=r)
+        self.cache_budget = Gauge("power:prompt_cache_budget_bytes", "The prompt cache's budget (--cache-ram; "
+                                  "0: off)", registry=r)
+        self.cache_entries = Gauge("power:prompt_cache_entries", "Saved target states in the prompt cache",
+                                   registry=r)
+        self.cache_restores = Gauge("power:prompt_cache_restores", "Saved states restored into a sequence "
+                                    "(since the cache was made)", registry=r)
+        self._prompt_lock = threading.Lock()
+        self._prompts = [0, 0]  # requests, hits
+        self.cache_evictions = Gauge("power:prompt_cache_evictions", "Saved states evicted for the budget "
+                                     "(since the cache was made)", registry=r)
+
+    def prompt(self, receipt: Receipt) -> None:
+        """A request ended: whether and how much of its prompt was reused."""
+        if receipt.status == "failed" and not receipt.rounds:
+            return  # it never prefilled
+        with self._prompt_lock:  # (workers end requests concurrently)
+            self._prompts[0] += 1
+            self._prompts[1] += bool(receipt.prompt_reused)
+            self.prompt_hit_rate.set(self._prompts[1] / self._prompts[0])
+        self.prompt_requests.inc()
+        if receipt.prompt_reused:
+            self.prompt_hits.inc()
+            self.prompt_reused.inc(receipt.prompt_reused)
+
+    def cache(self, cache: PromptCache | None) -> None:
+        """The prompt cache's gauges, as it stands now (read when ``/metrics`` is scraped)."""
+        if cache is None:
+            return
+        st = cache.stats()
+        self.cache_bytes.set(st.bytes)
+        self.cache_budget.set(st.budget_bytes)
+        self.cache_entries.set(st.entries)
+        self.cache_restores.set(st.restores)
+        self.cache_evictions.set(st.evictions)
 
     def round(self, record: RoundRecord) -> None:
         self.generation_tokens.inc(record.emitted)
@@ -171,7 +219,8 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     final text and the receipt either way."""
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
-                            sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only)
+                            sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
+                            tenant=job.tenant)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise
@@ -222,6 +271,7 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     assert receipt is not None
     metrics.e2e.observe(time.perf_counter() - job.arrived)
     metrics.observer_faults.inc(receipt.observer_faults)
+    metrics.prompt(receipt)
     reason = {"completed": None, "cancelled": "abort"}.get(receipt.status, "error")
     if reason is None:
         reason = "stop" if receipt.finish_reason == "stop" else "length"

@@ -27,7 +27,7 @@ import numpy as np
 from power_core.artifacts import ArtifactView, check_architecture, file_digest
 from power_core.config import NUMERICS, PowerConfig
 from power_core.constraint import Grammars, Vocabulary
-from power_core.errors import ArtifactError, CapacityError, ConfigError, StateLost, StrategyNotFound
+from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault, StateLost, StrategyNotFound
 from power_core.logs import get_logger
 from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
 from power_core.spec import OpenedBatch, OpenedModel, OpenRequest
@@ -308,7 +308,7 @@ class LlamaTarget:
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
                  shared: bool = False, n_ctx: int | None = None, verify_capacity: int = 0,
-                 offloaded: bool = False, device_states: bool | None = None) -> None:
+                 offloaded: bool = False, device_states: bool | None = None, state_format: str | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.numerics = numerics
@@ -336,6 +336,9 @@ class LlamaTarget:
             features=frozenset(features), digest=digest, verify_capacity=verify_capacity,
             keep_prefix=_weakly(self.keep_prefix), counters=_weakly(self.counters),
             compute_seconds=_weakly(self.compute_seconds),
+            # the prompt cache: the sequence's whole memory, loadable into any sequence of the same format
+            save_state=_weakly(self.save_state) if state_format else None,
+            load_state=_weakly(self.load_state) if state_format else None, state_format=state_format,
             cancel=_weakly(self.cancel) if own else None, clear_abort=_weakly(self.clear_abort) if own else None,
             # padded passes keep their rows (decode_multi)
             sample_in_graph=_weakly(self.sample_in_graph) if own and not verify_capacity else None,
@@ -590,6 +593,35 @@ class LlamaTarget:
         self._rs_used = True
         return True
 
+    def save_state(self) -> bytes:
+        """The sequence's whole memory for the ``n_past`` tokens it holds (attention KV and recurrent
+        state: ``llama_state_seq_get_data_ext`` without flags; ``TargetCapabilities.save_state``)."""
+        return self.ctx.state_get(self.seq_id, 0)
+
+    def load_state(self, data: bytes, n: int) -> bool:
+        """Replace the memory by a :meth:`save_state` of ``n`` tokens, from any sequence of a target of
+        the same ``state_format`` (``llama_state_seq_set_data_ext`` into this ``seq_id``). False, with
+        the memory empty, when llama.cpp refuses it (a shared cache without ``n`` free cells in a row
+        is compacted once first) or it does not hold ``n`` tokens then."""
+        self.reset()
+        if not 0 < n <= self._caps.n_ctx:
+            return False
+        try:
+            try:
+                self.ctx.state_set(data, self.seq_id, 0)
+            except StateLost:
+                if self._compact is None or not self._compact():
+                    raise
+                self.ctx.state_set(data, self.seq_id, 0)  # the shared cache is packed now
+            if self.ctx.pos_max(self.seq_id) != n - 1:  # (a recurrent cell holds only the last position)
+                raise RuntimeFault(f"the loaded state ends at position {self.ctx.pos_max(self.seq_id)}, not {n - 1}")
+        except (RuntimeFault, StateLost) as exc:
+            log.warning("native.load_state_failed", seq_id=self.seq_id, tokens=n, error=str(exc))
+            self.reset()
+            return False
+        self._n_past = n
+        return True
+
     def cancel(self) -> None:
         """Abort a running decode (it raises Cancelled; the core restores its checkpoint). On a shared
         context this does nothing: the pass holds other requests' rows; the round driver stops the
@@ -639,6 +671,17 @@ def llama_target(target: object, what: str) -> LlamaTarget:
     return target
 
 
+def state_format(digest: str | None, *, numerics: str, flash_attn: str, n_gpu_layers: int,
+                 devices: Sequence[str], rpc_servers: Sequence[str]) -> str | None:
+    """Which targets may load each other's saved states (``TargetCapabilities.state_format``): those of
+    the same model file whose memory holds the same numbers (kernels, flash attention, where the
+    layers run). ``None`` (no digest): its states are never shared."""
+    if not digest:
+        return None
+    return (f"llama/{digest}/{numerics}/fa={flash_attn}/ngl={n_gpu_layers}/dev={','.join(devices)}"
+            f"/rpc={','.join(rpc_servers)}")
+
+
 def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) -> dict[str, Any]:
     n_rs = snapshots if recurrent else 0
     need = max(max_block, n_rs + 2)  # llama.cpp asserts n_ubatch > n_rs_seq + 1
@@ -670,7 +713,10 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
             warm_up(ctx)
         target = LlamaTarget(model, ctx, max_block=max_block, digest=digest, features=features, numerics=numerics,
                              n_ctx=cells if verify_capacity else None, verify_capacity=verify_capacity,
-                             offloaded=is_offloaded(rpc_servers, n_gpu_layers), device_states=device_states)
+                             offloaded=is_offloaded(rpc_servers, n_gpu_layers), device_states=device_states,
+                             state_format=state_format(digest, numerics=numerics, flash_attn=flash_attn,
+                                                       n_gpu_layers=n_gpu_layers, devices=devices,
+                                                       rpc_servers=rpc_servers))
         undo.pop_all()  # opened: the target owns its context and the numerics mode now
     # released once: by close(), or when a target nobody closed is collected
     target._release = weakref.finalize(target, _numerics.release, numerics)
@@ -885,9 +931,12 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         if cfg.warmup:
             warm_up(ctx)
         per_seq = ctx.n_ctx // n
+        formats = state_format(digest, numerics=cfg.numerics, flash_attn=cfg.flash_attn,
+                               n_gpu_layers=placed.n_gpu_layers, devices=placed.devices, rpc_servers=cfg.rpc_servers)
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
                                     numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq,
-                                    offloaded=is_offloaded(cfg.rpc_servers, placed.n_gpu_layers)) for i in range(n))
+                                    offloaded=is_offloaded(cfg.rpc_servers, placed.n_gpu_layers),
+                                    state_format=formats) for i in range(n))
         batch = LlamaBatch(model, ctx, targets, unified=unified)
         if req.verify_cost:
             relative = verify_cost_curve(targets[0], n_threads=cfg.n_threads or os.cpu_count() or 1)
