@@ -378,6 +378,8 @@ def _strategy_flags(r: argparse.ArgumentParser) -> None:
         text = f"{key.name} ({', '.join(key_owners(key.name))}): {key.help}"
         if key.type is bool:
             r.add_argument(key.flag, dest=key.name, action="store_const", const=True, help=text)
+        elif key.type is tuple:  # a list of values (the key's convert makes it its tuple)
+            r.add_argument(key.flag, dest=key.name, nargs="+", metavar="VALUE", help=text)
         else:
             r.add_argument(key.flag, dest=key.name, type=key.type, help=text, choices=key.choices or None,
                            metavar=None if key.choices else {int: "N", float: "X"}.get(key.type, "TEXT"))

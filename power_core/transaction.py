@@ -672,7 +672,8 @@ class Transaction:
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],
                              stop=self.finished, seconds=time.perf_counter() - pending.t0,
                              proposal=tuple(int(t) for t in props) if self.trace else None, width=pending.width,
-                             cut=pending.cut, source=pending.proposal.source, stats=pending.proposal.stats)
+                             cut=pending.cut, source=pending.proposal.source,
+                             stats=None if pending.proposal.stats is None else dict(pending.proposal.stats))
         self.rounds.append(record)
         if log.isEnabledFor(logging.DEBUG):  # per-round detail costs nothing when debug is off
             log.debug("txn.commit", round=record)

@@ -31,7 +31,7 @@ def history(kind: str, n: int) -> np.ndarray:
 
 def measure(kind: str, n: int, rounds: int) -> dict:
     seq = history(kind, n + rounds * 8)
-    p = SuffixProposer(session_memory=0)
+    p = SuffixProposer()
     p.begin(seq[:n])
     pos, times = n, []
     for _ in range(rounds):

@@ -96,7 +96,7 @@ class _Scripted:
 def replay(prompt: list[int], answer: list[int], costs: list[float], k_max: int) -> tuple[float, int]:
     """Units and rounds of the core's transaction with the shipped proposer over a fixed greedy answer."""
     config = PowerConfig(spec_mode="suffix", spec_draft_max=k_max)
-    txn = Transaction(target=_Scripted(prompt, answer, min(k_max + 1, len(costs))), proposer=SuffixProposer(session_memory=0),
+    txn = Transaction(target=_Scripted(prompt, answer, min(k_max + 1, len(costs))), proposer=SuffixProposer(),
                       sampler=TargetSampler.from_config(config),
                       scheduler=Scheduler.for_request(config, None, True, tuple(costs)), max_tokens=len(answer))
     txn.prefill(prompt)

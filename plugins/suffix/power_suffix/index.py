@@ -11,14 +11,22 @@ proposal stops where the occurrences disagree. Appends are O(len(LENGTHS)) per t
 
 Everything appended after a length ``n`` can be removed again (:meth:`SuffixIndex.truncate`),
 which is what a proposer's ``restore`` needs.
+
+An index of other text (earlier requests, a corpus: :mod:`power_suffix.memory`) answers
+:meth:`SuffixIndex.find`: the longest suffix of a request's history that occurs anywhere in it, and
+the continuation its occurrences agree on. Such an index holds several documents, each followed by
+:data:`SEPARATOR` (no token id equals it, so no match and no continuation crosses it), is never
+truncated (``truncatable=False`` keeps no per-position hashes) and may index fewer lengths.
 """
 
 from __future__ import annotations
 
+from array import array
+
 import attrs
 import numpy as np
 
-__all__ = ["LENGTHS", "Match", "SuffixIndex"]
+__all__ = ["LENGTHS", "SEPARATOR", "Match", "SuffixIndex"]
 
 #: indexed suffix lengths (a match longer than the largest is measured exactly by extension)
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
@@ -30,6 +38,8 @@ MAX_CANDIDATES = 32
 #: exact backward extension is measured up to this many tokens (the acceptance model buckets
 #: every match of 32 or more tokens together)
 MAX_MATCH = 64
+#: ends a document in an index of several (never a token id: nothing matches or continues across it)
+SEPARATOR = -1
 
 
 @attrs.frozen
@@ -43,17 +53,23 @@ class Match:
 
 
 class SuffixIndex:
-    """The index of one growing token sequence."""
+    """The index of one growing token sequence (``lengths``: the suffix lengths it hashes, ascending;
+    ``truncatable``: keep what :meth:`truncate` needs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lengths: tuple[int, ...] = LENGTHS, *, truncatable: bool = True) -> None:
+        if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1 or lengths[-1] > max(LENGTHS):
+            raise ValueError(f"lengths must be ascending, distinct and within [1, {max(LENGTHS)}], not {lengths}")
+        self.lengths = lengths
+        self.truncatable = truncatable
         self._tok = np.zeros(1024, dtype=np.int32)
         self.n = 0
-        self._pre = [0]  # rolling prefix hashes
+        self._pre = array("q", [0])  # rolling prefix hashes (< 2**61)
         # per length: hash -> most recent position ending with it; per position, the hash of the L tokens
-        # ending there and the previous position with that hash (-1: none, or fewer than L tokens)
-        self._head: dict[int, dict[int, int]] = {L: {} for L in LENGTHS}
-        self._keys: dict[int, list[int]] = {L: [] for L in LENGTHS}
-        self._prev: dict[int, list[int]] = {L: [] for L in LENGTHS}
+        # ending there (only when truncatable) and the previous position with that hash (-1: none, or
+        # fewer than L tokens)
+        self._head: dict[int, dict[int, int]] = {L: {} for L in lengths}
+        self._keys: dict[int, array[int]] = {L: array("q") for L in lengths}
+        self._prev: dict[int, array[int]] = {L: array("q") for L in lengths}
 
     @property
     def tokens(self) -> np.ndarray:
@@ -71,27 +87,40 @@ class SuffixIndex:
             self._tok = grown
         self._tok[self.n:need] = toks
         pre = self._pre
-        lanes = [(L, _POW[L], self._head[L], self._keys[L], self._prev[L]) for L in LENGTHS]
+        keep = self.truncatable
+        lanes = [(L, _POW[L], self._head[L], self._keys[L], self._prev[L]) for L in self.lengths]
         for t in toks.tolist():
             h = (pre[-1] * _BASE + t + 1) % _MOD
             pre.append(h)
             end = len(pre) - 1  # the new token's position + 1
             for L, power, head, keys, prev in lanes:
                 if L > end:
-                    keys.append(-1)
+                    if keep:
+                        keys.append(-1)
                     prev.append(-1)
                     continue
                 key = (h - pre[end - L] * power) % _MOD
-                keys.append(key)
+                if keep:
+                    keys.append(key)
                 prev.append(head.get(key, -1))
                 head[key] = end - 1
         self.n = need
+
+    @property
+    def nbytes(self) -> int:
+        """About what the index holds in memory (tokens, hashes, chains and the hash tables)."""
+        per_entry = 100  # a dict entry with its two ints, roughly
+        return (self._tok.nbytes + self._pre.itemsize * len(self._pre)
+                + sum(a.itemsize * len(a) for a in (*self._keys.values(), *self._prev.values()))
+                + per_entry * sum(len(h) for h in self._head.values()))
 
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on (exactly as if they had never been appended)."""
         if n >= self.n:
             return
-        for L in LENGTHS:
+        if not self.truncatable:
+            raise ValueError("this index keeps no per-position hashes (truncatable=False)")
+        for L in self.lengths:
             head, keys, prev = self._head[L], self._keys[L], self._prev[L]
             for pos in range(self.n - 1, max(n, L - 1) - 1, -1):  # positions with an L-token hash
                 if prev[pos] < 0:
@@ -110,7 +139,7 @@ class SuffixIndex:
         if n < 2 or max_tokens <= 0:
             return None
         ends = None
-        for L in reversed(LENGTHS):
+        for L in reversed(self.lengths):
             if L >= n:
                 continue
             prev = self._prev[L]
@@ -140,16 +169,65 @@ class SuffixIndex:
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
 
+    def find(self, query: np.ndarray, max_tokens: int) -> Match | None:
+        """The longest suffix of ``query`` (another sequence's tokens, e.g. a request's history) that
+        occurs in this index, and the continuation its most recent occurrences agree on (at most
+        ``max_tokens``); ``None`` when not even the shortest indexed length occurs."""
+        q = np.asarray(query, dtype=np.int64)[-MAX_MATCH:]
+        m = int(q.shape[0])
+        if m == 0 or max_tokens <= 0 or self.n == 0:
+            return None
+        # the hash of each indexed length's window ending the query, built from the right
+        qs = q.tolist()
+        hashes: dict[int, int] = {}
+        h, j = 0, 0
+        for L in self.lengths:
+            if L > m:
+                break
+            while j < L:
+                h = (h + (qs[m - 1 - j] + 1) * _POW[j]) % _MOD
+                j += 1
+            hashes[L] = h
+        ends = None
+        for L in reversed(self.lengths):
+            at = self._head[L].get(hashes[L], -1) if L in hashes else -1
+            if at >= 0:
+                prev = self._prev[L]
+                found: list[int] = []
+                while at >= 0 and len(found) < MAX_CANDIDATES:
+                    found.append(at)
+                    at = prev[at]
+                ends = np.asarray(found[::-1], dtype=np.int64)
+                break
+        if ends is None:
+            return None
+        tok = self._tok
+        offs = np.arange(m)
+        cur = q[m - 1 - offs]
+        valid = (ends[:, None] - offs[None, :]) >= 0
+        eq = (tok[np.clip(ends[:, None] - offs[None, :], 0, None)] == cur[None, :]) & valid
+        lengths = np.where(eq.all(axis=1), m, np.argmin(eq, axis=1))
+        best = int(lengths.max())
+        if best == 0:  # hash collisions only
+            return None
+        ends = ends[lengths == best]
+        out, share = _vote(tok, self.n, ends, max_tokens)
+        return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
+                     share=np.asarray(share, dtype=np.float64))
+
 
 def _vote(tok: np.ndarray, n: int, ends: np.ndarray, max_tokens: int) -> tuple[list[int], list[float]]:
     """The continuation of the occurrences ending at ``ends`` in ``tok[:n]``, position by position: the
     token most of the occurrences still in agreement continue with (ties: the smaller id), while it
     has at least half of all their votes; an occurrence whose continuation runs past ``n`` stops
-    voting. Returns the tokens and their vote shares (at most ``max_tokens``)."""
+    voting, and so does one that reaches a :data:`SEPARATOR` (the end of its document). Returns the
+    tokens and their vote shares (at most ``max_tokens``)."""
     total = float(ends.size)
     cols = ends[:, None] + np.arange(1, max_tokens + 1)[None, :]
     ok = cols < n
     cont = np.where(ok, tok[np.minimum(cols, n - 1)], -1)
+    ok &= np.cumsum(cont < 0, axis=1) == 0  # nothing after a separator (or the end) votes
+    cont = np.where(ok, cont, -1)
     # the columns where every occurrence continues with the same token: one vectorized pass
     same = (ok & (cont == cont[:1])).all(axis=0)
     j0 = int(np.argmin(same)) if not same.all() else max_tokens

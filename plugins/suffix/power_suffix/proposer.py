@@ -1,38 +1,50 @@
-"""``SuffixProposer``: model-free speculation from the sequence's own earlier occurrences.
+"""``SuffixProposer``: model-free speculation from earlier occurrences of the current suffix.
 
-Per round it looks up the longest suffix of the committed history (prompt, everything emitted,
-and, when the host enables it, earlier requests of the same session) that occurred before (:class:`~power_suffix.index.SuffixIndex`),
-and proposes the continuation the occurrences agree on. How far it drafts is decided per round:
+Per round it looks up the longest suffix of the committed history (prompt and everything emitted)
+that occurred before in the request itself (:class:`~power_suffix.index.SuffixIndex`) and, when the
+session has a :class:`~power_suffix.memory.SuffixMemory`, in earlier requests of the same tenant
+and in the corpus. It prefers the longest match, then the most occurrences, then the request's own
+text, and proposes the continuation the occurrences agree on. How far it drafts is decided per round:
 
 * at most ``ALPHA`` times the match length (a two-token match drafts little, a long one up to the
   round's cap) and never past the point where the occurrences disagree (vote share < 1/2);
 * every proposal carries a confidence, the probability that it is accepted given the previous one
-  was: an acceptance model per match-length bucket (a Beta prior that favours long matches,
-  updated with every verified round of the session) times the proposal's vote share. The core's
-  scheduler combines it with the target's verify-cost curve to choose the width that maximizes
-  expected tokens per second (``Proposal.confidence``).
+  was: an acceptance model per source and match-length bucket (a Beta prior that favours long
+  matches, updated with every verified round of the session) times the proposal's vote share. The
+  core's scheduler combines it with the target's verify-cost curve to choose the width that
+  maximizes expected tokens per second (``Proposal.confidence``).
+
+What is offered depends only on the history and on what the memory holds (never on the acceptance
+model); each proposal names its source (``request``, ``shared`` or ``corpus``: ``Proposal.source``),
+so the receipt counts the tokens accepted from each. A request is learned by the memory when the
+proposer begins the next one, or closes.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
-from power_suffix.index import LENGTHS, SuffixIndex
+from power_core.runtime import (
+    DecodeResult,
+    Proposal,
+    ProposalContext,
+    ProposerCapabilities,
+    RequestScope,
+    TokenArray,
+)
+from power_suffix.index import LENGTHS, Match, SuffixIndex
+from power_suffix.memory import SuffixMemory
 
-__all__ = ["SuffixProposer", "ALPHA", "SESSION_MEMORY"]
+__all__ = ["SuffixProposer", "ALPHA", "SOURCES"]
 
 #: a match of L tokens drafts at most ALPHA * L tokens
 ALPHA = 4
 #: pseudo-counts of the acceptance model's prior (the prior trusts a match of L tokens (L+1)/(L+2))
 PRIOR_WEIGHT = 2.0
-#: earlier requests of the session kept searchable (tokens); off unless the host asks for it with
-#: ``POWER_SUFFIX_SESSION_TOKENS`` (e.g. a chat host whose requests repeat each other)
-SESSION_MEMORY = int(os.environ.get("POWER_SUFFIX_SESSION_TOKENS", "0") or 0)
-_EMPTY = np.zeros(0, dtype=np.int32)
+#: where a proposal comes from (``Proposal.source``), in the order that wins a tie
+SOURCES = ("request", "shared", "corpus")
 
 
 def _bucket(length: int) -> int:
@@ -45,31 +57,69 @@ def _bucket(length: int) -> int:
 
 
 class SuffixProposer:
-    """Suffix-index drafting; one per session (it remembers the session's earlier requests)."""
+    """Suffix-index drafting; one per session. ``memory``: the cross-request and corpus indexes it
+    consults and teaches (``None``: the request's own text only)."""
 
     features: frozenset[str] = frozenset()
-    #: none: model-free, on the host, reads no target rows, holds nothing to close
-    capabilities = ProposerCapabilities()
 
-    def __init__(self, *, session_memory: int = SESSION_MEMORY) -> None:
-        self.session_memory = session_memory
+    def __init__(self, memory: SuffixMemory | None = None) -> None:
         self.index = SuffixIndex()
-        self._base = 0  # tokens of earlier requests at the start of the index
-        # acceptance model: per bucket, continued / stopped counts, with a prior favouring long matches
+        self.memory: SuffixMemory | None = None
+        self._tenant = ""
+        self._prompt_len = 0
+        self._learned = True  # the current request was given to the memory (or there is none)
+        # acceptance model: per source and bucket, continued / stopped counts, with a prior favouring long matches
         prior = np.array([(L + 1.0) / (L + 2.0) for L in LENGTHS])
-        self._succ = PRIOR_WEIGHT * prior
-        self._fail = PRIOR_WEIGHT * (1.0 - prior)
-        self._round: tuple[int, int] | None = None  # (bucket, proposals verified) of the current round
-        self._offered: tuple[int, int] | None = None
+        self._succ = np.tile(PRIOR_WEIGHT * prior, (len(SOURCES), 1))
+        self._fail = np.tile(PRIOR_WEIGHT * (1.0 - prior), (len(SOURCES), 1))
+        self._round: tuple[int, int, int] | None = None  # (source, bucket, proposals verified) of the round
+        self._offered: tuple[int, int, int] | None = None
+        if memory is not None:
+            self.attach(memory)
+
+    @property
+    def capabilities(self) -> ProposerCapabilities:
+        """Model-free, on the host, reads no target rows; it learns whom each request runs for and,
+        with a memory, hands the last request to it when the session closes."""
+        return ProposerCapabilities(request_scope=self.request_scope, close=self.close)
+
+    # -- the memory ----------------------------------------------------------------------------------
+    def attach(self, memory: SuffixMemory | None) -> None:
+        """Consult and teach ``memory`` from the next request on (``None``: none); the previous one
+        is given what it has not learned yet."""
+        if memory is self.memory:
+            return
+        self._learn()
+        if self.memory is not None:
+            self.memory.release()
+        if memory is not None:
+            memory.acquire()
+        self.memory = memory
+
+    def close(self) -> None:
+        """The session closes: the memory learns the last request (and saves, when this was its last user)."""
+        self.attach(None)
+
+    def _learn(self) -> None:
+        """Give the current request (its output; with ``learn_prompts`` its prompt too) to the memory."""
+        if self._learned or self.memory is None:
+            self._learned = True
+            return
+        self._learned = True
+        tokens = self.index.tokens
+        self.memory.learn(self._tenant, tokens if self.memory.learn_prompts else tokens[self._prompt_len:])
 
     # -- protocol ---------------------------------------------------------------------------------
+    def request_scope(self, scope: RequestScope) -> None:
+        self._learn()  # the previous request, under the tenant it ran for
+        self._tenant = scope.tenant
+
     def begin(self, prompt: TokenArray) -> None:
-        # earlier requests of the session (the most recent session_memory tokens) stay searchable
-        keep = self.index.tokens[-self.session_memory:].copy() if self.session_memory else _EMPTY
+        self._learn()
         self.index = SuffixIndex()
-        self.index.extend(keep)
-        self._base = self.index.n
         self.index.extend(prompt)
+        self._prompt_len = self.index.n
+        self._learned = False
         self._round = self._offered = None
 
     def checkpoint(self) -> Any:
@@ -80,29 +130,43 @@ class SuffixProposer:
         self._offered = None
         if ctx.k <= 0:
             return Proposal.none()
-        m = self.index.match(ctx.k)
-        if m is None or m.tokens.size == 0:
+        best: Match | None = self.index.match(ctx.k)
+        source = 0
+        if best is not None and best.tokens.size == 0:
+            best = None
+        if self.memory is not None:
+            found = self.memory.find(self._tenant, ctx.history, ctx.k)
+            if found is not None and (best is None or (found.match.length, found.match.occurrences)
+                                      > (best.length, best.occurrences)):
+                best, source = found.match, SOURCES.index(found.source)
+        if best is None:
             return Proposal.none()
+        m = best
         agreed = int(np.argmax(m.share < 0.5)) if (m.share < 0.5).any() else m.share.size
         n = min(ctx.k, ALPHA * m.length, agreed)
         if n <= 0:
             return Proposal.none()
         b = _bucket(m.length)
-        q = self._succ[b] / (self._succ[b] + self._fail[b])
-        self._offered = (b, n)
-        return Proposal(m.tokens[:n].copy(), confidence=q * m.share[:n], stats={"match_length": float(m.length)})
+        q = self._succ[source, b] / (self._succ[source, b] + self._fail[source, b])
+        self._offered = (source, b, n)
+        return Proposal(m.tokens[:n].copy(), confidence=q * m.share[:n], source=SOURCES[source],
+                        stats={"match_length": float(m.length), "occurrences": float(m.occurrences)})
 
     def observe(self, result: DecodeResult) -> None:
         if self._offered is not None and result.kind == "verify":
             # the scheduler may have verified fewer than offered: learn only from what was verified
-            self._round = (self._offered[0], int(result.tokens.shape[0]) - 1)
+            source, b, _ = self._offered
+            self._round = (source, b, int(result.tokens.shape[0]) - 1)
 
     def commit(self, n_accepted: int, emitted: TokenArray) -> None:
-        if self._round is not None and self._round[1] > 0:
-            b, verified = self._round
-            self._succ[b] += n_accepted
-            self._fail[b] += 1.0 if n_accepted < verified else 0.0
+        if self._round is not None and self._round[2] > 0:
+            source, b, verified = self._round
+            self._succ[source, b] += n_accepted
+            self._fail[source, b] += 1.0 if n_accepted < verified else 0.0
         self._round = self._offered = None
+        # the round's tokens are committed: index them now, so the last round's reach the memory too
+        # (the round's checkpoint holds the length before them, so a restore takes them out again)
+        self.index.extend(emitted)
 
     def restore(self, checkpoint: Any) -> None:
         n, succ, fail = checkpoint
@@ -113,10 +177,10 @@ class SuffixProposer:
     # -- internals ------------------------------------------------------------------------------------
     def _sync(self, history: TokenArray) -> None:
         """Index the committed history (the transaction's history always extends what was indexed)."""
-        have = self.index.n - self._base
+        have = self.index.n
         hist = np.asarray(history)
-        if have > hist.shape[0] or (have and self.index.tokens[self.index.n - 1] != hist[have - 1]):
-            self.index.truncate(self._base)  # a history this index did not see grow: re-index it
+        if have > hist.shape[0] or (have and self.index.tokens[have - 1] != hist[have - 1]):
+            self.index.truncate(0)  # a history this index did not see grow: re-index it
             have = 0
         if hist.shape[0] > have:
             self.index.extend(hist[have:])

@@ -99,7 +99,7 @@ def ctx(history, k=32):
 
 
 def test_long_unambiguous_matches_draft_long_short_ones_little():
-    p = SuffixProposer(session_memory=0)
+    p = SuffixProposer()
     text = list(range(40)) + [90, 91] + list(range(20))  # the last 20 tokens copy the first 20
     p.begin(np.asarray(text, dtype=np.int32))
     proposal = p.propose(ctx(text))
@@ -153,23 +153,13 @@ def test_cost_aware_width_is_in_the_receipt():
     assert p["accepted"] == res.receipt.accepted == sum(p["accepted_per_position"])
 
 
-def test_session_memory_is_off_by_default():
+def test_requests_are_independent_without_a_memory():
     p = SuffixProposer()
     first = np.asarray([50, 51, 52, 53, 54, 55, 56, 57], dtype=np.int32)
     p.begin(first)
     second = np.asarray([9, 50, 51, 52], dtype=np.int32)
     p.begin(second)
     assert p.propose(ctx(second)).ids.size == 0
-
-
-def test_session_memory_reuses_earlier_requests():
-    p = SuffixProposer(session_memory=1024)
-    first = np.asarray([50, 51, 52, 53, 54, 55, 56, 57], dtype=np.int32)
-    p.begin(first)
-    p.propose(ctx(first))
-    second = np.asarray([9, 50, 51, 52], dtype=np.int32)
-    p.begin(second)
-    assert p.propose(ctx(second)).ids.tolist()[:4] == [53, 54, 55, 56]
 
 
 class TestSuffixConformance(AdapterConformance):
