@@ -5,6 +5,7 @@ shared by concurrent requests and after eviction (reference backend, property-ba
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -184,13 +185,27 @@ def test_a_session_saves_its_store_when_it_closes_and_the_next_one_loads_it(tmp_
         Session.open(PowerConfig(spec_mode="suffix", spec_suffix_store=str(store)), model=REF)
 
 
-def test_the_cli_refuses_a_store_of_another_model_with_exit_2(tmp_path):
+def test_the_cli_takes_the_flags_and_refuses_a_store_of_another_model_with_exit_2(tmp_path, capsys):
     from power_core.cli import main
 
+    model = "reference:seed=3,vocab=300,dim=16"  # a byte tokenizer: --prompt is text
+    (tmp_path / "a.txt").write_text("hello there, hello again\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.md").write_text("# a title\nsome text\n")
     store = tmp_path / "store"
+    run = ["run", "--model", model, "--mode", "suffix", "--prompt", "hello", "--max-tokens", "8", "--json",
+           "--suffix-memory", "1000", "--suffix-store", str(store),
+           "--suffix-corpus", str(tmp_path / "a.txt"), str(tmp_path / "docs")]
+    assert main(run) == 0
+    config = json.loads(capsys.readouterr().out)["receipt"]["config"]
+    assert config["spec_suffix_corpus"] == [str(tmp_path / "a.txt"), str(tmp_path / "docs")]
+    assert config["spec_suffix_memory_tokens"] == 1000 and (store / STORE_FILE).exists()
     SuffixMemory("not-this-model", budget_tokens=100).save(store)
-    assert main(["run", "--model", REF, "--mode", "suffix", "--prompt", "x", "--max-tokens", "4",
-                 "--suffix-memory", "1000", "--suffix-store", str(store)]) == 2
+    assert main(run) == 2
+    assert "another vocabulary" in capsys.readouterr().err
+    (store / STORE_FILE).write_bytes(b"PWRSFX1\n" + b"\0" * 10)
+    assert main(run) == 2
+    assert "truncated or corrupt" in capsys.readouterr().err
 
 
 # -- the corpus -----------------------------------------------------------------------------------------------
