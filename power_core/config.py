@@ -335,8 +335,9 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
          "stop strings: the output ends right before the first one, matched on the decoded text across token "
          "boundaries (needs a tokenizer)", scope="request", flag="--stop", convert=_stop_tuple, validate=_stops),
     _key("cache_prompt", bool, False, "session",
-         "reuse the target's state for the prefix a prompt shares with the session's previous request (receipt "
-         "prompt_reused)"),
+         "reuse the target's state for the prefix a prompt shares with what its sequence holds (the previous "
+         "request's prompt and output) or, with a prompt cache (power serve --cache-ram), with a saved state "
+         "(receipt prompt_reused)"),
     _key("rpc_servers", tuple, (), "session",
          "llama.cpp rpc-server endpoints (HOST:PORT) that hold the target's layers (power-native built with "
          "POWER_NATIVE_RPC=1; empty: all in this process)", flag="--rpc", convert=_endpoints, validate=_valid),

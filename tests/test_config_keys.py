@@ -252,7 +252,9 @@ def test_the_servers_per_request_fields_are_the_request_scoped_keys():
     pytest.importorskip("pydantic")
     from power_core.serve.protocol import CompletionRequest
 
-    request_keys = {k.name for k in CORE_KEYS if k.scope == "request"}
+    # but the tenant: the server derives it from the API key and the ``user`` field, so a client never claims one
+    request_keys = {k.name for k in CORE_KEYS if k.scope == "request"} - {"tenant"}
+    assert "tenant" not in CompletionRequest.model_fields
     fields = set(CompletionRequest.model_fields)
     assert request_keys <= fields, f"request-scoped keys the server does not take: {sorted(request_keys - fields)}"
     req = CompletionRequest(model="m", prompt="x", temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, seed=7)
