@@ -27,7 +27,7 @@ def test_public_facade_is_pinned():
         "OpenedModel",
         "PluginError", "PowerConfig", "PowerError", "Proposal", "ProposalContext", "Proposer", "ProposerCapabilities",
         "ProposerRequest",
-        "Receipt", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
+        "Receipt", "RequestScope", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
         "Strategy", "StrategyNotFound", "StrategyNotInstalled", "Stream", "TargetCapabilities", "TargetRuntime",
         "TargetSampler", "Tokenizer", "Transaction", "get_plugins", "hookimpl", "token_digest",
     ])
