@@ -26,7 +26,7 @@ from array import array
 import attrs
 import numpy as np
 
-__all__ = ["LENGTHS", "SEPARATOR", "Match", "SuffixIndex"]
+__all__ = ["LENGTHS", "SEPARATOR", "Match", "SuffixIndex", "suffix_hashes"]
 
 #: indexed suffix lengths (a match longer than the largest is measured exactly by extension)
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
@@ -169,25 +169,17 @@ class SuffixIndex:
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
 
-    def find(self, query: np.ndarray, max_tokens: int) -> Match | None:
+    def find(self, query: np.ndarray, max_tokens: int, hashes: dict[int, int] | None = None) -> Match | None:
         """The longest suffix of ``query`` (another sequence's tokens, e.g. a request's history) that
         occurs in this index, and the continuation its most recent occurrences agree on (at most
-        ``max_tokens``); ``None`` when not even the shortest indexed length occurs."""
+        ``max_tokens``); ``None`` when not even the shortest indexed length occurs. ``hashes``:
+        :func:`suffix_hashes` of the query, when several indexes are asked the same."""
         q = np.asarray(query, dtype=np.int64)[-MAX_MATCH:]
         m = int(q.shape[0])
         if m == 0 or max_tokens <= 0 or self.n == 0:
             return None
-        # the hash of each indexed length's window ending the query, built from the right
-        qs = q.tolist()
-        hashes: dict[int, int] = {}
-        h, j = 0, 0
-        for L in self.lengths:
-            if L > m:
-                break
-            while j < L:
-                h = (h + (qs[m - 1 - j] + 1) * _POW[j]) % _MOD
-                j += 1
-            hashes[L] = h
+        if hashes is None:
+            hashes = suffix_hashes(q, self.lengths)
         ends = None
         for L in reversed(self.lengths):
             at = self._head[L].get(hashes[L], -1) if L in hashes else -1
@@ -214,6 +206,23 @@ class SuffixIndex:
         out, share = _vote(tok, self.n, ends, max_tokens)
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
+
+
+def suffix_hashes(query: np.ndarray, lengths: tuple[int, ...] = LENGTHS) -> dict[int, int]:
+    """The hash an index keeps for the window of each of ``lengths`` that ends ``query`` (lengths
+    longer than the query are left out), built from the right."""
+    qs = np.asarray(query, dtype=np.int64)[-max(lengths):].tolist()
+    m = len(qs)
+    hashes: dict[int, int] = {}
+    h, j = 0, 0
+    for L in lengths:
+        if L > m:
+            break
+        while j < L:
+            h = (h + (qs[m - 1 - j] + 1) * _POW[j]) % _MOD
+            j += 1
+        hashes[L] = h
+    return hashes
 
 
 def _vote(tok: np.ndarray, n: int, ends: np.ndarray, max_tokens: int) -> tuple[list[int], list[float]]:

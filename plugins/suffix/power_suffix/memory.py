@@ -43,7 +43,7 @@ import numpy as np
 
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError
 from power_core.logs import get_logger
-from power_suffix.index import SEPARATOR, Match, SuffixIndex
+from power_suffix.index import MAX_MATCH, SEPARATOR, Match, SuffixIndex, suffix_hashes
 
 __all__ = ["SHARED_LENGTHS", "SEGMENTS", "STORE_FILE", "STORE_FORMAT", "Found", "MemoryStats", "SuffixMemory",
            "corpus_files"]
@@ -224,15 +224,17 @@ class SuffixMemory:
         """The best continuation of ``history`` in what ``tenant`` may read: the longest match, then
         the most occurrences, then the newest segment (the corpus after every segment)."""
         best: Found | None = None
+        query = np.asarray(history)[-MAX_MATCH:]
+        hashes = suffix_hashes(query, SHARED_LENGTHS)  # the same for every index here
         with self._lock:
             for seg in reversed(self._segments):  # newest first: a tie keeps the newer
                 if seg.tenant != tenant and not self.share_tenants:
                     continue
-                m = seg.index.find(history, max_tokens)
+                m = seg.index.find(query, max_tokens, hashes)
                 if m is not None and m.tokens.size and _better(m, best):
                     best = Found(match=m, source="shared")
             if self._corpus is not None:
-                m = self._corpus.find(history, max_tokens)
+                m = self._corpus.find(query, max_tokens, hashes)
                 if m is not None and m.tokens.size and _better(m, best):
                     best = Found(match=m, source="corpus")
         return best
