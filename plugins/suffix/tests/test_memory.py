@@ -343,3 +343,19 @@ def test_tenant_b_text_never_reaches_tenant_a_unless_sharing_is_on():
     for rounds in (shared, same_tenant):
         assert rounds[1].get("source") == "shared" and rounds[1]["proposal"] == y[: len(rounds[1]["proposal"])]
         assert leaked(rounds)
+
+
+def test_a_thousand_requests_keep_the_memory_within_its_budget():
+    rng = np.random.default_rng(9)
+    budget = 512
+    cfg = PowerConfig(spec_mode="suffix", max_tokens=6, spec_suffix_memory_tokens=budget,
+                      spec_suffix_learn_prompts=True)
+    with Session.open(cfg, model=REF) as s:
+        memory = s.proposer.memory
+        for i in range(1000):
+            prompt = rng.integers(3, 90, int(rng.integers(2, 40))).tolist()
+            s.start(prompt, tenant=f"t{i % 5}").run()
+            if i % 50 == 49:
+                assert memory.stats().tokens <= budget
+        stats = memory.stats()
+    assert stats.tokens <= budget and stats.evicted_documents > 900 and stats.tenants == 5
