@@ -93,3 +93,36 @@ def test_outputs_equal_off_cold_warm_across_sequences_and_after_eviction(tiny_mo
         for p, w in zip(prompts[4:], want[4:], strict=True):
             assert engine.run(engine.submit(p)).tokens == w
         assert cache.bytes <= cache.budget_bytes
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [None, "gemma3-270m"])
+def test_three_chats_on_two_slots_equal_cold_off_runs(model):
+    """SmolLM2 and Gemma-3 (sliding-window layers): three conversations, each turn resending the
+    whole history, interleaved on two sequences, so turns land where another chat left its state and
+    restore their own from the cache: every answer equals a cold off run and later turns reuse at
+    least 90 % of the history; then, with the cache cut to half of what it holds (evictions), still."""
+    cfg = PowerConfig(spec_mode="suffix", max_tokens=24, n_threads=2, n_ctx=1024)
+    off_cfg = PowerConfig(spec_mode="off", max_tokens=24, n_threads=2, n_ctx=1024)
+    chats = [["The capital of France is", " It is known for", " Its river is", " And its museum"],
+             ["def add(a, b):\n    return", "\n\ndef sub(a, b):\n    return", "\n\nprint(add(1, 2),", "\n# done"],
+             ["Once upon a time", " The dragon said", " Then the knight", " The end:"]]
+    cache = PromptCache(1 << 30)
+    with Session.open_engine(2, cfg, model=model, prompt_cache=cache) as engine, \
+            Session.open(off_cfg, model=model) as off:
+        tok = off.opened.tokenizer
+        history = [np.zeros(0, dtype=np.int32) for _ in chats]
+        for turn in range(4):
+            if turn == 3:
+                cache.budget_bytes = cache.bytes // 2  # the oldest states go
+            for c, chat in enumerate(chats):
+                text = (off.encode(chat[turn]) if turn == 0 else  # no BOS inside the conversation
+                        np.asarray(tok.model.tokenize(chat[turn], add_special=False, parse_special=False)))
+                prompt = np.concatenate([history[c], text]).astype(np.int32)
+                res = engine.run(engine.submit(prompt, tenant=f"chat{c}"))
+                assert res.tokens == off.generate(prompt).tokens, (model, turn, c)
+                if 0 < turn < 3:
+                    assert res.receipt.prompt_reused >= 0.9 * len(history[c]), (turn, c, res.receipt.prompt_reused)
+                history[c] = np.concatenate([prompt, res.tokens]).astype(np.int32)
+        assert cache.stats().restores >= 2 and cache.bytes <= cache.budget_bytes
