@@ -4,6 +4,7 @@ within it the OpenAI ``user`` field), reported per request (``prompt_reused``) a
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from power_core.cli import build_parser
 from power_core.memory import DEFAULT_CACHE_MIB
 from power_core.serve import ServeOptions, create_app, open_sessions
 from power_core.serve.app import _tenant
+from tests.serve_helpers import power_cmd
 
 PROMPT = list(range(40, 100))
 
@@ -23,6 +25,13 @@ def test_the_server_caches_prompts_by_default_and_zero_turns_it_off():
     assert args.cache_ram == DEFAULT_CACHE_MIB == 8192 and not args.cache_share_tenants
     assert PromptCache.of_mib(0) is None
     assert PromptCache.of_mib(args.cache_ram).budget_bytes == 8192 << 20
+
+
+def test_a_negative_budget_is_a_usage_error_before_binding():
+    out = subprocess.run(power_cmd("serve", "--backend", "reference", "--port", "0", "--cache-ram", "-1"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "usage error" in out.stderr and "--cache-ram" in out.stderr, out.stderr
+    assert "listening" not in out.stderr and "Traceback" not in out.stderr
 
 
 def test_the_tenant_is_the_api_key_then_the_user_and_never_the_key_itself():
