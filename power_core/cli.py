@@ -93,6 +93,10 @@ def _config_from_args(args: argparse.Namespace):
         "top_k": args.top_k,
         "top_p": args.top_p,
         "min_p": args.min_p,
+        "repeat_penalty": args.repeat_penalty,
+        "repeat_last_n": args.repeat_last_n,
+        "frequency_penalty": args.frequency_penalty,
+        "presence_penalty": args.presence_penalty,
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
         "spec_mtp_adaptive": True if args.adaptive else None,
@@ -114,6 +118,29 @@ def _config_from_args(args: argparse.Namespace):
     if args.config:
         return PowerConfig.from_toml(args.config, **overrides)
     return PowerConfig.from_mapping({}, **overrides)
+
+
+def _constraint_from_args(args: argparse.Namespace) -> Any:
+    """``--json-schema FILE``, ``--grammar FILE`` (GBNF or llguidance Lark) or ``--regex PATTERN`` as a
+    :class:`~power_core.constraint.ConstraintSpec` (``None``: unconstrained). A file that cannot be read
+    is a :class:`~power_core.errors.ConstraintError` naming the flag (exit 2); one the grammar engine
+    refuses is too, when the request starts."""
+    from power_core.constraint import ConstraintSpec
+    from power_core.errors import ConstraintError
+
+    if args.regex is not None:
+        return ConstraintSpec.regex(args.regex, field="--regex")
+    for flag, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConstraintError(flag, f"cannot read {path}: {exc}") from None
+        if flag == "--grammar":
+            return ConstraintSpec.grammar(text, field=flag)
+        return ConstraintSpec.json_schema(text, field=flag)
+    return None
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -167,6 +194,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     prompt = _read_prompt(args)
+    constraint = _constraint_from_args(args)
     if args.system is not None and not args.chat:
         raise UsageError("power run: --system needs --chat")
     timer = PhaseTimer() if args.profile else None
@@ -189,7 +217,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ids = [i % n_vocab for i in raw]
         else:
             ids = prompt
-        gen = session.start(ids, cancel=cancel, stop=args.stop)
+        gen = session.start(ids, cancel=cancel, stop=args.stop, constraint=constraint)
         shown = 0  # tokens printed (models without a tokenizer print ids as they commit)
         try:
             if args.json:
@@ -329,6 +357,10 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--top-k", type=int)
     r.add_argument("--top-p", type=float)
     r.add_argument("--min-p", type=float)
+    r.add_argument("--repeat-penalty", type=float, help="llama.cpp's repeat penalty (1: off)")
+    r.add_argument("--repeat-last-n", type=int, help="the penalties' window in tokens (0: off, -1: the context)")
+    r.add_argument("--frequency-penalty", type=float, help="subtracted per occurrence in the window (-2..2)")
+    r.add_argument("--presence-penalty", type=float, help="subtracted once for a token in the window (-2..2)")
     r.add_argument("--draft-max", type=int, help="K: proposal width")
     r.add_argument("--snapshots", type=int, help="S: resident rollback snapshots (default K)")
     r.add_argument("--adaptive", action="store_true", help="request-local adaptive controller")
@@ -486,6 +518,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object at the end: tokens, text, receipt")
     r.add_argument("--receipt", metavar="FILE", help="write the full receipt (JSON) to FILE ('-': print it after the text)")
     r.add_argument("--profile", action="store_true", help="time every transaction phase (PhaseTimer observer)")
+    shape = r.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output is JSON matching this JSON schema")
+    shape.add_argument("--grammar", metavar="FILE", help="the output matches this grammar (GBNF, as llama.cpp "
+                       "takes it, or an llguidance Lark grammar)")
+    shape.add_argument("--regex", metavar="PATTERN", help="the output matches this regular expression (whole)")
     r.set_defaults(func=_cmd_run)
 
     from power_core.memory import DEFAULT_CACHE_MIB  # (numpy: the parser is built once per command)

@@ -195,7 +195,7 @@ BAD: list[tuple[str, object, int, str | None]] = [
      "messages[0].role"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "tool", "content": "x"}]}, 400,
-     "messages[0].role"),
+     "messages[0].tool_call_id"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      400, None),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),

@@ -38,6 +38,7 @@ from power_core.errors import (
     ArtifactError,
     CapacityError,
     ConfigError,
+    ConstraintError,
     Overloaded,
     PowerError,
     RuntimeFault,
@@ -51,12 +52,15 @@ from power_core.serve.protocol import (
     APIError,
     ChatRequest,
     CompletionRequest,
+    Structure,
     chat_logprobs,
     completion_logprobs,
+    constraint_error,
     finish_reason,
     parse_request,
 )
 from power_core.session import Session
+from power_core.tools import HERMES, ToolCallParser, ToolFormat, ToolPlan, detect_format, template_renders_tools
 
 __all__ = ["ServeOptions", "create_app"]
 
@@ -93,6 +97,16 @@ def _server_template(state: ServerState) -> ChatTemplate | None:
     return template
 
 
+def _tool_template(state: ServerState) -> ChatTemplate | None:
+    """The template tools render through: the server's, else the GGUF's (``None``: the model has none)."""
+    if state.chat_template is not None:
+        return state.chat_template
+    try:
+        return template_for(state.sessions[0].opened.model_path, None)
+    except ConfigError:
+        return None
+
+
 @attrs.define(eq=False)
 class ServerState:
     options: ServeOptions
@@ -107,6 +121,14 @@ class ServerState:
     created: int = attrs.field(factory=lambda: int(time.time()))
     #: the chat template every chat request renders (``None``: each session's GGUF template)
     chat_template: ChatTemplate | None = attrs.field(default=attrs.Factory(_server_template, takes_self=True))
+    #: the template requests with tools render (the server's or the GGUF's), and the tool-call format it declares
+    tool_template: ChatTemplate | None = attrs.field(default=attrs.Factory(_tool_template, takes_self=True))
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The format the template declares where recognisable (:func:`~power_core.tools.detect_format`), else Hermes."""
+        found = detect_format(self.tool_template.source) if self.tool_template is not None else None
+        return found or HERMES
 
     @property
     def sessions(self) -> tuple[Session, ...]:
@@ -123,6 +145,8 @@ def _error_response(exc: APIError) -> JSONResponse:
 
 
 def _from_power_error(exc: BaseException) -> APIError:
+    if isinstance(exc, ConstraintError):
+        return constraint_error(exc)
     if isinstance(exc, (ConfigError, CapacityError, ArtifactError)):
         return APIError(400, f"{exc}", code=getattr(exc, "code", None))
     if isinstance(exc, PowerError) and not isinstance(exc, (RuntimeFault, AdapterFault)):
@@ -227,10 +251,32 @@ class Prepared:
     job: Job
     req: Any
     prompt_tokens: int
+    #: the request's tools (``None``: none, or ``tool_choice`` ``none``): its output is parsed for calls
+    tools: ToolPlan | None = None
+
+
+async def _check_structure(state: ServerState, structure: Structure) -> None:
+    """Compile every constraint of the request once before it is admitted, so a schema, grammar or tool
+    definition the engine refuses is a 400 naming its field (also for a stream, before it begins) and
+    never takes a slot. A compile costs about a millisecond (the first one builds the vocabulary's
+    tokenizer for the engine)."""
+    specs = structure.specs()
+    if not specs:
+        return
+    session = state.sessions[0]
+
+    def compile_all() -> None:
+        for spec in specs:
+            session.compile(spec)
+
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, compile_all)
+    except ConstraintError as exc:
+        raise constraint_error(exc) from None
 
 
 def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int | None, top_logprobs: int | None,
-             kind: str) -> Prepared:
+             kind: str, structure: Structure | None = None) -> Prepared:
     if req.model != state.options.model_name:
         raise APIError(404, f"the model {req.model!r} does not exist here; this server serves "
                        f"{state.options.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
@@ -257,8 +303,11 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
     max_tokens = min(limit if limit is not None else default, room)
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
-              target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user))
-    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size))
+              target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user),
+              constraint=structure.constraint if structure is not None else None)
+    tools = structure.tools if structure is not None and structure.tools is not None and structure.tools.active \
+        else None
+    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools)
 
 
 def _tenant(options: ServeOptions, user: str | None) -> str:
@@ -400,9 +449,14 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
         fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
         if prepared.kind == "chat.completion":
             lp = chat_logprobs(outcome.logprobs, decode) if job.top_logprobs is not None else None
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": outcome.text,
-                                                              "refusal": None},
-                                      "logprobs": lp, "finish_reason": fr}
+            message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
+            if prepared.tools is not None:
+                parsed = prepared.tools.parse(outcome.text)
+                message["content"] = parsed.content
+                if parsed.tool_calls:
+                    message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+                    fr = "tool_calls" if fr == "stop" else fr
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": lp, "finish_reason": fr}
         else:
             lp = completion_logprobs(outcome.logprobs, decode) if job.top_logprobs is not None else None
             choice = {"index": 0, "text": outcome.text, "logprobs": lp, "finish_reason": fr}
@@ -424,20 +478,38 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
     chunk_kind = "chat.completion.chunk" if prepared.kind == "chat.completion" else "text_completion"
     chat = prepared.kind == "chat.completion"
     offset = 0
+    #: takes tool calls out of the text as it streams (the markup never reaches the client)
+    calls: ToolCallParser | None = prepared.tools.parser() if prepared.tools is not None else None
 
     def chunk(choice: dict[str, Any] | None, **extra: Any) -> str:
         body = {"id": rid, "object": chunk_kind, "created": created, "model": state.options.model_name,
                 "choices": [choice] if choice is not None else [], **extra}
         return json.dumps(body, separators=(",", ":"))
 
-    def delta_choice(d: Delta) -> dict[str, Any]:
+    def delta_choice(d: Delta) -> dict[str, Any] | None:
         nonlocal offset
         if chat:
             lp = chat_logprobs(d.logprobs, decode) if job.top_logprobs is not None else None
-            return {"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
+            if calls is None:
+                return {"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
+            return tool_choice(calls.feed(d.text), lp)
         lp = completion_logprobs(d.logprobs, decode, offset) if job.top_logprobs is not None else None
         offset += len(d.text)
         return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": None}
+
+    def tool_choice(parsed: Any, lp: Any = None) -> dict[str, Any] | None:
+        delta: dict[str, Any] = {}
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.tool_calls:
+            delta["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+        if not delta and lp is None:
+            return None  # markup, or text held back until it is resolved
+        return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}
+
+    def chunks(d: Delta) -> list[str]:
+        choice = delta_choice(d)
+        return [chunk(choice)] if choice is not None else []
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -448,11 +520,13 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
                 getter: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    yield chunk(delta_choice(getter.result()))
+                    for c in chunks(getter.result()):
+                        yield c
                     continue
                 getter.cancel()
                 while not queue.empty():  # deltas the worker emitted before it returned
-                    yield chunk(delta_choice(queue.get_nowait()))
+                    for c in chunks(queue.get_nowait()):
+                        yield c
                 break
             try:
                 outcome = await _outcome(fut)
@@ -461,6 +535,12 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
                 yield json.dumps(exc.body())
                 return
             fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
+            if calls is not None:
+                held = tool_choice(calls.finish())
+                if held is not None:
+                    yield chunk(held)
+                if calls.calls and fr == "stop":
+                    fr = "tool_calls"
             ext = _power_extension(state, job, outcome)
             last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": fr} if chat else \
                 {"index": 0, "text": "", "logprobs": None, "finish_reason": fr}
@@ -482,8 +562,10 @@ async def completions(request: Request) -> Response:
     state = _state(request)
     req: CompletionRequest = parse_request(CompletionRequest, await _json_body(request))
     prompt = req.prompt_value
+    structure = req.structure()
+    await _check_structure(state, structure)
     prepared = _prepare(state, req, np.asarray(prompt, dtype=np.int64) if isinstance(prompt, list) else prompt,
-                        "prompt", req.max_tokens, req.top_logprobs, "text_completion")
+                        "prompt", req.max_tokens, req.top_logprobs, "text_completion", structure)
     return await _respond(request, state, prepared)
 
 
@@ -491,12 +573,25 @@ async def chat_completions(request: Request) -> Response:
     state = _state(request)
     req: ChatRequest = parse_request(ChatRequest, await _json_body(request))
     session = state.sessions[0]
+    structure = req.structure(state.tool_format)
+    messages = req.template_messages()
+    template: ChatTemplate | None = state.chat_template
+    extra: dict[str, Any] = {}
+    if structure.tools is not None and structure.tools.active:
+        template = state.tool_template
+        if template is None or not template_renders_tools(template.source):
+            raise APIError(400, "this model's chat template does not render tools, so the model would never see "
+                           "them; start the server with --chat-template FILE whose template does (e.g. "
+                           "docs/examples/hermes-tools.jinja), or send tool_choice \"none\"", param="tools",
+                           code="unsupported_value")
+        extra = structure.tools.template_vars()
+    await _check_structure(state, structure)
     try:
-        ids = session.chat_prompt([m.as_template_message() for m in req.messages], chat_template=state.chat_template)
+        ids = session.chat_prompt(messages, chat_template=template, **extra)
     except PowerError as exc:
         err = _from_power_error(exc)
         raise APIError(err.status, err.message, type=err.type, param="messages", code=err.code) from None
-    prepared = _prepare(state, req, ids, "messages", req.limit, req.top_logprobs_n, "chat.completion")
+    prepared = _prepare(state, req, ids, "messages", req.limit, req.top_logprobs_n, "chat.completion", structure)
     return await _respond(request, state, prepared)
 
 

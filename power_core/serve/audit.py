@@ -111,7 +111,7 @@ class Auditor:
         """``job`` again, target-only, on ``session`` (a worker thread)."""
         try:
             gen = session.start(job.prompt, cancel=token, max_tokens=job.max_tokens, stop=job.stop,
-                                sampling=job.sampling, target_only=True,
+                                sampling=job.sampling, target_only=True, constraint=job.constraint,
                                 tenant=job.tenant)  # (the request's tenant: its prompt state stays theirs)
         except BaseException:
             self.engine.release(session)

@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from power_core.constraint import ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import Cancelled, PowerError
 from power_core.logs import get_logger
@@ -62,6 +63,8 @@ class Job:
     target_only: bool = False
     #: whom the request runs for (config ``tenant``): the API key, else the OpenAI ``user`` field
     tenant: str = ""
+    #: what the output must match (``response_format``, ``grammar``, ``json_schema``, tools)
+    constraint: ConstraintSpec | None = None
 
     def stop_now(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -220,7 +223,7 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                             sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
-                            tenant=job.tenant)
+                            tenant=job.tenant, constraint=job.constraint)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise

@@ -3,31 +3,51 @@
 Requests are validated by pydantic in strict mode (a string where a number belongs is an error, not
 a conversion; NaN and infinities are refused) and every field is declared: a field Power does not
 implement is a 400 naming it, never silently ignored. Fields that only have a neutral value here
-(``n``, ``best_of``, ``echo``, penalties, ``logit_bias``, ``response_format``, ``tool_choice``)
-are accepted at that value and refused otherwise.
+(``n``, ``best_of``, ``echo``) are accepted at that value and refused otherwise.
+
+What constrains the output (``response_format``, llama-server's ``grammar`` and ``json_schema``,
+``tools`` with ``tool_choice``) becomes one :class:`~power_core.constraint.ConstraintSpec` and, for
+tools, a :class:`~power_core.tools.ToolPlan` (:meth:`ChatRequest.structure`,
+:meth:`CompletionRequest.structure`); two that would both constrain it are a 400 naming the second.
 
 Every error body has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+import json
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 import attrs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from power_core.config import SAMPLING_KEYS
+from power_core.constraint import ConstraintSpec
+from power_core.errors import ConstraintError
+from power_core.tools import (
+    HERMES,
+    TOOLS_MAX,
+    Function,
+    NamedChoice,
+    ToolChoice,
+    ToolFormat,
+    ToolPlan,
+    template_tool_calls,
+)
 from power_core.transaction import TokenLogprob
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "parse_request", "finish_reason"]
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "Structure", "constraint_error", "parse_request",
+           "finish_reason"]
 
 #: the stop strings one request may give (OpenAI allows 4; Power's configuration allows 64)
 STOP_MAX = 16
 #: completions' ``logprobs`` and chat's ``top_logprobs`` upper bound (OpenAI: 5 and 20)
 LOGPROBS_MAX = 20
 #: the roles a chat message may have; ``developer`` is OpenAI's newer name for ``system``
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+#: a grammar's or a schema's characters (a schema as compact JSON) at most
+CONSTRAINT_MAX_CHARS = 1 << 16
 
 
 @attrs.frozen
@@ -56,8 +76,71 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class ResponseFormat(_Strict):
+def _bounded_schema(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    if v is not None and len(json.dumps(v, separators=(",", ":"))) > CONSTRAINT_MAX_CHARS:
+        raise ValueError(f"a schema of at most {CONSTRAINT_MAX_CHARS} characters (as compact JSON)")
+    return v
+
+
+def _bounded_grammar(v: str | None) -> str | None:
+    if v is not None and len(v) > CONSTRAINT_MAX_CHARS:
+        raise ValueError(f"a grammar of at most {CONSTRAINT_MAX_CHARS} characters, not {len(v)}")
+    if v is not None and not v.strip():
+        raise ValueError("an empty grammar")
+    return v
+
+
+class TextFormat(_Strict):
     type: Literal["text"]
+
+
+class JSONObjectFormat(_Strict):
+    """Any JSON object; llama-server's ``schema`` narrows it to a schema."""
+
+    type: Literal["json_object"]
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    _size = field_validator("schema_")(_bounded_schema)
+
+
+class JSONSchema(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    #: accepted either way: the output always matches the schema
+    strict: bool | None = None
+
+    _size = field_validator("schema_")(_bounded_schema)
+
+
+class JSONSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JSONSchema
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
+@attrs.frozen
+class Structure:
+    """What a request asks of its output's shape: a constraint, and for tools their plan."""
+
+    constraint: ConstraintSpec | None = None
+    tools: ToolPlan | None = None
+
+    def specs(self) -> list[ConstraintSpec]:
+        """Every spec to compile before the request is admitted: each tool's parameter schema alone
+        (so an error names its tool), then the constraint itself."""
+        out = self.tools.parameter_specs() if self.tools is not None and self.tools.active else []
+        return out + ([self.constraint] if self.constraint is not None else [])
+
+
+def constraint_error(exc: ConstraintError) -> APIError:
+    """A 400 naming the request field a refused schema, grammar or tool definition came from."""
+    field = exc.field
+    code = ("invalid_grammar" if field.startswith("grammar") else
+            "invalid_schema" if "schema" in field or field.endswith("parameters") else "invalid_value")
+    return APIError(400, str(exc), param=field, code=code)
 
 
 class _Sampling(_Strict):
@@ -81,6 +164,12 @@ class _Sampling(_Strict):
     repeat_last_n: int | None = Field(default=None, ge=-1)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    #: llama-server's: a GBNF (or llguidance Lark) grammar, and a JSON schema, the output must match
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+    _grammar_size = field_validator("grammar")(_bounded_grammar)
+    _schema_size = field_validator("json_schema")(_bounded_schema)
 
     @field_validator("stop")
     @classmethod
@@ -118,6 +207,23 @@ class _Sampling(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def _constraints(self) -> list[tuple[str, ConstraintSpec]]:
+        """The request's constraints, each with the field it came from (in the order fields are checked)."""
+        out: list[tuple[str, ConstraintSpec]] = []
+        if self.json_schema is not None:
+            out.append(("json_schema", ConstraintSpec.json_schema(self.json_schema, field="json_schema")))
+        if self.grammar is not None:
+            out.append(("grammar", ConstraintSpec.grammar(self.grammar, field="grammar")))
+        return out
+
+
+def _one(found: Sequence[tuple[str, ConstraintSpec]]) -> ConstraintSpec | None:
+    if len(found) > 1:
+        (first, _), (second, _) = found[0], found[1]
+        raise APIError(400, f"{first} and {second} both constrain the output; give one", param=second,
+                       code="conflicting_fields")
+    return found[0][1] if found else None
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str]
@@ -145,20 +251,109 @@ class CompletionRequest(_Sampling):
     def top_logprobs(self) -> int | None:
         return self.logprobs
 
+    def structure(self) -> Structure:
+        """The output's constraint (``grammar`` or ``json_schema``; a 400 when both are given)."""
+        try:
+            return Structure(constraint=_one(self._constraints()))
+        except ConstraintError as exc:
+            raise constraint_error(exc) from None
+
 
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+def _text(content: str | list[TextPart] | None) -> str:
+    return "" if content is None else content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+class SystemMessage(_Strict):
+    role: Literal["system", "developer"]
     content: str | list[TextPart]
     name: str | None = None
 
-    def as_template_message(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+    def as_template_message(self) -> dict[str, Any]:  # ``developer`` is OpenAI's newer name for ``system``
+        return {"role": "system", "content": _text(self.content)}
+
+
+class UserMessage(_Strict):
+    role: Literal["user"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def as_template_message(self) -> dict[str, Any]:
+        return {"role": "user", "content": _text(self.content)}
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    """A call of an earlier assistant turn, as the client sends it back."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(_Strict):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(default=None, max_length=TOOLS_MAX)
+    #: what the server's own responses carry; accepted back at the value it sends
+    refusal: None = None
+
+    @model_validator(mode="after")
+    def _said_something(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message has content or tool_calls")
+        return self
+
+    def as_template_message(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": "assistant", "content": _text(self.content)}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return out
+
+
+class ToolMessage(_Strict):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str = Field(min_length=1)
+
+    def as_template_message(self) -> dict[str, Any]:
+        return {"role": "tool", "content": _text(self.content), "tool_call_id": self.tool_call_id}
+
+
+Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    #: accepted either way: a call's arguments always match the parameters
+    strict: bool | None = None
+
+    _size = field_validator("parameters")(_bounded_schema)
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(_Sampling):
@@ -167,8 +362,8 @@ class ChatRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_MAX)
     response_format: ResponseFormat | None = None
-    tool_choice: Literal["none"] | None = None
-    tools: list[Any] | None = Field(default=None, max_length=0)
+    tools: list[ToolDef] | None = Field(default=None, max_length=TOOLS_MAX)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
@@ -179,6 +374,77 @@ class ChatRequest(_Sampling):
         if a is not None and b is not None and a != b:
             raise ValueError("max_tokens and max_completion_tokens disagree; give one")
         return self
+
+    def structure(self, tool_format: ToolFormat | None = None) -> Structure:
+        """The output's constraint and the request's tools (``tool_format``: how the model writes a
+        call). A 400 naming the field when two constraints are given, or tools are malformed."""
+        try:
+            return self._structure(tool_format)
+        except ConstraintError as exc:
+            raise constraint_error(exc) from None
+
+    def _structure(self, tool_format: ToolFormat | None) -> Structure:
+        found: list[tuple[str, ConstraintSpec]] = []
+        rf = self.response_format
+        if isinstance(rf, JSONSchemaFormat):
+            found.append(("response_format", ConstraintSpec.json_schema(
+                rf.json_schema.schema_, field="response_format.json_schema.schema")))
+        elif isinstance(rf, JSONObjectFormat):
+            found.append(("response_format", ConstraintSpec.json_schema(
+                rf.schema_ if rf.schema_ is not None else {"type": "object"},
+                field="response_format.schema" if rf.schema_ is not None else "response_format")))
+        found += self._constraints()
+        constraint = _one(found)
+        plan = self.tool_plan(tool_format)
+        if plan is not None and plan.active and constraint is not None:
+            field = found[0][0]
+            raise APIError(400, f"tools and {field} both constrain the output; give one (or tool_choice "
+                           '"none")', param=field, code="conflicting_fields")
+        if plan is not None and plan.active:
+            constraint = plan.constraint()
+        return Structure(constraint=constraint, tools=plan)
+
+    def tool_plan(self, tool_format: ToolFormat | None = None) -> ToolPlan | None:
+        if not self.tools:
+            for field in ("tool_choice", "parallel_tool_calls"):
+                value = getattr(self, field)
+                if value is not None and not (field == "tool_choice" and value == "none"):
+                    raise APIError(400, f"{field} is only allowed when tools are given", param=field,
+                                   code="invalid_value")
+            return None
+        choice: ToolChoice = "auto"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            choice = NamedChoice(self.tool_choice.function.name)
+        elif self.tool_choice is not None:
+            choice = self.tool_choice
+        functions = [Function(name=t.function.name, description=t.function.description,
+                              parameters=t.function.parameters) if t.function.parameters is not None else
+                     Function(name=t.function.name, description=t.function.description) for t in self.tools]
+        return ToolPlan.make(functions, choice, parallel=self.parallel_tool_calls is not False,
+                             format=tool_format or HERMES)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as chat templates read them: ``developer`` as ``system``, an assistant's
+        ``tool_calls`` with their arguments as objects, a ``tool`` result with the called function's
+        ``name``. A 400 naming the message when a tool result answers no earlier call."""
+        out: list[dict[str, Any]] = []
+        names: dict[str, str] = {}
+        for i, m in enumerate(self.messages):
+            msg = m.as_template_message()
+            if isinstance(m, AssistantMessage) and m.tool_calls:
+                try:
+                    msg["tool_calls"] = template_tool_calls(msg["tool_calls"], field=f"messages[{i}].tool_calls")
+                except ConstraintError as exc:
+                    raise APIError(400, str(exc), param=exc.field, code="invalid_value") from None
+                names.update({c.id: c.function.name for c in m.tool_calls})
+            elif isinstance(m, ToolMessage):
+                if m.tool_call_id not in names:
+                    raise APIError(400, f"messages[{i}] answers tool call {m.tool_call_id!r}, which no earlier "
+                                   "assistant message made", param=f"messages[{i}].tool_call_id",
+                                   code="invalid_value")
+                msg["name"] = names[m.tool_call_id]
+            out.append(msg)
+        return out
 
     @property
     def limit(self) -> int | None:
@@ -196,6 +462,22 @@ def _param(loc: Sequence[int | str]) -> str:
     return out
 
 
+def _body_path(body: Any, loc: Sequence[int | str], *, missing: bool) -> list[int | str]:
+    """``loc`` without the tags and member names a union puts in it: the parts that are keys (or
+    indices) in the body, and a last part that names a missing field (``missing``)."""
+    out: list[int | str] = []
+    cur = body
+    for i, part in enumerate(loc):
+        if isinstance(cur, Mapping) and isinstance(part, str) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            cur = cur[part]
+        elif i < len(loc) - 1 or not missing:
+            continue
+        out.append(part)
+    return out
+
+
 def parse_request(kind: type[_Sampling], body: Any) -> Any:
     """Validate a decoded JSON body as ``kind``, or raise :class:`APIError` naming the first bad field."""
     if not isinstance(body, dict):
@@ -207,6 +489,9 @@ def parse_request(kind: type[_Sampling], body: Any) -> Any:
         # a union reports each member's failure; the field is the path before the member's name
         loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in ("str", "int", "list[int]", "list[str]")
                                                                      or p.startswith(("list[", "function-"))))]
+        loc = _body_path(body, loc, missing=err["type"] == "missing")
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a tagged union: the tag's field
+            loc.append(str(err.get("ctx", {}).get("discriminator", "type")).strip("'"))
         param = _param(loc) or None
         if err["type"] == "extra_forbidden":
             message = (f"unsupported field {param!r}: power serve does not implement it (see docs/serving.md "
