@@ -356,7 +356,11 @@ class ProposerCapabilities:
     * ``close()``: releases what it holds (a draft context); the session calls it once, when it closes;
     * ``request_scope(scope)``: takes the request's :class:`RequestScope`; the transaction calls it
       right before every ``begin`` (a proposer whose memory outlives a request keeps tenants apart
-      with it). ``None``: the proposer never needs to know whom a request runs for.
+      with it). ``None``: the proposer never needs to know whom a request runs for;
+    * ``request_end()``: the request it served has finished (stop, ``max_tokens`` or the context),
+      after its last ``commit``: what it committed is final (a proposer that learns across requests
+      learns it now, not at the next ``begin``). Called once per finished request, never for one
+      that was cancelled or failed; an exception is logged, never the request's failure.
     """
 
     reads_target_rows: bool = False
@@ -364,6 +368,7 @@ class ProposerCapabilities:
     compute_seconds: Callable[[], float] | None = _ability()
     close: Callable[[], None] | None = _ability()
     request_scope: Callable[[RequestScope], None] | None = _ability()
+    request_end: Callable[[], None] | None = _ability()
 
     @classmethod
     def of(cls, proposer: Proposer) -> ProposerCapabilities:

@@ -776,6 +776,7 @@ class Generation:
     observer_faults: int = attrs.field(default=0, init=False)
     _prefill_s: float = attrs.field(default=0.0, init=False)
     _prefilled: bool = attrs.field(default=False, init=False)
+    _told_end: bool = attrs.field(default=False, init=False)  # its proposer heard that it finished
     _decode_s: float = attrs.field(default=0.0, init=False)
     #: the compute/host split of ``_decode_s`` (receipt ``timings``)
     _clock: DecodeClock = attrs.field(factory=DecodeClock, init=False, repr=False)
@@ -981,6 +982,8 @@ class Generation:
             status, error = "failed", f"{type(failure).__name__}: {failure}"
         if self.txn is not None and self.txn.state_lost is not None:
             s.mark_lost(self.txn.state_lost)
+        if failure is None:
+            self._tell_end()
         self._batch = dict(batch) if batch is not None else None
         before, self._before = self._before, None
         if before is not None:
@@ -994,6 +997,20 @@ class Generation:
             log.info("request.end", status=status, strategy=s.selection.strategy.name,
                      tokens=len(self.tokens), **self.receipt.summary())
         return self.receipt
+
+    def _tell_end(self) -> None:
+        """The request finished: tell its proposer, once, if it asked (``ProposerCapabilities.request_end``)."""
+        txn = self.txn
+        if self._told_end or txn is None or txn.finished is None or txn.proposer is None:
+            return
+        self._told_end = True
+        if (told := txn.proposer_caps.request_end) is None:
+            return
+        try:
+            told()
+        except Exception as exc:  # what it committed is the request's; a proposer's bookkeeping cannot fail it
+            log.warning("proposer.request_end_failed", proposer=type(txn.proposer).__name__,
+                        error=f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def close_stream(self) -> None:
         """End an unfinished stream of this request (as cancelled)."""

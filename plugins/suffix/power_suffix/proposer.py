@@ -16,8 +16,9 @@ text, and proposes the continuation the occurrences agree on. How far it drafts 
 
 What is offered depends only on the history and on what the memory holds (never on the acceptance
 model); each proposal names its source (``request``, ``shared`` or ``corpus``: ``Proposal.source``),
-so the receipt counts the tokens accepted from each. A request is learned by the memory when the
-proposer begins the next one, or closes.
+so the receipt counts the tokens accepted from each. The memory learns a request when it finishes
+(``ProposerCapabilities.request_end``); one cancelled or failed, when the next begins or the session
+closes.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class SuffixProposer:
     @property
     def capabilities(self) -> ProposerCapabilities:
         """Model-free, on the host, reads no target rows; it learns whom each request runs for and,
-        with a memory, hands the last request to it when the session closes."""
-        return ProposerCapabilities(request_scope=self.request_scope, close=self.close)
+        with a memory, hands each request to it when the request finishes (or, one that did not
+        finish, when the next begins or the session closes)."""
+        return ProposerCapabilities(request_scope=self.request_scope, request_end=self._learn, close=self.close)
 
     # -- the memory ----------------------------------------------------------------------------------
     def attach(self, memory: SuffixMemory | None) -> None:

@@ -300,15 +300,17 @@ def test_share_memory_attaches_an_embedders_memory():
         assert a.proposer.memory is mem and b.proposer.memory is mem
         prompt = [5, 9, 13, 17, 21, 25, 29, 33]
         first = a.generate(prompt)
-        second = b.generate(prompt + [60])  # a begins nothing new: its request is learned when a closes
-    assert mem.stats().documents == 2 and first.tokens
+        assert mem.stats().documents == 1  # learned when it finished
+        second = b.generate(prompt)  # another session, at once: it drafts from a's answer
+        assert second.tokens == first.tokens
+        assert second.receipt.to_dict()["proposer"]["sources"]["shared"]["accepted"] > 0
+    assert mem.stats().documents == 2
     with Session.open(PowerConfig(spec_mode="off"), model=REF) as off:
         with pytest.raises(ConfigError, match="spec_mode"):
             share_memory(mem, off)
     with Session.open(PowerConfig(spec_mode="suffix"), model="reference:seed=11,vocab=101,dim=16") as other:
         with pytest.raises(ArtifactMismatch):
             share_memory(mem, other)
-    del second
 
 
 # -- tenants, end to end: what the trace shows ----------------------------------------------------------------
