@@ -43,6 +43,10 @@ __all__ = ["Constraint", "ConstraintSpec", "ConstraintStats", "Grammars", "Gramm
 #: what a :class:`ConstraintSpec` may hold
 KINDS = ("json_schema", "regex", "grammar")
 Kind = Literal["json_schema", "regex", "grammar"]
+#: how JSON output is spelled (a schema's own ``x-guidance`` overrides it): properties in the schema's
+#: order, and Python's ``json.dumps`` separators with no other whitespace — one spelling per value, so
+#: the model cannot wander into runs of newlines inside an object
+JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 #: the text a lazy constraint leaves free before its trigger (any text; no control token but the end)
 _FREE_TEXT = r"(.|\n)*"
 
@@ -72,7 +76,8 @@ class Vocabulary:
 
 
 def _canonical(source: str | Mapping[str, Any]) -> str:
-    return json.dumps(source, sort_keys=True, separators=(",", ":")) if isinstance(source, Mapping) else source
+    # key order kept: a schema's ``properties`` order is the order the output writes them in
+    return json.dumps(source, separators=(",", ":")) if isinstance(source, Mapping) else source
 
 
 @attrs.frozen
@@ -264,12 +269,13 @@ def _lark_of(spec: ConstraintSpec) -> str:
 
     if spec.trigger is None:
         if spec.kind == "json_schema":
-            return str(llguidance.LLMatcher.grammar_from_json_schema(spec.source))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(spec.source, defaults=JSON_STYLE))
         if spec.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
         return str(llguidance.grammar_from("grammar", spec.source))
     if spec.kind == "json_schema":
-        body = f"%json {spec.source}"
+        styled = {**JSON_STYLE, **json.loads(spec.source).get("x-guidance", {})}
+        body = f"%json {json.dumps({**json.loads(spec.source), 'x-guidance': styled})}"
         side: list[dict[str, str]] = []
     elif spec.kind == "regex":
         body, side = f"/{llguidance.regex_to_lark(spec.source)}/", []
@@ -295,15 +301,23 @@ class Grammars:
         self._vocabulary = vocabulary
         self._lock = threading.Lock()
         self._tokenizer: Any = None
+        self._vocab: Vocabulary | None = None
         self._n_vocab = 0
         self._eos: frozenset[int] = frozenset()
 
+    def vocabulary(self) -> Vocabulary:
+        """The model's vocabulary (read once)."""
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = self._vocabulary()
+            return self._vocab
+
     def _llg_tokenizer(self) -> Any:
+        vocab = self.vocabulary()
         with self._lock:
             if self._tokenizer is None:
                 import llguidance
 
-                vocab = self._vocabulary()
                 pieces = vocab.pieces
 
                 class _Wrapped:

@@ -46,16 +46,6 @@ class ByteTokenizer:
         return byte_vocabulary(self.n_vocab, self.eos)
 
 
-def byte_vocabulary(n_vocab: int, eos: int) -> Vocabulary:
-    """A reference model's vocabulary for the grammar engine: ids below 256 are bytes, every other id
-    a special token (``<|endoftext|>``, ``<|id|>``), and the model's end of text (``eos``; also 256
-    when the vocabulary has it) is special too. Models of at most 256 ids have no text codec
-    (:class:`ByteTokenizer`) but still a vocabulary, so constraints run on every reference model."""
-    ends = {eos, BYTE_EOS} & set(range(n_vocab))
-    pieces = [b"\xff<|endoftext|>" if i in ends else bytes([i]) if i < 256 else b"\xff<|%d|>" % i
-              for i in range(n_vocab)]
-    return Vocabulary(tuple(pieces), tuple(sorted(ends)), lambda text: [b for b in text if b < n_vocab])
-
     def encode(self, text: str) -> TokenArray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
@@ -71,6 +61,17 @@ def byte_vocabulary(n_vocab: int, eos: int) -> Vocabulary:
             parts.append("" if t == BYTE_EOS else f"<|{t}|>")
         parts.append(buf.decode("utf-8", errors="replace"))
         return "".join(parts)
+
+
+def byte_vocabulary(n_vocab: int, eos: int) -> Vocabulary:
+    """A reference model's vocabulary for the grammar engine: ids below 256 are bytes, every other id
+    a special token (``<|endoftext|>``, ``<|id|>``), and the model's end of text (``eos``; also 256
+    when the vocabulary has it) is special too. Models of at most 256 ids have no text codec
+    (:class:`ByteTokenizer`) but still a vocabulary, so constraints run on every reference model."""
+    ends = {eos, BYTE_EOS} & set(range(n_vocab))
+    pieces = [b"\xff<|endoftext|>" if i in ends else bytes([i]) if i < 256 else b"\xff<|%d|>" % i
+              for i in range(n_vocab)]
+    return Vocabulary(tuple(pieces), tuple(sorted(ends)), lambda text: [b for b in text if b < n_vocab])
 
 
 def model_digest(model: ReferenceModel) -> str:
@@ -103,8 +104,7 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     costs = tuple(1.0 if padded else 1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
     stock = request.config.numerics == "stock"
     target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
-                             verify_cost=costs, verify_capacity=padded, stock=stock,
-                             state_format=f"reference/{model_digest(model)}/{request.config.numerics}")
+                             verify_cost=costs, verify_capacity=padded, stock=stock)
     tokenizer = ByteTokenizer(model.vocab, model.eos) if model.vocab > BYTE_EOS else None
     return OpenedModel(
         target=target,

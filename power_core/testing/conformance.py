@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from power_core.config import ConfigKey, PowerConfig
+from power_core.constraint import ConstraintSpec, Vocabulary
 from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError, RuntimeFault
 from power_core.plugins import PowerPlugins, build_plugins
 from power_core.reference.proposers import NoisyProposer, ProposerWrapper
@@ -394,6 +396,73 @@ class AdapterConformance:
                 f"compute_seconds went from {before!r} to {after!r} over a request: it must be monotonic seconds")
         finally:
             session.close()
+
+    def constraints(self, vocabulary: Vocabulary) -> tuple[ConstraintSpec, ...]:
+        """The constrained check's constraints, spelled in the target's own ``vocabulary``: text made
+        of every other printable piece among the first ids (a regex over them), and the same after a
+        lazy trigger (free text before it). Override to check your own grammars."""
+        pieces = []
+        for i, piece in enumerate(vocabulary.pieces[:256]):
+            text = piece.decode("ascii", errors="ignore") if piece[:1] != b"\xff" else ""
+            if text and text == piece.decode("latin-1") and text.isprintable() and i % 2 == 0:
+                pieces.append(text)
+        assert pieces, "the target's vocabulary has no printable pieces among its first 256 ids"
+        alphabet = "(" + "|".join(re.escape(p) for p in sorted(set(pieces[:48]), key=len, reverse=True)) + ")"
+        return (ConstraintSpec.regex(f"{alphabet}{{1,400}}"),
+                ConstraintSpec.regex(f"{alphabet}{{1,400}}", trigger=pieces[len(pieces) // 2]))
+
+    @pytest.mark.power_conformance
+    def test_constrained_parity(self) -> None:
+        """With a constraint (a regular expression, a lazy JSON grammar), greedy and seeded
+        speculative ids equal constrained target-only ids, and the receipt counts the proposals the
+        constraint cut before verification.
+
+        Troubleshooting: the core cuts a proposal at the first token the grammar forbids and verifies
+        only the rest, so ``commit(n_accepted, emitted)`` may follow a round whose block was shorter
+        than what ``propose`` returned; a proposer that assumes its whole proposal was verified (or
+        that keeps the cut tokens) fails here."""
+        v = self.n_vocab()
+        with self.open("off") as s:
+            assert s.opened.grammars is not None, "the target's backend cannot read its vocabulary"
+            specs = self.constraints(s.opened.grammars.vocabulary())
+        for i, spec in enumerate(specs):
+            for seed in range(max(2, self.seeds // 4)):
+                p = self.prompt(seed, v)
+                for cfg in ({}, dict(temperature=0.9, top_p=0.95, seed=seed)):
+                    got = self._constrained(self.name(), p, spec, cfg)
+                    want = self._memo(("constrained", i, tuple(p), tuple(sorted(cfg.items()))),
+                                      lambda p=p, spec=spec, cfg=cfg: self._constrained("off", p, spec, cfg))
+                    assert got.tokens == want.tokens, (
+                        f"constraint {spec.kind} {spec.source!r}, {cfg or 'greedy'}, prompt(seed={seed}) = {p}: "
+                        f"speculative emitted {list(got.tokens)} but constrained target-only emitted "
+                        f"{list(want.tokens)}; {_first_diff(got.tokens, want.tokens)}")
+                    c = got.receipt.constraint
+                    assert c is not None and c["digest"] == spec.digest, "the receipt does not record the constraint"
+                    cut = [r for r in got.receipt.rounds if r.get("cut")]
+                    assert c["cuts"] == len(cut), f"the receipt counts {c['cuts']} cuts but {len(cut)} rounds were cut"
+
+    def _constrained(self, mode: str, prompt: list[int], spec: ConstraintSpec, cfg: dict[str, Any]) -> Result:
+        with self.open(mode) as s:
+            return s.start(prompt, sampling=cfg, constraint=spec).run()
+
+    @pytest.mark.power_conformance
+    def test_penalties_and_bias_parity(self) -> None:
+        """With llama.cpp's repeat, frequency and presence penalties and a logit bias (rows depend
+        on the history each row would have had), speculative ids equal target-only ids, greedy and
+        seeded.
+
+        Troubleshooting: like the plain parity checks; the core applies penalties per verified row,
+        so a proposer never needs to know about them."""
+        v = self.n_vocab()
+        knobs: dict[str, Any] = dict(repeat_penalty=1.3, repeat_last_n=16, frequency_penalty=0.4,
+                                     presence_penalty=0.3, logit_bias=((0, 2.0), (min(3, v - 1), -5.0)))
+        for seed in range(max(2, self.seeds // 4)):
+            p = self.prompt(seed, v)
+            for cfg in (knobs, {**knobs, "temperature": 0.9, "seed": seed}):
+                got = self.speculative(p, **cfg).tokens
+                want = self.reference(p, **cfg).tokens
+                assert got == want, (f"penalties {cfg}, prompt(seed={seed}) = {p}: speculative emitted {list(got)} "
+                                     f"but target-only emitted {list(want)}; {_first_diff(got, want)}")
 
     @pytest.mark.power_conformance
     def test_rejection_at_every_position(self) -> None:
