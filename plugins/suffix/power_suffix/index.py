@@ -106,14 +106,6 @@ class SuffixIndex:
                 head[key] = end - 1
         self.n = need
 
-    @property
-    def nbytes(self) -> int:
-        """About what the index holds in memory (tokens, hashes, chains and the hash tables)."""
-        per_entry = 100  # a dict entry with its two ints, roughly
-        return (self._tok.nbytes + self._pre.itemsize * len(self._pre)
-                + sum(a.itemsize * len(a) for a in (*self._keys.values(), *self._prev.values()))
-                + per_entry * sum(len(h) for h in self._head.values()))
-
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on (exactly as if they had never been appended)."""
         if n >= self.n:

@@ -9,7 +9,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -17,6 +17,10 @@ import numpy as np
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.spec import ConfigKey, OpenedModel, ProposerRequest, Strategy, hookimpl, package_version
+
+if TYPE_CHECKING:
+    from power_suffix.memory import SuffixMemory
+    from power_suffix.proposer import SuffixProposer
 
 __all__ = ["DEFAULT_DRAFT_MAX", "CONFIG_KEYS", "MemorySpec", "memory_for", "vocabulary_digest"]
 
@@ -92,11 +96,11 @@ class MemorySpec:
                    store=str(Path(store).resolve()) if store else "")
 
 
-_memories: weakref.WeakValueDictionary[MemorySpec, Any] = weakref.WeakValueDictionary()
+_memories: weakref.WeakValueDictionary[MemorySpec, SuffixMemory] = weakref.WeakValueDictionary()
 _memories_lock = threading.Lock()
 
 
-def memory_for(spec: MemorySpec, encode: Callable[[str], np.ndarray] | None):
+def memory_for(spec: MemorySpec, encode: Callable[[str], np.ndarray] | None) -> SuffixMemory:
     """The process's memory for ``spec``: the one a live session already uses, else a new one (its
     corpus tokenized with ``encode``, its store loaded)."""
     from power_suffix.memory import SuffixMemory
@@ -137,7 +141,7 @@ def vocabulary_digest(opened: OpenedModel) -> str:
     return h.hexdigest()
 
 
-def _proposer(req: ProposerRequest):
+def _proposer(req: ProposerRequest) -> SuffixProposer:
     from power_suffix.proposer import SuffixProposer
 
     config = req.config

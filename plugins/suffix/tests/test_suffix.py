@@ -4,6 +4,7 @@ reference backend (greedy and seeded, property-based), the cost-aware width and 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from power_suffix.index import SuffixIndex, _vote
@@ -171,3 +172,55 @@ class TestSuffixConformance(AdapterConformance):
         rng = np.random.default_rng(seed + 2000)
         motif = rng.integers(3, n_vocab - 1, size=int(rng.integers(2, 6))).tolist()
         return (motif * 6)[: int(rng.integers(4, 30))]
+
+
+class TestSuffixCorpusConformance(AdapterConformance):
+    """With a corpus the suffix proposer still keeps every contract of the kit: the corpus is fixed
+    when the session opens, so proposals depend only on the history (and on the corpus). The corpus
+    holds the ASCII runs of the model's own answers to other prompts, so it is drafted from."""
+
+    strategy_name = "suffix"
+    model = "reference:seed=11,vocab=300,dim=16,recurrent=1"  # a byte tokenizer: the corpus is text
+    k = 6
+
+    @pytest.fixture(autouse=True)
+    def _corpus(self, tmp_path_factory):
+        cls = type(self)
+        if "corpus" in cls.__dict__:
+            return
+        d = tmp_path_factory.mktemp("corpus")
+        runs: list[str] = []
+        with Session.open(PowerConfig(spec_mode="off", max_tokens=64), model=self.model) as s:
+            for seed in range(40, 52):
+                out = s.generate(self.prompt(seed, 300)).tokens
+                run: list[int] = []
+                for t in (*out, 999):  # 999: ends the last run
+                    if 32 <= t < 127:
+                        run.append(t)
+                        continue
+                    if len(run) >= 3:
+                        runs.append(bytes(run).decode())
+                    run = []
+        (d / "answers.txt").write_text("\n".join(runs))
+        cls.corpus = str(d)
+
+    def open(self, mode, *extra, wrap=None, stop_ids=None, **cfg):
+        if mode == "suffix":
+            cfg = {**cfg, "spec_suffix_corpus": [type(self).corpus]}
+        return super().open(mode, *extra, wrap=wrap, stop_ids=stop_ids, **cfg)
+
+    def prompt(self, seed: int, n_vocab: int) -> list[int]:
+        rng = np.random.default_rng(seed + 3000)
+        return rng.integers(97, 110, int(rng.integers(4, 30))).tolist()
+
+    @pytest.mark.xfail(reason="the kit opens this check's engine from its own configuration, without the corpus, "
+                              "so it offers what a fresh session without one does (sequences of one engine sharing "
+                              "a memory: test_memory.py)", strict=True)
+    def test_shared_passes_parity(self) -> None:
+        super().test_shared_passes_parity()
+
+    def test_the_corpus_is_drafted_from(self) -> None:
+        with self.open("suffix") as s:
+            sources = [s.generate(self.prompt(seed, 300)).receipt.to_dict()["proposer"]["sources"]
+                       for seed in range(12)]
+        assert any("corpus" in x for x in sources), sources
