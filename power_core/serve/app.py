@@ -575,6 +575,7 @@ async def chat_completions(request: Request) -> Response:
     session = state.sessions[0]
     structure = req.structure(state.tool_format)
     messages = req.template_messages()
+    await _check_structure(state, structure)
     template: ChatTemplate | None = state.chat_template
     extra: dict[str, Any] = {}
     if structure.tools is not None and structure.tools.active:
@@ -585,7 +586,6 @@ async def chat_completions(request: Request) -> Response:
                            "docs/examples/hermes-tools.jinja), or send tool_choice \"none\"", param="tools",
                            code="unsupported_value")
         extra = structure.tools.template_vars()
-    await _check_structure(state, structure)
     try:
         ids = session.chat_prompt(messages, chat_template=template, **extra)
     except PowerError as exc:

@@ -28,7 +28,6 @@ from power_core.errors import ConstraintError
 from power_core.tools import (
     HERMES,
     TOOLS_MAX,
-    Function,
     NamedChoice,
     ToolChoice,
     ToolFormat,
@@ -417,9 +416,7 @@ class ChatRequest(_Sampling):
             choice = NamedChoice(self.tool_choice.function.name)
         elif self.tool_choice is not None:
             choice = self.tool_choice
-        functions = [Function(name=t.function.name, description=t.function.description,
-                              parameters=t.function.parameters) if t.function.parameters is not None else
-                     Function(name=t.function.name, description=t.function.description) for t in self.tools]
+        functions = [t.model_dump(exclude_none=True) for t in self.tools]  # checked once, by ToolPlan.make
         return ToolPlan.make(functions, choice, parallel=self.parallel_tool_calls is not False,
                              format=tool_format or HERMES)
 
