@@ -361,3 +361,30 @@ def test_a_thousand_requests_keep_the_memory_within_its_budget():
                 assert memory.stats().tokens <= budget
         stats = memory.stats()
     assert stats.tokens <= budget and stats.evicted_documents > 900 and stats.tenants == 5
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.lists(st.integers(3, 90), min_size=2, max_size=5), min_size=4, max_size=8),
+       st.integers(2, 5), st.sampled_from([40, 100_000]), st.booleans())
+def test_concurrent_requests_sharing_a_memory_equal_off(motifs, repeats, budget, independent):
+    prompts = [(m * repeats)[:60] for m in motifs]
+    prompts += prompts[:4]  # some come back while others still run
+    want = _off(prompts, max_tokens=16)
+    cfg = PowerConfig(spec_mode="suffix", max_tokens=16, spec_suffix_memory_tokens=budget)
+    engine = (Session.independent_engine([Session.open(cfg, model=REF) for _ in range(4)]) if independent
+              else Session.open_engine(4, cfg, model=REF))
+    try:
+        got: list = [None] * len(prompts)
+
+        def run(i: int) -> None:
+            got[i] = engine.run(engine.submit(prompts[i], tenant=f"t{i % 2}"))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        memory = engine.sessions[0].proposer.memory
+        assert [g.tokens for g in got] == want and memory.stats().tokens <= budget
+    finally:
+        engine.close()
