@@ -46,24 +46,24 @@ def _check_paths(key: ConfigKey, value: Any) -> None:
 
 MEMORY_TOKENS = ConfigKey(
     name="spec_suffix_memory_tokens", type=int, default=0, lo=0, hi=MEMORY_TOKENS_MAX, flag="--suffix-memory",
-    help="suffix: tokens of earlier requests' outputs the cross-request index keeps, every tenant together "
+    help="tokens of earlier requests' outputs the cross-request index keeps, every tenant together "
          "(oldest evicted first; 0: off). Sessions of one process with the same model and suffix keys share it")
 LEARN_PROMPTS = ConfigKey(
     name="spec_suffix_learn_prompts", type=bool, default=False, flag="--suffix-learn-prompts",
-    help="suffix: the cross-request index learns requests' prompts too, not only their outputs")
+    help="the cross-request index learns requests' prompts too, not only their outputs")
 SHARE_TENANTS = ConfigKey(
     name="spec_suffix_share_tenants", type=bool, default=False, flag="--suffix-share-tenants",
-    help="suffix: a request may be offered continuations from other tenants' requests. A timing channel: a "
+    help="a request may be offered continuations from other tenants' requests. A timing channel: a "
          "request that copies another tenant's text runs faster, so a tenant could learn, by timing its "
          "own requests, what others sent; only where every tenant may read every other's text")
 CORPUS = ConfigKey(
     name="spec_suffix_corpus", type=tuple, default=(), flag="--suffix-corpus", convert=_paths,
     validate=_check_paths,
-    help="suffix: files or directories (a codebase, docs) tokenized when the session opens, drafted from "
+    help="files or directories (a codebase, docs) tokenized when the session opens, drafted from "
          "for every tenant (llama.cpp's static lookup cache, over suffixes)")
 STORE = ConfigKey(
     name="spec_suffix_store", type=str, default="", flag="--suffix-store",
-    help="suffix: a directory the cross-request index is loaded from when the session opens and saved to "
+    help="a directory the cross-request index is loaded from when the session opens and saved to "
          "when the last session using it closes (versioned, checksummed, bound to the model's vocabulary; "
          "empty: not saved)")
 CONFIG_KEYS = (MEMORY_TOKENS, LEARN_PROMPTS, SHARE_TENANTS, CORPUS, STORE)
