@@ -18,7 +18,7 @@ __all__ = ["MemoryStats", "SuffixIndex", "SuffixMemory", "SuffixProposer", "shar
 
 def share_memory(memory: SuffixMemory | None, *sessions: Session) -> None:
     """Have the suffix proposers of ``sessions`` (e.g. ``*engine.sessions``, of one engine or several)
-    consult and teach ``memory`` from their next request on (``None``: none). A session whose strategy
+    consult and teach ``memory`` (``None``: none); call it while they run no request. A session whose strategy
     is not suffix is :class:`ConfigError`; one whose model has another vocabulary than the memory's
     :class:`ArtifactMismatch`. Nothing changes unless every session qualifies."""
     from power_suffix.plugin import vocabulary_digest
