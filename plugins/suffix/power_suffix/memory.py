@@ -278,16 +278,20 @@ class SuffixMemory:
             parts += [struct.pack("<IQ", len(t), doc.shape[0]), t, doc.astype("<i4").tobytes()]
         body = b"".join(parts)
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
         path = out / STORE_FILE
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".suffix-memory.", suffix=".tmp")
+        tmp: str | None = None
         try:
+            out.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=".suffix-memory.", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + hashlib.sha256(body).digest() + body)
             os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot write the suffix store ({exc}); the previous store, if any, is "
+                                "unchanged", reason="suffix_store_unwritable", evidence=str(path)) from None
+        finally:
+            if tmp is not None and Path(tmp).exists():
+                Path(tmp).unlink()
         log.info("suffix.store_saved", path=str(path), documents=len(docs))
         return path
 

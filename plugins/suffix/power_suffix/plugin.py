@@ -117,8 +117,16 @@ def memory_for(spec: MemorySpec, encode: Callable[[str], np.ndarray] | None) -> 
                                   "the corpus is text; this model has none")
             memory.add_corpus(spec.corpus, encode)
         if spec.store:
-            memory.load(spec.store)
-            memory.store = Path(spec.store)
+            store = Path(spec.store)
+            try:
+                store.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError("spec_suffix_store", spec.store, "a directory this process can write",
+                                  str(exc)) from None
+            if not os.access(store, os.W_OK | os.X_OK):
+                raise ConfigError("spec_suffix_store", spec.store, "a directory this process can write")
+            memory.load(store)
+            memory.store = store
         _memories[spec] = memory
         return memory
 

@@ -388,3 +388,16 @@ def test_concurrent_requests_sharing_a_memory_equal_off(motifs, repeats, budget,
         assert [g.tokens for g in got] == want and memory.stats().tokens <= budget
     finally:
         engine.close()
+
+
+def test_a_store_that_cannot_be_written_is_a_typed_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match="spec_suffix_store"):
+        Session.open(PowerConfig(spec_mode="suffix", spec_suffix_memory_tokens=100,
+                                 spec_suffix_store=str(blocker)), model=REF)
+    mem = SuffixMemory("v", budget_tokens=100)
+    mem.learn("", [1, 2, 3])
+    with pytest.raises(ArtifactError, match="cannot write") as err:
+        mem.save(blocker / "store")
+    assert err.value.code == "suffix_store_unwritable" and blocker.read_text() == "not a directory"
