@@ -184,15 +184,27 @@ class PromptCache:
             self._drop(lambda e: e.state_format == state_format and e.tenant == tenant
                        and (e.tokens.shape[0] <= n if trims else e.tokens.shape[0] == n)
                        and np.array_equal(tokens[:e.tokens.shape[0]], e.tokens))
-            while self._entries and self._bytes + state.nbytes > self.budget_bytes:
-                _, old = self._entries.popitem(last=False)
-                self._bytes -= old.nbytes
-                self._counts["evictions"] += 1
+            self._evict(state.nbytes)
             self._entries[self._next] = state
             self._next += 1
             self._bytes += state.nbytes
             self._counts["saves"] += 1
         return True
+
+    def resize(self, budget_bytes: int) -> None:
+        """A new budget; the least recently used states go at once until the cache fits it."""
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise ConfigError("cache_ram", budget_bytes, "a number of bytes >= 0")
+        with self._lock:
+            self.budget_bytes = budget_bytes
+            self._evict(0)
+
+    def _evict(self, room: int) -> None:  # under the lock
+        """Evict the least recently used states until ``room`` more bytes fit the budget."""
+        while self._entries and self._bytes + room > self.budget_bytes:
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= old.nbytes
+            self._counts["evictions"] += 1
 
     def _drop(self, which: Callable[[SavedState], bool]) -> None:  # under the lock
         for key in [k for k, e in self._entries.items() if which(e)]:

@@ -78,6 +78,11 @@ def test_the_store_is_lru_by_bytes_per_tenant_and_format():
     assert st_.evictions == 1 and st_.entries == 4 and st_.bytes == cache.bytes <= 1000 and st_.restores == 1
     assert not cache.put(_ids([1]), bytes(2000), state_format="f", tenant="a", trims=True)  # alone over budget
     assert len(cache) == 4
+    cache.resize(500)  # the least recently used go at once
+    assert cache.bytes <= 500 and len(cache) == 2 and cache.stats().evictions == 3
+    assert cache.lookup(_ids([1, 2, 3, 4, 8]), state_format="f", tenant="a", trims=True, n_ctx=CTX) is None
+    with pytest.raises(ConfigError):
+        cache.resize(-1)
     shared = PromptCache(1000, share_tenants=True)
     shared.put(_ids([1, 2, 3]), data, state_format="f", tenant="a", trims=True)
     assert shared.lookup(_ids([1, 2, 3, 4]), state_format="f", tenant="b", trims=True, n_ctx=CTX) is not None

@@ -89,7 +89,7 @@ def test_outputs_equal_off_cold_warm_across_sequences_and_after_eviction(tiny_mo
         if trims:  # attention KV trims back to the system prompt; recurrent state only extends
             assert sum(r.receipt.prompt_reused >= len(SYSTEM) for r in out) >= 3
             assert cache.stats().restores >= 1
-        cache.budget_bytes = cache.bytes  # nothing more fits without evicting
+        cache.resize(cache.bytes)  # nothing more fits without evicting
         for p, w in zip(prompts[4:], want[4:], strict=True):
             assert engine.run(engine.submit(p)).tokens == w
         assert cache.bytes <= cache.budget_bytes
@@ -115,7 +115,7 @@ def test_three_chats_on_two_slots_equal_cold_off_runs(model):
         history = [np.zeros(0, dtype=np.int32) for _ in chats]
         for turn in range(4):
             if turn == 3:
-                cache.budget_bytes = cache.bytes // 2  # the oldest states go
+                cache.resize(cache.bytes // 2)  # the oldest states go
             for c, chat in enumerate(chats):
                 text = (off.encode(chat[turn]) if turn == 0 else  # no BOS inside the conversation
                         np.asarray(tok.model.tokenize(chat[turn], add_special=False, parse_special=False)))
