@@ -50,7 +50,9 @@ def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, que
     """``parallel`` slots on one model, behind one engine that admits requests (at most ``queue``
     waiting). With ``batch`` and more than one slot, they are sequences of one target whose passes
     the engine shares between requests; when the backend or strategy cannot share passes,
-    independent sessions (sharing the weights) and the reason. Nothing stays open if a step fails."""
+    independent sessions (sharing the weights) and the reason. ``open_kwargs`` are
+    :meth:`Session.open`'s; ``prompt_cache`` (a :class:`~power_core.memory.PromptCache`, ``power serve
+    --cache-ram``) is every slot's store of saved prompt states. Nothing stays open if a step fails."""
     why = "one slot" if parallel == 1 else "--no-batch"
     if batch and parallel > 1:
         try:
