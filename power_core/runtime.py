@@ -135,8 +135,10 @@ class TargetCapabilities:
 
     @property
     def saves_states(self) -> bool:
-        """Its memory can be saved and loaded (:attr:`save_state`, :attr:`load_state`)."""
-        return self.save_state is not None and self.load_state is not None and self.state_format is not None
+        """Its memory can be saved and loaded (:attr:`save_state`, :attr:`load_state`), and a loaded
+        state kept for a prompt (:attr:`keep_prefix`)."""
+        return (self.save_state is not None and self.load_state is not None and self.state_format is not None
+                and self.keep_prefix is not None)
 
     @property
     def trims_prefix(self) -> bool:
