@@ -22,6 +22,7 @@ truncated (``truncatable=False`` keeps no per-position hashes) and may index few
 from __future__ import annotations
 
 from array import array
+from collections.abc import MutableSequence
 
 import attrs
 import numpy as np
@@ -63,13 +64,20 @@ class SuffixIndex:
         self.truncatable = truncatable
         self._tok = np.zeros(1024, dtype=np.int32)
         self.n = 0
-        self._pre = array("q", [0])  # rolling prefix hashes (< 2**61)
+
+        def ints() -> MutableSequence[int]:
+            # a request's own index: lists (the fastest appends and reads); an index of other text, which
+            # may hold a large budget: packed 8-byte ints
+            return [] if truncatable else array("q")
+
+        self._pre = ints()  # rolling prefix hashes (< 2**61)
+        self._pre.append(0)
         # per length: hash -> most recent position ending with it; per position, the hash of the L tokens
         # ending there (only when truncatable) and the previous position with that hash (-1: none, or
         # fewer than L tokens)
         self._head: dict[int, dict[int, int]] = {L: {} for L in lengths}
-        self._keys: dict[int, array[int]] = {L: array("q") for L in lengths}
-        self._prev: dict[int, array[int]] = {L: array("q") for L in lengths}
+        self._keys: dict[int, MutableSequence[int]] = {L: ints() for L in lengths}
+        self._prev: dict[int, MutableSequence[int]] = {L: ints() for L in lengths}
 
     @property
     def tokens(self) -> np.ndarray:
@@ -195,7 +203,7 @@ class SuffixIndex:
         if best == 0:  # hash collisions only
             return None
         ends = ends[lengths == best]
-        out, share = _vote(tok, self.n, ends, max_tokens)
+        out, share = _vote(tok, self.n, ends, max_tokens, separated=True)
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
 
@@ -217,18 +225,20 @@ def suffix_hashes(query: np.ndarray, lengths: tuple[int, ...] = LENGTHS) -> dict
     return hashes
 
 
-def _vote(tok: np.ndarray, n: int, ends: np.ndarray, max_tokens: int) -> tuple[list[int], list[float]]:
+def _vote(tok: np.ndarray, n: int, ends: np.ndarray, max_tokens: int,
+          separated: bool = False) -> tuple[list[int], list[float]]:
     """The continuation of the occurrences ending at ``ends`` in ``tok[:n]``, position by position: the
     token most of the occurrences still in agreement continue with (ties: the smaller id), while it
     has at least half of all their votes; an occurrence whose continuation runs past ``n`` stops
-    voting, and so does one that reaches a :data:`SEPARATOR` (the end of its document). Returns the
-    tokens and their vote shares (at most ``max_tokens``)."""
+    voting, and so does one that reaches a :data:`SEPARATOR` (the end of its document: ``separated``,
+    an index of several documents). Returns the tokens and their vote shares (at most ``max_tokens``)."""
     total = float(ends.size)
     cols = ends[:, None] + np.arange(1, max_tokens + 1)[None, :]
     ok = cols < n
     cont = np.where(ok, tok[np.minimum(cols, n - 1)], -1)
-    ok &= np.cumsum(cont < 0, axis=1) == 0  # nothing after a separator (or the end) votes
-    cont = np.where(ok, cont, -1)
+    if separated:  # nothing after a separator votes
+        ok &= np.cumsum(cont < 0, axis=1) == 0
+        cont = np.where(ok, cont, -1)
     # the columns where every occurrence continues with the same token: one vectorized pass
     same = (ok & (cont == cont[:1])).all(axis=0)
     j0 = int(np.argmin(same)) if not same.all() else max_tokens
