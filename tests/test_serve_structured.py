@@ -153,6 +153,40 @@ def test_grammars_on_both_endpoints_and_the_receipt(ref_server, ref_client):
     assert streamed == text
 
 
+def test_power_run_takes_schema_grammar_and_regex_files_and_refuses_bad_ones(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(power_cmd("run", *REF, "--prompt", "x", "--max-tokens", "16", "--json", *args),
+                              capture_output=True, text=True, timeout=120)
+
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer", "maximum": 999}},
+                                  "required": ["n"], "additionalProperties": False,
+                                  "x-guidance": {"whitespace_flexible": False}}))
+    grammar = tmp_path / "g.gbnf"
+    grammar.write_text('root ::= ("yes" | "no") "."\n')
+    for args, check in [(["--json-schema", str(schema)], lambda t: json.loads(t)["n"] <= 999),
+                        (["--grammar", str(grammar)], lambda t: t in ("yes.", "no.")),
+                        (["--regex", "[0-9]{3}-[a-z]{2}", "--repeat-penalty", "1.2", "--frequency-penalty", "0.5",
+                          "--presence-penalty", "0.1", "--repeat-last-n", "16"],
+                         lambda t: re.fullmatch("[0-9]{3}-[a-z]{2}", t))]:
+        out = run(*args)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        text = re.sub(r"<\|\d+\|>$", "", got["text"])  # (the byte tokenizer spells its EOS)
+        assert check(text), (args, got["text"])
+        assert got["receipt"]["constraint"]["digest"]
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text('root ::= "a" (')
+    notjson = tmp_path / "bad.json"
+    notjson.write_text("{not json")
+    for args, flag in [(["--grammar", str(bad)], "--grammar"), (["--json-schema", str(notjson)], "--json-schema"),
+                       (["--json-schema", str(tmp_path / "missing.json")], "--json-schema"),
+                       (["--regex", "(unclosed"], "--regex")]:
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert f"error[constraint_invalid]: {flag}" in out.stderr and "Traceback" not in out.stderr
+
+
 # -- SmolLM2: every output validates, and speculation equals target-only ------------------------------
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
