@@ -6,8 +6,10 @@ passes (continuous batching), and ``power serve``, which asks the engine for a s
 keeping a pool of its own.
 
 **Admission.** A request needs a free sequence (a :class:`~power_core.session.Session`).
-:meth:`Engine.reserve` takes one at once or queues a :class:`Ticket` (first come, first served;
-beyond ``queue_max`` waiting tickets it refuses with :class:`~power_core.errors.Overloaded`).
+:meth:`Engine.reserve` takes one at once (the free one holding the longest prefix of the request's
+prompt that its tenant may reuse, as llama-server's slot selection does) or queues a
+:class:`Ticket` (first come, first served; beyond ``queue_max`` waiting tickets it refuses with
+:class:`~power_core.errors.Overloaded`).
 :meth:`Engine.acquire` waits for the ticket. A request ends by giving its sequence back, to the
 oldest waiting ticket that fits.
 
