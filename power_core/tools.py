@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import attrs
 
-from power_core.constraint import ConstraintSpec
+from power_core.constraint import JSON_STYLE, ConstraintSpec
 from power_core.errors import ConstraintError
 
 __all__ = ["HERMES", "FORMATS", "TOOLS_MAX", "Function", "NamedChoice", "ParsedDelta", "ParsedMessage",
@@ -179,10 +179,6 @@ class ToolFormat:
     close: str
     name_key: str = "name"
     arguments_key: str = "arguments"
-    #: the JSON's separators: a call is written on one line, as the template writes past calls
-    #: (``tojson``), so that a model copies its own format and cannot pad a call with whitespace
-    item_separator: str = ", "
-    key_separator: str = ": "
 
     def call_schema(self, functions: Sequence[Function]) -> dict[str, Any]:
         """The JSON schema of one call's object: the name first, then arguments matching its function's."""
@@ -191,9 +187,9 @@ class ToolFormat:
                     "required": [self.name_key, self.arguments_key], "additionalProperties": False}
                    for f in functions]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
-        # llguidance's JSON options: fixed separators, no other whitespace
-        return {"x-guidance": {"whitespace_flexible": False, "item_separator": self.item_separator,
-                               "key_separator": self.key_separator}, **schema}
+        # JSON spelled as every constraint spells it (one line, json.dumps separators: as templates write
+        # past calls with ``tojson``, so a model copies its own format and cannot pad a call)
+        return {"x-guidance": dict(JSON_STYLE), **schema}
 
     def grammar(self, functions: Sequence[Function], *, lazy: bool, parallel: bool) -> str:
         """An llguidance Lark grammar: calls of ``functions`` (one, or with ``parallel`` one or more on
@@ -204,11 +200,15 @@ class ToolFormat:
         if not lazy:
             start = f"start: call ({nl} call)*" if parallel else "start: call"
             return f"%llguidance {{}}\n{start}\ncall: {json.dumps(self.open)} {rest}\n"
-        # the trigger is a lazy lexeme: free text that ends as soon as the opening tag is written
+        # the trigger is a lazy lexeme: free text that ends as soon as the opening tag is written; text
+        # after the last call (or instead of any) never contains the tag
+        import llguidance
+
+        tag = llguidance.regex_to_lark(re.escape(self.open))
         start = "start: call* free" if parallel else "start: free | call"
         return (f"%llguidance {{}}\n{start}\ncall: trigger {rest}\n"
-                f"trigger[lazy]: FREE_TEXT {json.dumps(self.open)}\nfree: FREE_TEXT\n"
-                f"FREE_TEXT: /{_FREE_TEXT}/\n")
+                f"trigger[lazy]: FREE_TEXT {json.dumps(self.open)}\nfree: TAIL\n"
+                f"FREE_TEXT: /{_FREE_TEXT}/\nTAIL: /{_FREE_TEXT}/ & ~/{_FREE_TEXT}{tag}{_FREE_TEXT}/\n")
 
     def parser(self, new_id: Callable[[int], str] = _new_id) -> ToolCallParser:
         return ToolCallParser(self, new_id)

@@ -161,6 +161,9 @@ def test_grammars_force_calls_with_valid_arguments_and_auto_starts_at_the_tag():
         assert _accepts(s, auto, "No call needed: <tool_ and < are fine.")
         assert _accepts(s, auto, "Checking. " + call)
         assert not _accepts(s, auto, "Checking. " + bad_args)  # constrained from the opening tag on
+        assert not _accepts(s, auto, call + " then <tool_call>\nfree text")  # every call is one
+        single = tools.ToolPlan.make([WEATHER], "auto", parallel=False).constraint()
+        assert _accepts(s, single, "Checking. " + call) and not _accepts(s, single, call + "\n" + call)
 
 
 def test_the_template_renders_tools_calls_and_results():
