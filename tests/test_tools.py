@@ -317,3 +317,20 @@ def test_auto_streams_text_as_content_and_no_markup_leaks(client, name):
     assert content == msg.content and finish == got.choices[0].finish_reason
     assert [(c["name"], c["arguments"]) for c in calls] == [
         (c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+
+
+@pytest.mark.native
+@pytest.mark.model
+@pytest.mark.slow
+def test_parallel_calls_stream_by_index_with_usage(client, name):
+    kw = {"model": name, "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 64}
+    got = client.chat.completions.create(**kw)
+    calls = got.choices[0].message.tool_calls
+    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)  # one or more, one per line
+    for c in calls[:-1]:  # (the last may be cut off by max_tokens)
+        jsonschema.validate(json.loads(c.function.arguments), {t["function"]["name"]: t for t in (WEATHER, TIME)}[
+            c.function.name]["function"]["parameters"])
+    content, streamed, finish, last = _streamed(client, **kw, stream_options={"include_usage": True})
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(c.function.name, c.function.arguments) for c in calls]
+    assert finish == got.choices[0].finish_reason and content == ""
+    assert last.usage.completion_tokens == got.usage.completion_tokens
