@@ -177,6 +177,16 @@ def bench_serve(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_structured(session: nox.Session) -> None:
+    """Constrained JSON (twelve extraction and tool-argument tasks): suffix vs off, paired, identical text;
+    the constraint's host cost as a fraction of a decode; llama-server's n-gram types with the same schema."""
+    install_all(session)
+    session.run("python", "native/tools/build_llama.py", "--peers")  # llama-server of the pinned build
+    session.run("python", "tests/bench/bench_structured.py", "--out",
+                str(ROOT / "docs" / "evidence" / "bench_structured"), *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_sampling(session: nox.Session) -> None:
     """Greedy ids sampled in llama.cpp's graph vs logits rows on the host, paired: SmolLM2 and Gemma-3,
     off, suffix and draft-model; tok/s, host µs per round, identical tokens."""

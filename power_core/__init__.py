@@ -6,6 +6,7 @@ from here; modules not named here are private and may change.
 
 from power_core.chat import ChatTemplate
 from power_core.config import ConfigKey, PowerConfig
+from power_core.constraint import ConstraintSpec, Grammars, Vocabulary
 from power_core.errors import (
     AdapterFault,
     ArtifactError,
@@ -13,6 +14,7 @@ from power_core.errors import (
     Cancelled,
     CapacityError,
     ConfigError,
+    ConstraintError,
     PluginError,
     PowerError,
     RuntimeFault,
@@ -39,6 +41,7 @@ from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
 from power_core.session import Generation, Result, Session
 from power_core.spec import Backend, OpenedModel, OpenRequest, ProposerRequest, Strategy, Tokenizer, hookimpl
 from power_core.streaming import Stream
+from power_core.tools import ToolPlan
 from power_core.transaction import PHASES, CancelToken, Transaction
 
 __all__ = [
@@ -53,8 +56,11 @@ __all__ = [
     "ChatTemplate",
     "ConfigError",
     "ConfigKey",
+    "ConstraintError",
+    "ConstraintSpec",
     "DecodeResult",
     "Generation",
+    "Grammars",
     "OpenRequest",
     "OpenedModel",
     "PluginError",
@@ -85,7 +91,9 @@ __all__ = [
     "TargetRuntime",
     "TargetSampler",
     "Tokenizer",
+    "ToolPlan",
     "Transaction",
+    "Vocabulary",
     "get_plugins",
     "hookimpl",
     "token_digest",

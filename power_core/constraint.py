@@ -29,7 +29,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 import numpy as np
@@ -37,8 +37,11 @@ import numpy.typing as npt
 
 from power_core.errors import ConstraintError
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 __all__ = ["Constraint", "ConstraintSpec", "ConstraintStats", "Grammars", "GrammarConstraint", "Vocabulary",
-           "KINDS"]
+           "KINDS", "FREE_TEXT", "JSON_STYLE"]
 
 #: what a :class:`ConstraintSpec` may hold
 KINDS = ("json_schema", "regex", "grammar")
@@ -46,9 +49,9 @@ Kind = Literal["json_schema", "regex", "grammar"]
 #: how JSON output is spelled (a schema's own ``x-guidance`` overrides it): properties in the schema's
 #: order, and Python's ``json.dumps`` separators with no other whitespace — one spelling per value, so
 #: the model cannot wander into runs of newlines inside an object
-JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_STYLE: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 #: the text a lazy constraint leaves free before its trigger (any text; no control token but the end)
-_FREE_TEXT = r"(.|\n)*"
+FREE_TEXT = r"(.|\n)*"
 
 
 @attrs.frozen
@@ -286,8 +289,8 @@ def _lark_of(spec: ConstraintSpec) -> str:
     # occurrence (a lazy lexeme) and the body from there to the end
     trig = json.dumps(spec.trigger)
     head = (f"%llguidance {{}}\nstart: TAIL | lazy_head body\nlazy_head[lazy]: FREE_TEXT {trig}\n"
-            f"body: {body}\nFREE_TEXT: /{_FREE_TEXT}/\nTAIL: /{_FREE_TEXT}/ & ~/{_FREE_TEXT}{_lark_literal(spec.trigger)}"
-            f"{_FREE_TEXT}/\n")
+            f"body: {body}\nFREE_TEXT: /{FREE_TEXT}/\nTAIL: /{FREE_TEXT}/ & ~/{FREE_TEXT}{_lark_literal(spec.trigger)}"
+            f"{FREE_TEXT}/\n")
     if not side:
         return str(llguidance.LLMatcher.grammar_from_lark(head))
     return json.dumps({"grammars": [{"name": "start", "lark_grammar": head}, *side]})

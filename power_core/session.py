@@ -62,6 +62,7 @@ from power_core.selection import Selection, select
 from power_core.spec import Backend, OpenedModel, OpenRequest, ProposerRequest, RequestInfo
 from power_core.streaming import Stream
 from power_core.text import TextAssembler
+from power_core.tools import ToolPlan
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob, Transaction
 
 __all__ = ["RequestInfo", "Result", "Generation", "Session", "SessionBatch", "SequenceSpec", "SAMPLING_KEYS",
@@ -690,20 +691,37 @@ class Session:
     def chat(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
              max_tokens: int | None = None, stop: Sequence[str] | None = None,
              chat_template: str | ChatTemplate | None = None, sampling: Mapping[str, Any] | None = None,
-             constraint: ConstraintSpec | None = None) -> Result:
-        """Answer a conversation (``[{"role": "user", "content": ...}, ...]``) through the chat template."""
-        prompt = self.chat_prompt(messages, chat_template=chat_template)
-        return self.generate(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                             constraint=constraint)
+             constraint: ConstraintSpec | None = None, tools: ToolPlan | None = None) -> Result:
+        """Answer a conversation (``[{"role": "user", "content": ...}, ...]``) through the chat template.
+
+        ``tools`` (a :class:`~power_core.tools.ToolPlan`: the functions, ``tool_choice`` and
+        ``parallel_tool_calls``) reach the template as its ``tools`` and constrain the answer as the
+        choice says (forced calls, or a lazy grammar from the format's opening tag for ``auto``);
+        ``tools.parse(result.text)`` separates the text from the calls."""
+        return self._chat_start(messages, chat_template, constraint, tools, cancel=cancel, max_tokens=max_tokens,
+                                stop=stop, sampling=sampling).run()
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], *, cancel: CancelToken | None = None,
                     max_tokens: int | None = None, stop: Sequence[str] | None = None,
                     chat_template: str | ChatTemplate | None = None, sampling: Mapping[str, Any] | None = None,
-                    constraint: ConstraintSpec | None = None) -> Stream[Result]:
-        """:meth:`chat` as a :class:`~power_core.streaming.Stream`."""
-        prompt = self.chat_prompt(messages, chat_template=chat_template)
-        return self.stream(prompt, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                           constraint=constraint)
+                    constraint: ConstraintSpec | None = None, tools: ToolPlan | None = None) -> Stream[Result]:
+        """:meth:`chat` as a :class:`~power_core.streaming.Stream` (``tools.parser()`` splits its deltas)."""
+        return self._chat_start(messages, chat_template, constraint, tools, cancel=cancel, max_tokens=max_tokens,
+                                stop=stop, sampling=sampling).stream()
+
+    def _chat_start(self, messages: Sequence[Mapping[str, Any]], chat_template: str | ChatTemplate | None,
+                    constraint: ConstraintSpec | None, tools: ToolPlan | None, **kw: Any) -> Generation:
+        extra: dict[str, Any] = {}
+        if tools is not None and tools.active:
+            if constraint is not None:
+                raise ConstraintError("constraint", "give either a constraint or tools: the tools' choice constrains "
+                                      "the answer")
+            for spec in tools.parameter_specs():  # a schema the engine refuses names its tool
+                self.compile(spec)
+            extra = tools.template_vars()
+            constraint = tools.constraint()
+        prompt = self.chat_prompt(messages, chat_template=chat_template, **extra)
+        return self.start(prompt, constraint=constraint, **kw)
 
 
 @attrs.define

@@ -26,11 +26,10 @@ from importlib import metadata
 from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
-
-from power_core.constraint import Grammars
 import pluggy
 
 from power_core.config import MODE_NAME_RE, ConfigKey, PowerConfig
+from power_core.constraint import Grammars, Vocabulary
 from power_core.errors import ArtifactMismatch, PluginError
 from power_core.runtime import BatchRuntime, Proposer, TargetRuntime, TokenArray
 
@@ -38,6 +37,7 @@ __all__ = [
     "FIRST_PARTY_PACKAGES",
     "Backend",
     "ConfigKey",
+    "Grammars",
     "OpenRequest",
     "OpenedBatch",
     "OpenedModel",
@@ -46,6 +46,7 @@ __all__ = [
     "Strategy",
     "Validation",
     "Tokenizer",
+    "Vocabulary",
     "hookimpl",
     "package_version",
 ]

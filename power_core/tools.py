@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import attrs
 
-from power_core.constraint import JSON_STYLE, ConstraintSpec
+from power_core.constraint import FREE_TEXT, JSON_STYLE, ConstraintSpec
 from power_core.errors import ConstraintError
 
 __all__ = ["HERMES", "FORMATS", "TOOLS_MAX", "Function", "NamedChoice", "ParsedDelta", "ParsedMessage",
@@ -47,7 +47,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: the characters of a function's parameter schema, as canonical JSON, at most
 PARAMETERS_MAX_CHARS = 32768
 #: free text before, between or after calls
-_FREE_TEXT = r"(.|\n)*"
 
 
 @attrs.frozen
@@ -208,7 +207,7 @@ class ToolFormat:
         start = "start: call* free" if parallel else "start: free | call"
         return (f"%llguidance {{}}\n{start}\ncall: trigger {rest}\n"
                 f"trigger[lazy]: FREE_TEXT {json.dumps(self.open)}\nfree: TAIL\n"
-                f"FREE_TEXT: /{_FREE_TEXT}/\nTAIL: /{_FREE_TEXT}/ & ~/{_FREE_TEXT}{tag}{_FREE_TEXT}/\n")
+                f"FREE_TEXT: /{FREE_TEXT}/\nTAIL: /{FREE_TEXT}/ & ~/{FREE_TEXT}{tag}{FREE_TEXT}/\n")
 
     def parser(self, new_id: Callable[[int], str] = _new_id) -> ToolCallParser:
         return ToolCallParser(self, new_id)

@@ -161,7 +161,8 @@ def test_first_party_keys_keep_their_names_and_errors():
 
 # -- scopes ------------------------------------------------------------------------------------------------
 def test_scopes_come_from_the_declarations(tp):
-    assert SAMPLING_KEYS == ("temperature", "top_k", "top_p", "min_p", "seed")
+    assert SAMPLING_KEYS == ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n",
+                             "frequency_penalty", "presence_penalty", "logit_bias")
     assert {k.scope for k in declared_keys()} <= set(SCOPES)
     assert {"spec_draft_max", "spec_mtp_adaptive", "trace", "spec_draft_p_min", "tp_lookback"} <= set(SEQUENCE_KEYS)
     assert not {"n_ctx", "numerics", "temperature", "spec_mtp_fr_vocab_size"} & set(SEQUENCE_KEYS)
@@ -257,5 +258,7 @@ def test_the_servers_per_request_fields_are_the_request_scoped_keys():
     assert "tenant" not in CompletionRequest.model_fields
     fields = set(CompletionRequest.model_fields)
     assert request_keys <= fields, f"request-scoped keys the server does not take: {sorted(request_keys - fields)}"
-    req = CompletionRequest(model="m", prompt="x", temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, seed=7)
+    req = CompletionRequest(model="m", prompt="x", temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, seed=7,
+                            repeat_penalty=1.1, repeat_last_n=32, frequency_penalty=0.5, presence_penalty=0.5,
+                            logit_bias={"5": -1.0})
     assert set(req.sampling()) == set(SAMPLING_KEYS)

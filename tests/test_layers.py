@@ -52,7 +52,7 @@ PLUGIN_FACADES = frozenset({
 #: power-native compiles against the pinned llama.cpp and shares its architecture table with the core
 NATIVE_EXTRA = frozenset({"power_core.artifacts.archs"})
 #: the plugin vocabulary is a leaf: it may use these core modules and nothing else of power_core
-SPEC_DEPS = frozenset({"power_core.runtime", "power_core.config", "power_core.errors"})
+SPEC_DEPS = frozenset({"power_core.runtime", "power_core.config", "power_core.errors", "power_core.constraint"})
 KINDS = ("module", "type_checking", "deferred")
 
 

@@ -23,13 +23,13 @@ HOOKS = sorted(n for n in dir(hookspecs) if n.startswith("power_"))
 def test_public_facade_is_pinned():
     assert sorted(power_core.__all__) == sorted([
         "PHASES", "AdapterFault", "ArtifactError", "ArtifactMismatch", "Backend", "CancelToken", "Cancelled",
-        "CapacityError", "ChatTemplate", "ConfigError", "ConfigKey", "DecodeResult", "Generation", "OpenRequest",
-        "OpenedModel",
-        "PluginError", "PowerConfig", "PowerError", "Proposal", "ProposalContext", "Proposer", "ProposerCapabilities",
+        "CapacityError", "ChatTemplate", "ConfigError", "ConfigKey", "ConstraintError", "ConstraintSpec", "DecodeResult",
+        "Generation", "Grammars", "OpenRequest", "OpenedModel",
+        "PluginError", "PowerConfig", "PowerError", "PromptCache", "PromptCacheStats", "Proposal", "ProposalContext", "Proposer", "ProposerCapabilities",
         "ProposerRequest",
         "Receipt", "RequestScope", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
         "Strategy", "StrategyNotFound", "StrategyNotInstalled", "Stream", "TargetCapabilities", "TargetRuntime",
-        "TargetSampler", "Tokenizer", "Transaction", "get_plugins", "hookimpl", "token_digest",
+        "TargetSampler", "Tokenizer", "ToolPlan", "Transaction", "Vocabulary", "get_plugins", "hookimpl", "token_digest",
     ])
     for name in power_core.__all__:
         assert getattr(power_core, name).__doc__ or name == "PHASES", name

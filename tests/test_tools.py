@@ -201,6 +201,32 @@ def test_library_forced_call_matches_the_schema_on_the_reference_model():
     jsonschema.validate(json.loads(message.tool_calls[0].arguments), enum_tool["function"]["parameters"])
 
 
+def test_session_chat_renders_tools_and_forces_the_call():
+    """``Session.chat(..., tools=plan)``: the tools reach the template, the choice constrains the answer,
+    and a named choice's call validates against its schema (speculative equals target-only)."""
+    from tests.helpers import open_session
+
+    template = (Path(__file__).resolve().parent.parent / "docs" / "examples" / "hermes-tools.jinja").read_text()
+    tool = {"type": "function", "function": {"name": "set_unit", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+        "additionalProperties": False}}}
+    plan = tools.ToolPlan.make([tool], {"type": "function", "function": {"name": "set_unit"}})
+    messages = [{"role": "user", "content": "use celsius"}]
+    outs = {}
+    for mode in ("off", "ref-draft"):
+        with open_session("reference", mode, max_tokens=120, n_ctx=2048) as s:
+            outs[mode] = s.chat(messages, chat_template=template, tools=plan)
+            rendered = s.opened.tokenizer.decode(s.chat_prompt(messages, chat_template=template,
+                                                               **plan.template_vars()))
+    assert "set_unit" in rendered  # the template saw the tools
+    assert outs["ref-draft"].tokens == outs["off"].tokens
+    message = plan.parse(outs["off"].text)
+    assert [c.name for c in message.tool_calls] == ["set_unit"]
+    jsonschema.validate(json.loads(message.tool_calls[0].arguments), tool["function"]["parameters"])
+    with open_session("reference", n_ctx=2048) as s, pytest.raises(ConstraintError, match="either a constraint"):
+        s.chat(messages, chat_template=template, tools=plan, constraint=plan.constraint())
+
+
 # -- power serve on SmolLM2 -----------------------------------------------------------------------------
 def _call(i: int, city: str) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": [

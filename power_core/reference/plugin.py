@@ -104,7 +104,8 @@ def open_reference(request: OpenRequest) -> OpenedModel:
     costs = tuple(1.0 if padded else 1.0 + 0.5 * b for b in range(max_block)) if request.verify_cost else None
     stock = request.config.numerics == "stock"
     target = ReferenceTarget(model, n_ctx=request.config.n_ctx, snapshots=request.snapshots, max_block=max_block,
-                             verify_cost=costs, verify_capacity=padded, stock=stock)
+                             verify_cost=costs, verify_capacity=padded, stock=stock,
+                             state_format=f"reference/{model_digest(model)}/{request.config.numerics}")
     tokenizer = ByteTokenizer(model.vocab, model.eos) if model.vocab > BYTE_EOS else None
     return OpenedModel(
         target=target,

@@ -430,8 +430,8 @@ class AdapterConformance:
                 p = self.prompt(seed, v)
                 for cfg in ({}, dict(temperature=0.9, top_p=0.95, seed=seed)):
                     got = self._constrained(self.name(), p, spec, cfg)
-                    want = self._memo(("constrained", i, tuple(p), tuple(sorted(cfg.items()))),
-                                      lambda p=p, spec=spec, cfg=cfg: self._constrained("off", p, spec, cfg))
+                    key = ("constrained", i, tuple(p), tuple(sorted(cfg.items())))
+                    want: Result = self._memo(key, functools.partial(self._constrained, "off", p, spec, cfg))
                     assert got.tokens == want.tokens, (
                         f"constraint {spec.kind} {spec.source!r}, {cfg or 'greedy'}, prompt(seed={seed}) = {p}: "
                         f"speculative emitted {list(got.tokens)} but constrained target-only emitted "

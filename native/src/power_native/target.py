@@ -26,11 +26,10 @@ import numpy as np
 
 from power_core.artifacts import ArtifactView, check_architecture, file_digest
 from power_core.config import NUMERICS, PowerConfig
-from power_core.constraint import Grammars, Vocabulary
 from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault, StateLost, StrategyNotFound
 from power_core.logs import get_logger
 from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
-from power_core.spec import OpenedBatch, OpenedModel, OpenRequest
+from power_core.spec import Grammars, OpenedBatch, OpenedModel, OpenRequest, Vocabulary
 from power_native import _llama, build_info
 from power_native.models import resolve_model
 
