@@ -187,6 +187,17 @@ def bench_structured(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_memory(session: nox.Session) -> None:
+    """Multi-turn chats and an agent loop (histories resent): power serve --mode suffix with its memories
+    (prompt cache, cross-request suffix index) vs without them, vs --mode off, vs llama-server's best n-gram
+    type; concurrency 1 and 4, paired, exact numerics on both sides."""
+    install_all(session)
+    session.run("python", "native/tools/build_llama.py", "--peers")  # llama-server of the pinned build
+    session.run("python", "tests/bench/bench_memory.py", "--out", str(ROOT / "docs" / "evidence" / "bench_memory"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_sampling(session: nox.Session) -> None:
     """Greedy ids sampled in llama.cpp's graph vs logits rows on the host, paired: SmolLM2 and Gemma-3,
     off, suffix and draft-model; tok/s, host µs per round, identical tokens."""

@@ -1,0 +1,299 @@
+"""bench_memory: a server with memory on multi-request traffic, paired and interleaved, exact numerics.
+
+The workload is public and reproducible (built here, no data files): conversations whose every turn
+resends the whole history, as chat clients and agents do.
+
+- ``chat``: multi-turn chats; each turn asks to revise or extend the previous answer (so answers
+  copy the history);
+- ``agent``: an agent loop; each step shows the same tool schema, the file being edited and the
+  last tool result, and the model answers with a JSON tool call (repeated call shapes, templated
+  code edits).
+
+Each workload has ``--conversations`` conversations of ``--turns`` turns (default 4 x 8 = 32
+requests each). The next turn's prompt includes the answer the server gave, so both sides see the
+same prompts only while their texts agree; the report says whether every text was identical.
+
+Sides (one ``/v1/completions`` client per conversation; concurrency 1 runs the conversations one
+after another, concurrency 4 at once on 4 slots):
+
+- ``power serve --mode suffix`` with its memories: the prompt cache (``--cache-ram``, on by default)
+  and the cross-request suffix index (``--suffix-memory``);
+- the same without them (``--cache-ram 0``, no suffix memory);
+- ``power serve --mode off`` with the prompt cache (the per-request 2 % check);
+- ``llama-server`` of the pinned build with its defaults (its own prompt cache in RAM) and each n-gram
+  ``--spec-type``: every type is tried once, the best is then paired with Power's sides.
+
+Aggregate tok/s = completion tokens / wall time of the whole workload. Goals (issue #31): >= 1.3x the
+best llama-server type with identical texts; >= 1.2x Power without its memories; no request slower
+than ``--mode off``'s by more than 2 % (per request, median over runs).
+Writes ``report.json`` and ``report.md`` under ``--out`` (default ``docs/evidence/bench_memory/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))
+from bench_serve import LLAMA_ANNOUNCE, Quiet, peer_bin_dir  # noqa: E402
+
+from power_core.bench import NGRAM_TYPES, peer_launch  # noqa: E402
+from tests.serve_helpers import listening, power_cmd  # noqa: E402
+
+GOAL_PEER, GOAL_SELF, GOAL_OFF = 1.3, 1.2, 0.02
+
+TOPICS = ["a bakery's opening hours", "a bike repair checklist", "a weekly study plan", "a packing list for a hike",
+          "a small garden's watering schedule", "a team's meeting agenda"]
+ASKS = ["Write {topic} as a short list.", "Repeat the list and add one more item at the end.",
+        "Repeat the whole list again, numbering each item.", "Repeat the numbered list and mark the first item "
+        "as done.", "Repeat the list once more, unchanged.", "Give the list again, adding a title line.",
+        "Repeat the titled list and add a closing note.", "Repeat everything you wrote in your last answer."]
+TOOL = ('{"name": "edit_file", "parameters": {"path": "string", "line": "integer", "text": "string"}}')
+CODE = ["def total(items):", "    s = 0", "    for x in items:", "        s += x.price", "    return s", "",
+        "def average(items):", "    return total(items) / len(items)"]
+
+
+def _chat_turn(history: list[tuple[str, str]], ask: str) -> str:
+    out = "A conversation between a user and a helpful assistant.\n\n"
+    for user, answer in history:
+        out += f"User: {user}\nAssistant: {answer}\n\n"
+    return out + f"User: {ask}\nAssistant:"
+
+
+def _agent_turn(history: list[tuple[str, str]], step: int) -> str:
+    code = "\n".join(f"{i + 1}: {line}" for i, line in enumerate(CODE))
+    out = (f"You are a coding agent. Call the tool with JSON.\nTool: {TOOL}\nFile src/shop.py:\n{code}\n\n"
+           "Task: rename every 'items' to 'basket', one line per call.\n\n")
+    for i, (_, answer) in enumerate(history):
+        out += f"Step {i + 1} call: {answer}\nResult: ok, line edited.\n\n"
+    return out + f"Step {step + 1} call:"
+
+
+def conversation(kind: str, index: int, turns: int) -> list[Any]:
+    """The conversation's turn makers: each takes the history so far (prompt, answer) and gives the prompt."""
+    if kind == "chat":
+        topic = TOPICS[index % len(TOPICS)]
+        return [lambda h, a=ask.format(topic=topic): _chat_turn(h, a) for ask in ASKS[:turns]]
+    return [lambda h, s=step: _agent_turn(h, s) for step in range(turns)]
+
+
+def drive(url: str, model: str, kind: str, index: int, turns: int, tokens: int, llama: bool) -> list[dict[str, Any]]:
+    """One client: the conversation's turns in order, each resending the history."""
+    history: list[tuple[str, str]] = []
+    out = []
+    with httpx.Client(timeout=900) as c:
+        for make in conversation(kind, index, turns):
+            text = make(history)
+            body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": tokens, "stop": ["\nUser:", "\nStep"]}
+            if llama:
+                body.update(temperature=0, top_k=1, seed=0, cache_prompt=True)
+            t0 = time.perf_counter()
+            r = c.post(url + "/v1/completions", json=body)
+            wall = time.perf_counter() - t0
+            r.raise_for_status()
+            d = r.json()
+            answer = d["choices"][0]["text"]
+            out.append({"n": d["usage"]["completion_tokens"], "latency_s": wall, "text": answer,
+                        "reused": (d.get("power") or {}).get("prompt_reused",
+                                                             (d.get("timings") or {}).get("cache_n"))})
+            history.append((text, answer.strip()))
+    return out
+
+
+def run_workload(url: str, kind: str, conversations: int, turns: int, tokens: int, clients: int,
+                 llama: bool) -> dict[str, Any]:
+    with httpx.Client(timeout=60) as c:
+        model = c.get(url + "/v1/models").json()["data"][0]["id"]
+    results: dict[int, list[dict[str, Any]]] = {}
+
+    def client(k: int) -> None:
+        for i in range(k, conversations, clients):
+            results[i] = drive(url, model, kind, i, turns, tokens, llama)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    reqs = [r for i in sorted(results) for r in results[i]]
+    n = sum(r["n"] for r in reqs)
+    return {"aggregate_tok_s": n / wall, "wall_s": wall, "tokens": n, "requests": len(reqs),
+            "texts": [r["text"] for r in reqs], "latencies": [r["latency_s"] for r in reqs],
+            "reused": [r["reused"] for r in reqs]}
+
+
+def power_side(model: str, mode: str, memory: bool, parallel: int, threads: int, n_ctx: int) -> list[str]:
+    args = ["serve", "--port", "0", "--model", model, "--mode", mode, "--threads", str(threads),
+            "--n-ctx", str(n_ctx), "--parallel", str(parallel)]
+    if mode == "suffix" and memory:
+        args += ["--suffix-memory", "200000"]
+    if not memory:
+        args += ["--cache-ram", "0"]
+    return power_cmd(*args)
+
+
+def llama_side(peer_bin: Path, model: str, spec_type: str, parallel: int, threads: int, n_ctx: int,
+               extra: list[str]) -> list[str]:
+    return [str(peer_bin / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", "0", "-t", str(threads),
+            "-tb", str(threads), "-c", str(n_ctx * parallel), "-np", str(parallel), "--spec-type", spec_type,
+            "--no-webui", *extra]
+
+
+def measure_side(cmd: list[str], env: dict[str, str] | None, llama: bool, args: argparse.Namespace, clients: int,
+                 quiet: Quiet) -> dict[str, Any]:
+    """A fresh server (cold memories) per measurement: both workloads, one after the other."""
+    def once() -> dict[str, Any]:
+        kw: dict[str, Any] = {"announce": LLAMA_ANNOUNCE} if llama else {}
+        with listening(cmd, env=env, **kw) as s:
+            out = {kind: run_workload(s.url, kind, args.conversations, args.turns, args.tokens, clients, llama)
+                   for kind in ("chat", "agent")}
+        n = sum(w["tokens"] for w in out.values())
+        wall = sum(w["wall_s"] for w in out.values())
+        return {"aggregate_tok_s": n / wall, "workloads": out}
+
+    return quiet.measure(once)
+
+
+def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
+    peer_bin, _ = peer_bin_dir()
+    env, extra = peer_launch("exact")
+    report: dict[str, Any] = {}
+    for clients in args.clients:
+        parallel = max(clients, 1)
+        sides = {"power-memory": (power_side(model, "suffix", True, parallel, args.threads, args.n_ctx), None, False),
+                 "power-no-memory": (power_side(model, "suffix", False, parallel, args.threads, args.n_ctx), None,
+                                     False)}
+        if clients == 1:
+            sides["power-off"] = (power_side(model, "off", True, parallel, args.threads, args.n_ctx), None, False)
+        # every llama-server type once; the best one is paired with Power's sides
+        screen = {}
+        for t in args.types:
+            r = measure_side(llama_side(peer_bin, model, t, parallel, args.threads, args.n_ctx, extra), env, True,
+                             args, clients, quiet)
+            screen[t] = r["aggregate_tok_s"]
+            print(f"  {alias} c={clients} llama-server {t}: {r['aggregate_tok_s']:.1f} tok/s", flush=True)
+        best = max(screen, key=lambda t: screen[t])
+        sides["llama-server"] = (llama_side(peer_bin, model, best, parallel, args.threads, args.n_ctx, extra), env,
+                                 True)
+        raw: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
+        for i in range(args.runs):
+            order = list(sides) if i % 2 == 0 else list(reversed(sides))
+            for name in order:
+                cmd, side_env, llama = sides[name]
+                raw[name].append(measure_side(cmd, side_env, llama, args, clients, quiet))
+            print(f"  {alias} c={clients} run {i + 1}/{args.runs}: " + ", ".join(
+                f"{k} {v[-1]['aggregate_tok_s']:.1f}" for k, v in raw.items()), flush=True)
+        report[f"clients={clients}"] = _summary(raw, screen, best)
+    return report
+
+
+def _texts(run: dict[str, Any]) -> list[str]:
+    return [t for kind in ("chat", "agent") for t in run["workloads"][kind]["texts"]]
+
+
+def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], best: str) -> dict[str, Any]:
+    agg = {k: [r["aggregate_tok_s"] for r in v] for k, v in raw.items()}
+    out: dict[str, Any] = {"llama_server_types": screen, "llama_server_best": best,
+                           "aggregate_tok_s": {k: _stats(v) for k, v in agg.items()}}
+    mem = raw["power-memory"]
+    for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory")):
+        ratios = [a / b for a, b in zip(agg["power-memory"], agg[other], strict=True)]
+        out[key] = _stats(ratios)
+        out[f"identical_texts_vs_{other}"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw[other], strict=True))
+    if "power-off" in raw:  # per request: memory latency / off latency, median over runs
+        lat = {k: [[x for kind in ("chat", "agent") for x in r["workloads"][kind]["latencies"]] for r in raw[k]]
+               for k in ("power-memory", "power-off")}
+        per = [statistics.median(m[i] / o[i] for m, o in zip(lat["power-memory"], lat["power-off"], strict=True))
+               for i in range(len(lat["power-memory"][0]))]
+        out["per_request_over_off"] = {"worst": max(per), "median": statistics.median(per),
+                                       "slower_than_off_by_2pct": sum(p > 1 + GOAL_OFF for p in per),
+                                       "requests": len(per)}
+        out["identical_texts_vs_power-off"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw["power-off"],
+                                                                                          strict=True))
+    out["prompt_reused_median"] = statistics.median(
+        [x or 0 for kind in ("chat", "agent") for x in mem[0]["workloads"][kind]["reused"]])
+    return out
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = ["# bench_memory: a server with memory on multi-request traffic", "",
+             f"{report['when']} · {report['machine']} · {report['runs']} paired runs · "
+             f"{report['conversations']} conversations x {report['turns']} turns per workload (chat, agent), "
+             f"{report['tokens']} tokens max per request · exact numerics both sides", ""]
+    for alias, m in report["models"].items():
+        for conc, c in m.items():
+            lines += [f"## {alias}, {conc}", "", "| side | aggregate tok/s (median [min, max]) |", "|---|---|"]
+            for side, s in c["aggregate_tok_s"].items():
+                name = f"llama-server {c['llama_server_best']}" if side == "llama-server" else side
+                lines.append(f"| {name} | {s['median']:.1f} [{s['min']:.1f}, {s['max']:.1f}] |")
+            lines += ["", "- llama-server types (one run each): " + ", ".join(
+                f"{t} {v:.1f}" for t, v in c["llama_server_types"].items()),
+                f"- Power with memories / llama-server {c['llama_server_best']}: x{c['over_llama_server']['median']:.3f} "
+                f"(goal ≥ {GOAL_PEER}); identical texts: {c['identical_texts_vs_llama-server']}",
+                f"- with / without memories: x{c['over_no_memory']['median']:.3f} (goal ≥ {GOAL_SELF}); identical "
+                f"texts: {c['identical_texts_vs_power-no-memory']}",
+                f"- median prompt tokens reused per request (first run): {c['prompt_reused_median']}"]
+            if "per_request_over_off" in c:
+                p = c["per_request_over_off"]
+                lines.append(f"- per request, latency with memories / `--mode off` (median over runs): worst "
+                             f"x{p['worst']:.3f}, median x{p['median']:.3f}; {p['slower_than_off_by_2pct']} of "
+                             f"{p['requests']} slower by more than {100 * GOAL_OFF:.0f} %; identical texts: "
+                             f"{c['identical_texts_vs_power-off']}")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--clients", default="1,4")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--types", default=",".join(NGRAM_TYPES))
+    ap.add_argument("--max-foreign", type=float, default=0.15)
+    ap.add_argument("--quiet-wait", type=float, default=60.0)
+    ap.add_argument("--retries", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "evidence" / "bench_memory")
+    args = ap.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",") if c]
+    args.types = [t for t in args.types.split(",") if t]
+    from power_native.models import resolve_model
+
+    quiet = Quiet(args.max_foreign, args.quiet_wait, args.retries)
+    report: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+                              "runs": args.runs, "conversations": args.conversations, "turns": args.turns,
+                              "tokens": args.tokens, "models": {}}
+    for alias in [m for m in args.models.split(",") if m]:
+        report["models"][alias] = bench_model(alias, str(resolve_model(alias)), args, quiet)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "report.md").write_text(_markdown(report))
+    print(_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
