@@ -32,6 +32,7 @@ Writes ``report.json`` and ``report.md`` under ``--out`` (default ``docs/evidenc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -84,9 +85,9 @@ def _agent_turn(history: list[tuple[str, str]], step: int) -> str:
 def conversation(kind: str, index: int, turns: int) -> list[Any]:
     """The conversation's turn makers: each takes the history so far (prompt, answer) and gives the prompt."""
     if kind == "chat":
-        topic = TOPICS[index % len(TOPICS)]
-        return [lambda h, a=ask.format(topic=topic): _chat_turn(h, a) for ask in ASKS[:turns]]
-    return [lambda h, s=step: _agent_turn(h, s) for step in range(turns)]
+        asks = [ask.format(topic=TOPICS[index % len(TOPICS)]) for ask in ASKS[:turns]]
+        return [functools.partial(_chat_turn, ask=a) for a in asks]
+    return [functools.partial(_agent_turn, step=s) for s in range(turns)]
 
 
 def drive(url: str, model: str, kind: str, index: int, turns: int, tokens: int, llama: bool) -> list[dict[str, Any]]:
