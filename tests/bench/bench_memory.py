@@ -173,6 +173,7 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) 
     peer_bin, _ = peer_bin_dir()
     env, extra = peer_launch("exact")
     report: dict[str, Any] = {}
+    screened: dict[str, float] = {}
     for clients in args.clients:
         parallel = max(clients, 1)
         sides = {"power-memory": (power_side(model, "suffix", True, parallel, args.threads, args.n_ctx), None, False),
@@ -180,14 +181,15 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) 
                                      False)}
         if clients == 1:
             sides["power-off"] = (power_side(model, "off", True, parallel, args.threads, args.n_ctx), None, False)
-        # every llama-server type once; the best one is paired with Power's sides
-        screen = {}
-        for t in args.types:
+        # every llama-server type once (at the first concurrency); the best one is paired with Power's sides
+        screen = dict(screened)
+        for t in ([] if screened else args.types):
             r = measure_side(llama_side(peer_bin, model, t, parallel, args.threads, args.n_ctx, extra), env, True,
                              args, clients, quiet)
             screen[t] = r["aggregate_tok_s"]
             print(f"  {alias} c={clients} llama-server {t}: {r['aggregate_tok_s']:.1f} tok/s", flush=True)
         best = max(screen, key=lambda t: screen[t])
+        screened = screen
         sides["llama-server"] = (llama_side(peer_bin, model, best, parallel, args.threads, args.n_ctx, extra), env,
                                  True)
         raw: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
