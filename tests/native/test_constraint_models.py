@@ -50,8 +50,8 @@ def test_json_schemas_on_smollm2_equal_off(smollm2_off, mode, sampling):
     finished = [w for w in off[sampling] if w.receipt.finish_reason == "stop"]
     assert len(finished) >= len(names) // 2, "most tasks should finish their JSON within the token budget"
     assert sum(g.receipt.summary()["accepted"] for g in got) > 0
-    if mode == "suffix":  # the prompts invite copying: suffix proposes, and the grammar cuts some proposals
-        assert sum(g.receipt.constraint["cuts"] for g in got) >= 0
+    if mode == "suffix":  # it copies the example's JSON and what follows it: the grammar cuts after the end
+        assert sum(g.receipt.constraint["cuts"] for g in got) > 0
 
 
 def test_json_schemas_in_shared_passes_on_smollm2(smollm2_off):
