@@ -32,7 +32,6 @@ Writes ``report.json`` and ``report.md`` under ``--out`` (default ``docs/evidenc
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import platform
 import statistics
@@ -82,12 +81,16 @@ def _agent_turn(history: list[tuple[str, str]], step: int) -> str:
     return out + f"Step {step + 1} call:"
 
 
-def conversation(kind: str, index: int, turns: int) -> list[Any]:
-    """The conversation's turn makers: each takes the history so far (prompt, answer) and gives the prompt."""
+def conversation(kind: str, index: int, turns: int) -> list[str]:
+    """The conversation's user turns (an agent's are its step numbers)."""
     if kind == "chat":
-        asks = [ask.format(topic=TOPICS[index % len(TOPICS)]) for ask in ASKS[:turns]]
-        return [functools.partial(_chat_turn, ask=a) for a in asks]
-    return [functools.partial(_agent_turn, step=s) for s in range(turns)]
+        return [ask.format(topic=TOPICS[index % len(TOPICS)]) for ask in ASKS[:turns]]
+    return [str(step) for step in range(turns)]
+
+
+def render(kind: str, history: list[tuple[str, str]], turn: str) -> str:
+    """The prompt of ``turn``: the whole history (user turn, answer) resent, then the turn."""
+    return _chat_turn(history, turn) if kind == "chat" else _agent_turn(history, int(turn))
 
 
 def drive(url: str, model: str, kind: str, index: int, turns: int, tokens: int, llama: bool) -> list[dict[str, Any]]:
@@ -95,9 +98,9 @@ def drive(url: str, model: str, kind: str, index: int, turns: int, tokens: int, 
     history: list[tuple[str, str]] = []
     out = []
     with httpx.Client(timeout=900) as c:
-        for make in conversation(kind, index, turns):
-            text = make(history)
-            body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": tokens, "stop": ["\nUser:", "\nStep"]}
+        for turn in conversation(kind, index, turns):
+            body: dict[str, Any] = {"model": model, "prompt": render(kind, history, turn), "max_tokens": tokens,
+                                    "stop": ["\nUser:", "\nStep"]}
             if llama:
                 body.update(temperature=0, top_k=1, seed=0, cache_prompt=True)
             t0 = time.perf_counter()
@@ -109,7 +112,7 @@ def drive(url: str, model: str, kind: str, index: int, turns: int, tokens: int, 
             out.append({"n": d["usage"]["completion_tokens"], "latency_s": wall, "text": answer,
                         "reused": (d.get("power") or {}).get("prompt_reused",
                                                              (d.get("timings") or {}).get("cache_n"))})
-            history.append((text, answer.strip()))
+            history.append((turn, answer.strip()))
     return out
 
 
