@@ -227,7 +227,12 @@ def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], bes
                for i in range(len(lat["power-memory"][0]))]
         out["per_request_over_off"] = {"worst": max(per), "median": statistics.median(per),
                                        "slower_than_off_by_2pct": sum(p > 1 + GOAL_OFF for p in per),
-                                       "requests": len(per)}
+                                       "requests": len(per),
+                                       # request i: chat then agent, each conversation's turns in order
+                                       "ratios": per}
+    # every side's per-request latencies and tokens (the first run), to find the slow requests
+    out["latencies_first_run"] = {k: [x for kind in ("chat", "agent") for x in v[0]["workloads"][kind]["latencies"]]
+                                  for k, v in raw.items()}
         out["identical_texts_vs_power-off"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw["power-off"],
                                                                                           strict=True))
     out["prompt_reused_median"] = statistics.median(
