@@ -230,11 +230,11 @@ def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], bes
                                        "requests": len(per),
                                        # request i: chat then agent, each conversation's turns in order
                                        "ratios": per}
-    # every side's per-request latencies and tokens (the first run), to find the slow requests
-    out["latencies_first_run"] = {k: [x for kind in ("chat", "agent") for x in v[0]["workloads"][kind]["latencies"]]
-                                  for k, v in raw.items()}
         out["identical_texts_vs_power-off"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw["power-off"],
                                                                                           strict=True))
+    # every side's per-request latencies (the first run), to find the slow requests
+    out["latencies_first_run"] = {k: [x for kind in ("chat", "agent") for x in v[0]["workloads"][kind]["latencies"]]
+                                  for k, v in raw.items()}
     out["prompt_reused_median"] = statistics.median(
         [x or 0 for kind in ("chat", "agent") for x in mem[0]["workloads"][kind]["reused"]])
     return out
