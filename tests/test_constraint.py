@@ -247,18 +247,20 @@ def _round_covering(rounds: list[dict], position: int) -> dict | None:
 
 def test_constraints_in_shared_passes_equal_solo_off():
     """Four concurrent constrained requests in shared target passes, each with its own grammar and
-    sampling: each equals its solo constrained off run."""
+    sampling (greedy, seeded, penalised): each equals its solo constrained off run, and proposes per
+    round what its solo speculative run proposes (the cuts too)."""
     model = _model(3, 1)
     jobs = [(list(b"ab"), SPECS[0], {}), (list(b"x"), SPECS[4], {"temperature": 0.7, "seed": 5}),
             (list(b"hello"), SPECS[6], {}), (list(b"q"), SPECS[1], {"frequency_penalty": 0.5})]
     solo = [_run(model, p, "off", spec, max_tokens=30, **samp).tokens for p, spec, samp in jobs]
-    engine = Session.open_engine(4, PowerConfig(spec_mode="ref-draft", max_tokens=30, n_ctx=256), model=model,
-                                 plugins=core_plugins(), stop_ids=frozenset({256}))
+    solo_spec = [_run(model, p, "ref-draft", spec, max_tokens=30, trace=True, **samp) for p, spec, samp in jobs]
+    engine = Session.open_engine(4, PowerConfig(spec_mode="ref-draft", max_tokens=30, n_ctx=256, trace=True),
+                                 model=model, plugins=core_plugins(), stop_ids=frozenset({256}))
     out: list = [None] * len(jobs)
 
     def go(i: int) -> None:
         prompt, spec, samp = jobs[i]
-        out[i] = engine.run(engine.submit(prompt, sampling=samp, constraint=spec)).tokens
+        out[i] = engine.run(engine.submit(prompt, sampling=samp, constraint=spec))
 
     with engine:
         threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
@@ -266,7 +268,11 @@ def test_constraints_in_shared_passes_equal_solo_off():
             t.start()
         for t in threads:
             t.join(60)
-    assert out == solo
+    assert [r.tokens for r in out] == solo
+    for shared, alone in zip(out, solo_spec, strict=True):
+        assert [(r["proposal"], r.get("cut", 0)) for r in shared.receipt.rounds] == \
+            [(r["proposal"], r.get("cut", 0)) for r in alone.receipt.rounds]
+        assert shared.receipt.backend.get("batch") is not None
 
 
 def test_a_schema_the_engine_refuses_is_a_constraint_error_naming_it():

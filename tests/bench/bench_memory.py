@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent))
-from bench_serve import LLAMA_ANNOUNCE, Quiet, peer_bin_dir  # noqa: E402
+from bench_serve import LLAMA_ANNOUNCE, Quiet, peer_bin_dir, stats  # noqa: E402
 
 from power_core.bench import NGRAM_TYPES, peer_launch  # noqa: E402
 from tests.serve_helpers import listening, power_cmd  # noqa: E402
@@ -214,11 +214,11 @@ def _texts(run: dict[str, Any]) -> list[str]:
 def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], best: str) -> dict[str, Any]:
     agg = {k: [r["aggregate_tok_s"] for r in v] for k, v in raw.items()}
     out: dict[str, Any] = {"llama_server_types": screen, "llama_server_best": best,
-                           "aggregate_tok_s": {k: _stats(v) for k, v in agg.items()}}
+                           "aggregate_tok_s": {k: stats(v) for k, v in agg.items()}}
     mem = raw["power-memory"]
     for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory")):
         ratios = [a / b for a, b in zip(agg["power-memory"], agg[other], strict=True)]
-        out[key] = _stats(ratios)
+        out[key] = stats(ratios)
         out[f"identical_texts_vs_{other}"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw[other], strict=True))
     if "power-off" in raw:  # per request: memory latency / off latency, median over runs
         lat = {k: [[x for kind in ("chat", "agent") for x in r["workloads"][kind]["latencies"]] for r in raw[k]]
@@ -238,10 +238,6 @@ def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], bes
     out["prompt_reused_median"] = statistics.median(
         [x or 0 for kind in ("chat", "agent") for x in mem[0]["workloads"][kind]["reused"]])
     return out
-
-
-def _stats(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def _markdown(report: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent))
-from bench_serve import LLAMA_ANNOUNCE, Quiet, llama_server_cmd, peer_bin_dir, power_serve_cmd  # noqa: E402
+from bench_serve import LLAMA_ANNOUNCE, Quiet, llama_server_cmd, peer_bin_dir, power_serve_cmd, stats  # noqa: E402
 from structured_workload import TASKS, prompt  # noqa: E402
 
 from power_core import PowerConfig, Session  # noqa: E402
@@ -85,11 +85,11 @@ def bench_library(model: str, names: list[str], runs: int, threads: int, quiet: 
     cost = [o["constraint_s"] / o["decode_s"] for o in raw["off"]]
     per_round = [1e6 * o["constraint_s"] / o["rounds"] for o in raw["off"]]
     decode_per_round = [1e6 * o["decode_s"] / o["rounds"] for o in raw["off"]]
-    return {"off_tok_s": _stats([r["decode_tok_s"] for r in raw["off"]]),
-            "suffix_tok_s": _stats([r["decode_tok_s"] for r in raw["suffix"]]),
-            "ratio": _stats(ratios), "ratios": ratios, "identical": identical,
-            "constraint_fraction_of_decode": _stats(cost), "constraint_us_per_round": _stats(per_round),
-            "off_decode_us_per_round": _stats(decode_per_round),
+    return {"off_tok_s": stats([r["decode_tok_s"] for r in raw["off"]]),
+            "suffix_tok_s": stats([r["decode_tok_s"] for r in raw["suffix"]]),
+            "ratio": stats(ratios), "ratios": ratios, "identical": identical,
+            "constraint_fraction_of_decode": stats(cost), "constraint_us_per_round": stats(per_round),
+            "off_decode_us_per_round": stats(decode_per_round),
             "suffix_cuts_per_run": raw["suffix"][0]["cuts"], "texts": raw["off"][0]["texts"],
             "foreign_cpu": {m: [r["foreign_cpu"] for r in raw[m]] for m in raw}}
 
@@ -129,7 +129,7 @@ def bench_peers(model: str, names: list[str], runs: int, threads: int, types: li
             r = quiet.measure(lambda: _serve_run(p.url, names, llama=False))
             power.append(r["decode_tok_s"])
             served_identical = r["texts"] == power_texts
-    out["power-serve suffix"] = {"decode_tok_s": _stats(power), "texts_equal_library": served_identical}
+    out["power-serve suffix"] = {"decode_tok_s": stats(power), "texts_equal_library": served_identical}
     for spec_type in types:
         tok_s, agree = [], 0
         cmd = llama_server_cmd(peer_bin, model, spec_type, threads, 2048, 1, extra)
@@ -138,15 +138,11 @@ def bench_peers(model: str, names: list[str], runs: int, threads: int, types: li
                 r = quiet.measure(lambda: _serve_run(s.url, names, llama=True))
                 tok_s.append(r["decode_tok_s"])
                 agree = sum(r["texts"][k] == power_texts[k] for k in names)
-        out[f"llama-server {spec_type}"] = {"decode_tok_s": _stats(tok_s), "texts_equal_power": agree,
+        out[f"llama-server {spec_type}"] = {"decode_tok_s": stats(tok_s), "texts_equal_power": agree,
                                             "example": r["texts"][names[0]]}
         print(f"  llama-server {spec_type}: {statistics.median(tok_s):.1f} tok/s, {agree}/{len(names)} texts "
               "equal Power's", flush=True)
     return out
-
-
-def _stats(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def _markdown(report: dict[str, Any]) -> str:

@@ -142,25 +142,16 @@ class SuffixIndex:
         for L in reversed(self.lengths):
             if L >= n:
                 continue
-            prev = self._prev[L]
-            at = prev[n - 1]  # the current suffix is the most recent entry of its chain; the one before it
+            at = self._prev[L][n - 1]  # the current suffix is the most recent entry of its chain; the one before it
             if at >= 0:
-                found: list[int] = []
-                while at >= 0 and len(found) < MAX_CANDIDATES:
-                    found.append(at)
-                    at = prev[at]
-                ends = np.asarray(found[::-1], dtype=np.int64)
+                ends = _chain(self._prev[L], at)
                 break
         if ends is None:
             return None
         tok = self._tok
         # exact match length per candidate (hash collisions drop out here), extended backwards
         span = int(min(MAX_MATCH, n - 1))
-        offs = np.arange(span)
-        cur = tok[n - 1 - offs]
-        valid = (ends[:, None] - offs[None, :]) >= 0
-        eq = (tok[np.clip(ends[:, None] - offs[None, :], 0, None)] == cur[None, :]) & valid
-        lengths = np.where(eq.all(axis=1), span, np.argmin(eq, axis=1))
+        lengths = _match_lengths(tok, ends, tok[n - 1 - np.arange(span)])
         best = int(lengths.max())
         if best == 0:
             return None
@@ -184,21 +175,12 @@ class SuffixIndex:
         for L in reversed(self.lengths):
             at = self._head[L].get(hashes[L], -1) if L in hashes else -1
             if at >= 0:
-                prev = self._prev[L]
-                found: list[int] = []
-                while at >= 0 and len(found) < MAX_CANDIDATES:
-                    found.append(at)
-                    at = prev[at]
-                ends = np.asarray(found[::-1], dtype=np.int64)
+                ends = _chain(self._prev[L], at)
                 break
         if ends is None:
             return None
         tok = self._tok
-        offs = np.arange(m)
-        cur = q[m - 1 - offs]
-        valid = (ends[:, None] - offs[None, :]) >= 0
-        eq = (tok[np.clip(ends[:, None] - offs[None, :], 0, None)] == cur[None, :]) & valid
-        lengths = np.where(eq.all(axis=1), m, np.argmin(eq, axis=1))
+        lengths = _match_lengths(tok, ends, q[m - 1 - np.arange(m)])
         best = int(lengths.max())
         if best == 0:  # hash collisions only
             return None
@@ -206,6 +188,24 @@ class SuffixIndex:
         out, share = _vote(tok, self.n, ends, max_tokens, separated=True)
         return Match(length=best, occurrences=int(ends.size), tokens=np.asarray(out, dtype=np.int32),
                      share=np.asarray(share, dtype=np.float64))
+
+
+def _chain(prev: MutableSequence[int], at: int) -> np.ndarray:
+    """The occurrences on a hash chain from ``at`` back (at most ``MAX_CANDIDATES``), oldest first."""
+    found: list[int] = []
+    while at >= 0 and len(found) < MAX_CANDIDATES:
+        found.append(at)
+        at = prev[at]
+    return np.asarray(found[::-1], dtype=np.int64)
+
+
+def _match_lengths(tok: np.ndarray, ends: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """For each candidate end in ``tok``, how many tokens of ``cur`` (a suffix, read backwards) match
+    backwards from it (hash collisions give 0)."""
+    offs = np.arange(cur.shape[0])
+    valid = (ends[:, None] - offs[None, :]) >= 0
+    eq = (tok[np.clip(ends[:, None] - offs[None, :], 0, None)] == cur[None, :]) & valid
+    return np.where(eq.all(axis=1), cur.shape[0], np.argmin(eq, axis=1))
 
 
 def suffix_hashes(query: np.ndarray, lengths: tuple[int, ...] = LENGTHS) -> dict[int, int]:
