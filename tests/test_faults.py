@@ -13,6 +13,7 @@ from power_core.config import PowerConfig
 from power_core.errors import Cancelled, RuntimeFault, SessionBusy, StateLost
 from power_core.session import Session
 from power_core.spec import hookimpl
+from power_core.testing.conformance import FaultInjector
 from tests.helpers import Flaky, core_plugins
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
@@ -202,13 +203,16 @@ def test_in_shared_passes_only_the_sequence_whose_restore_failed_is_lost(monkeyp
 
 
 def test_a_finished_or_resumed_request_never_takes_a_sequence_admitted_for_another():
-    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+    # the cancel fires on the driver's thread at round 2 (a reader cancelling after its first commit
+    # may find the driver done already: a fast request finishes before the reader gets to cancel)
+    inj = FaultInjector(phase=None, round_index=2, action="cancel")
+    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins(inj)) as engine:
         done = engine.submit([1, 2, 3], max_tokens=4)
         assert engine.run(done).receipt.status == "completed"
         gen = engine.submit([4, 5], max_tokens=50)
+        inj.phase, inj.cancel = "propose", gen.cancel
         commits = engine.rounds(gen)
         next(commits)
-        gen.cancel.cancel()
         with pytest.raises(Cancelled):
             list(commits)
         a, b = engine.reserve(), engine.reserve()  # both sequences admitted for new requests
