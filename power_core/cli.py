@@ -435,11 +435,10 @@ def _serve_strategies(mode: str | None) -> list[str] | None:
     if mode is None or "," not in mode:
         return None
     names = [m.strip() for m in mode.split(",")]
-    if not all(names):
-        raise UsageError(f"power serve: --mode {mode!r} has an empty name; give names separated by commas "
-                         "(e.g. mtp,suffix,off)")
-    if len(set(names)) != len(names):
-        raise UsageError(f"power serve: --mode {mode!r} names a strategy twice")
+    if not all(names) or len(set(names)) != len(names):
+        why = "an empty name" if not all(names) else "a strategy named twice"
+        raise ConfigError("spec_mode", mode, "strategy names separated by commas, each once (e.g. mtp,suffix,off)",
+                          f"--mode has {why}")
     return names
 
 
