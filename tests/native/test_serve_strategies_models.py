@@ -72,8 +72,6 @@ def test_every_sequence_runs_any_strategy_of_an_mtp_target_at_random_arrivals(ti
         if jobs[i][0] != "suffix":  # suffix's proposer learns across requests: its order differs
             assert _proposals(res) == _proposals(solo[i]), (i, jobs[i][0])
     assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
-    for mode in modes:  # no sequence is kept for one strategy
-        assert len({id(ran_on[i]) for i in range(len(jobs)) if jobs[i][0] == mode}) >= 1
     assert len({id(s) for s in ran_on}) > 1
 
 
