@@ -275,6 +275,12 @@ class _LanePlans:
             raise ConfigError("strategies", modes, "each strategy once")
         base = PowerConfig.from_mapping(config.to_dict() if config else {}, **overrides)
         plugins = plugins or get_plugins()
+        for name, value in base.options:  # a key no listed strategy reads is a mistake, as with one spec_mode
+            owners = key_owners(name)
+            if MODE_AUTO not in modes and not set(owners) & set(modes):
+                raise ConfigError(name, value, f"unset unless strategies include {' or '.join(map(repr, owners))}",
+                                  f"the key configures the {', '.join(owners)} strateg"
+                                  f"{'y' if len(owners) == 1 else 'ies'} only")
         takes = [m == MODE_AUTO or (m != MODE_OFF and plugins.strategy(m).needs_draft) for m in modes]
         if draft is not None and not any(takes):
             raise ConfigError("draft", draft, "no draft, or a strategy among strategies that reads one (auto, or "
