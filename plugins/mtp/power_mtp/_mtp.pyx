@@ -7,10 +7,15 @@ block. Its KV is filled from every target batch with pairs ``(token_k, h_{k-1})`
 unmasked ``h_nextn`` row of the previous token; the first token of a batch pairs with the row
 carried over from the previous batch, ``pending``). A draft decodes ``(anchor, pending)`` and then
 feeds back the head's own hidden row, greedily, one token per pass.
+
+The context may hold several sequences (one per request of a shared-pass batch, llama.cpp's
+``n_seq = n_parallel``): each :class:`MtpHead` is one sequence's state and addresses only its own
+sequence and positions; :func:`draft_many` runs the draft steps of several heads in one pass each.
 """
 
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
+from libcpp.vector cimport vector
 
 cimport numpy as cnp
 
@@ -26,14 +31,17 @@ from power_core.errors import CapacityError, RuntimeFault
 
 cnp.import_array()
 
-__all__ = ["MtpHead"]
+__all__ = ["MtpHead", "draft_many"]
 
 
 cdef class MtpHead:
-    """Draft state of one request: the MTP context, the boundary row and the last batch's rows."""
+    """Draft state of one request: its sequence of the MTP context, the boundary row and the last batch's rows."""
 
     cdef readonly Context ctx
     cdef BatchExt batch
+    cdef readonly int seq  # its sequence in the context
+    cdef readonly int cells  # the positions its sequence may hold
+    cdef readonly int64_t compute_ns  # this sequence's compute: its own passes and its share of draft_many's
     cdef readonly int n_embd, n_vocab, fr
     cdef float[::1] pending
     cdef object pending_array  # the ndarray behind ``pending`` (its copy is a checkpoint's boundary row)
@@ -45,10 +53,14 @@ cdef class MtpHead:
     cdef readonly int n_kv  # positions filled in the MTP KV (0..n_kv-1)
     cdef readonly long passes  # draft passes run
 
-    def __init__(self, Context ctx, int fr):
+    def __init__(self, Context ctx, int fr, int seq=0, int cells=0):
         if ctx.ctx_type != 1:
             raise RuntimeFault("MtpHead: the context is not an MTP context (ctx_type=LLAMA_CONTEXT_TYPE_MTP)")
         self.ctx = ctx
+        self.seq = seq
+        self.cells = cells or ctx.n_ctx
+        if self.cells > ctx.n_ctx:
+            raise CapacityError(f"MtpHead: {self.cells} positions per sequence in a context of {ctx.n_ctx}")
         self.batch = BatchExt(ctx)
         self.n_embd = ctx.model.n_embd_out
         self.n_vocab = ctx.n_vocab
@@ -62,8 +74,9 @@ cdef class MtpHead:
         self.reset()
 
     def reset(self) -> None:
-        """A new request: empty KV, zero boundary row (as llama.cpp starts a sequence)."""
-        self.ctx.clear(False)
+        """A new request: its sequence emptied, zero boundary row (as llama.cpp starts a sequence)."""
+        if not self.ctx.seq_rm(self.seq, 0, -1):
+            raise RuntimeFault(f"MTP: llama_memory_seq_rm refused to empty sequence {self.seq}")
         self.pending[:] = 0
         self.n_rows = 0
         self.start = 0
@@ -87,8 +100,8 @@ cdef class MtpHead:
                                f"{n}x{self.n_embd}")
         if n > self.rows.shape[0]:
             raise CapacityError(f"MTP observe: a batch of {n} tokens exceeds the MTP context batch {self.rows.shape[0]}")
-        if self.n_kv + n > self.ctx.n_ctx:
-            raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.ctx.n_ctx}")
+        if self.n_kv + n > self.cells:
+            raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.cells}")
         cdef size_t w = self.n_embd
         with nogil:
             memcpy(&self.rows[0, 0], &hv[0, 0], n * w * sizeof(float))
@@ -113,12 +126,16 @@ cdef class MtpHead:
                     src = &self.pending[0]
                 else:
                     src = &self.rows[k - 1, 0]
-                rc = self.batch.add_token_c(self.toks[k], self.start + k, src, w, False)
+                rc = self.batch.add_token_seq_c(self.toks[k], self.start + k, self.seq, src, w, False)
                 if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
         if rc_translate(RC_OP_BATCH, rc) != RC_OK:
             self.batch._fail(rc, w, k)
-        self.ctx.process_c(self.batch, False)
+        cdef int64_t before = self.ctx.compute_ns
+        try:
+            self.ctx.process_c(self.batch, False)
+        finally:
+            self.compute_ns += self.ctx.compute_ns - before
         self.n_kv = self.start + m
         with nogil:
             memcpy(&self.pending[0], &self.rows[m - 1, 0], w * sizeof(float))
@@ -138,7 +155,7 @@ cdef class MtpHead:
 
     def trim(self, int n_kv) -> None:
         """Drop MTP KV positions >= ``n_kv``."""
-        if not self.ctx.seq_rm(0, n_kv, -1):
+        if not self.ctx.seq_rm(self.seq, n_kv, -1):
             raise RuntimeFault(f"MTP: llama_memory_seq_rm refused to trim the draft KV to {n_kv}")
         self.n_kv = n_kv
 
@@ -168,8 +185,8 @@ cdef class MtpHead:
             return out
         cdef int pos0 = self.n_kv, i = 0, j, best
         self.ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
-        if pos0 + k > self.ctx.n_ctx:
-            raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.ctx.n_ctx}")
+        if pos0 + k > self.cells:
+            raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.cells}")
         if anchor < 0 or anchor >= self.n_vocab:
             raise CapacityError(f"MTP draft: anchor {anchor} outside [0, {self.n_vocab})")
         cdef int32_t rc = 0, tok = anchor, fr = self.fr
@@ -188,7 +205,7 @@ cdef class MtpHead:
             with nogil:
                 for i in range(k):
                     self.batch.clear_c()
-                    rc = self.batch.add_token_c(tok, pos0 + i, h, w, True)
+                    rc = self.batch.add_token_seq_c(tok, pos0 + i, self.seq, h, w, True)
                     if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                         st.op = RC_OP_BATCH
                         st.rc = rc
@@ -199,7 +216,9 @@ cdef class MtpHead:
                     t0 = clock_ns()
                     st.rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
                     llama_synchronize(self.ctx.ptr)
-                    self.ctx.compute_ns += clock_ns() - t0
+                    t0 = clock_ns() - t0
+                    self.ctx.compute_ns += t0
+                    self.compute_ns += t0
                     if rc_translate(st.op, st.rc) != RC_OK:
                         break
                     h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
@@ -229,5 +248,128 @@ cdef class MtpHead:
                 rc_raise(st.op, st.rc, f"MTP draft pass {i}")
         finally:
             self.batch.clear_c()
-            llama_memory_seq_rm(self.ctx.mem, 0, pos0, -1)  # the draft chain never stays in the KV
+            llama_memory_seq_rm(self.ctx.mem, self.seq, pos0, -1)  # the draft chain never stays in the KV
         return out
+
+
+def draft_many(list heads, anchors, ks):
+    """:meth:`MtpHead.draft` for several heads of one context at once: draft step ``i`` decodes, in
+    one pass, token ``i`` of every head that drafts more than ``i`` tokens (a head asking for fewer
+    leaves early), each at its own sequence and position with its own hidden row, and reads each
+    head's rows by the index its entry got in that pass. Returns one id array per head, each what its
+    own :meth:`MtpHead.draft` returns (the same rows: one KV stream per sequence and batch-invariant
+    kernels), and the number of passes run. Every head's draft chain leaves its KV again, also on a
+    failure; each head's ``compute_ns`` gains the compute of every pass it took part in."""
+    cdef Py_ssize_t n = len(heads), j
+    if n == 0:
+        return [], 0
+    cdef MtpHead head, first = heads[0]
+    cdef Context ctx = first.ctx
+    ctx._alive()
+    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, at
+    cdef vector[const float *] h
+    cdef vector[int32_t *] out
+    cdef vector[int64_t] spent
+    cdef list result = []
+    cdef cnp.ndarray[int32_t, ndim=1] arr
+    cdef int kmax = 0
+    cdef set seen = set()
+    for j in range(n):
+        head = heads[j]
+        if head.ctx is not ctx:
+            raise RuntimeFault("MTP draft_many: the heads belong to different contexts")
+        if head.seq in seen:
+            raise RuntimeFault(f"MTP draft_many: sequence {head.seq} asked twice in one draft pass")
+        seen.add(head.seq)
+        a, k = int(anchors[j]), int(ks[j])
+        if k < 1:
+            raise CapacityError(f"MTP draft_many: head {j} asks for {k} tokens; ask only heads that draft")
+        if head.n_kv + k > head.cells:
+            raise CapacityError(f"MTP draft: positions up to {head.n_kv + k} overflow the context {head.cells}")
+        if a < 0 or a >= head.n_vocab:
+            raise CapacityError(f"MTP draft: anchor {a} outside [0, {head.n_vocab})")
+        arr = np.empty(k, dtype=np.int32)
+        result.append(arr)
+        out.push_back(&arr[0])
+        tok.push_back(a)
+        kk.push_back(k)
+        pos0.push_back(head.n_kv)
+        seqs.push_back(head.seq)
+        fr.push_back(head.fr)
+        h.push_back(&head.pending[0])
+        idx.push_back(-1)
+        at.push_back(0)
+        spent.push_back(0)
+        kmax = max(kmax, k)
+    cdef BatchExt batch = first.batch
+    cdef size_t w = first.n_embd
+    cdef int i = 0, m, r, c, best
+    cdef int32_t rc = 0
+    cdef rc_status st
+    st.op = RC_OP_DECODE
+    st.rc = 0
+    cdef const float * row
+    cdef float v
+    cdef int * abort_flag = ctx.abort_flag
+    cdef int64_t t0
+    cdef int passes = 0
+    try:
+        with nogil:
+            for i in range(kmax):
+                batch.clear_c()
+                for j in range(n):
+                    idx[j] = -1
+                    if kk[j] > i:
+                        rc = batch.add_token_seq_c(tok[j], pos0[j] + i, seqs[j], h[j], w, True)
+                        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                            st.op = RC_OP_BATCH
+                            st.rc = rc
+                            break
+                        idx[j] = rc
+                if st.op == RC_OP_BATCH:
+                    break
+                if abort_flag[0]:
+                    st.rc = 2  # as llama.cpp reports an abort
+                    break
+                t0 = clock_ns()
+                st.rc = llama_process(ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
+                llama_synchronize(ctx.ptr)
+                t0 = clock_ns() - t0
+                ctx.compute_ns += t0
+                passes += 1
+                for j in range(n):
+                    if idx[j] >= 0:
+                        spent[j] += t0
+                if rc_translate(st.op, st.rc) != RC_OK:
+                    break
+                for j in range(n):
+                    if idx[j] < 0:
+                        continue
+                    h[j] = llama_get_embeddings_nextn_ith(ctx.ptr, idx[j])
+                    row = llama_get_logits_ith(ctx.ptr, idx[j])
+                    if row == NULL or h[j] == NULL:
+                        st.op = RC_OP_OUTPUT
+                        st.rc = -1
+                        break
+                    best = 0
+                    v = row[0]
+                    for c in range(1, fr[j]):
+                        if row[c] > v:
+                            v = row[c]
+                            best = c
+                    tok[j] = best
+                    out[j][i] = best
+                if st.op == RC_OP_OUTPUT:
+                    break
+        if rc_translate(st.op, st.rc) != RC_OK:
+            if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
+                abort_flag[0] = 0
+            rc_raise(st.op, st.rc, f"MTP batched draft pass {i}")
+    finally:
+        batch.clear_c()
+        for j in range(n):
+            head = heads[j]
+            head.compute_ns += spent[j]
+            head.passes += min(passes, kk[j])
+            llama_memory_seq_rm(ctx.mem, seqs[j], pos0[j], -1)  # no draft chain stays in any KV
+    return result, passes
