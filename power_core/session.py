@@ -289,8 +289,10 @@ class _LanePlans:
                       for m, t in zip(modes, takes, strict=True))
         names = [str(p.strategy.name) for p in plans]
         if MODE_AUTO in modes:
+            # a listed strategy that auto picked runs in auto's lane: one proposer per strategy on a sequence
             auto = modes.index(MODE_AUTO)
-            return cls(plans=plans, auto=auto, auto_reason=plans[auto].selection.reason)
+            kept = tuple(p for i, p in enumerate(plans) if i == auto or modes[i] != names[auto])
+            return cls(plans=kept, auto=kept.index(plans[auto]), auto_reason=plans[auto].selection.reason)
         first = plans[0]
         chosen = select(plugins, PowerConfig.from_mapping(base.to_dict(), spec_mode=MODE_AUTO),
                         model=first.request.model, draft=draft, only=frozenset(names))
@@ -455,7 +457,8 @@ class Session:
         ``cache_prompt`` on). ``strategies`` (``spec_mode`` values, e.g. ``["mtp", "suffix", "off"]``):
         one lane per strategy on the one target, the first the default, instead of ``spec_mode``'s
         one; a request picks its own (:meth:`start`'s ``strategy``). ``draft`` goes to the strategies
-        that need one (and ``auto``); strategy keys go to the strategies that own them."""
+        that need one (and ``auto``); strategy keys go to the strategies that own them. A listed
+        strategy that a listed ``auto`` picks runs in auto's lane (no second proposer of one kind)."""
         lanes = cls._plans(config, model, draft, backend, plugins, _with_cache(overrides, prompt_cache), strategies)
         plan = lanes.plans[0]
         request = _target_request(lanes.plans)
