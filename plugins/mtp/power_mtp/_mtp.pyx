@@ -48,6 +48,7 @@ cdef class MtpHead:
     cdef float[:, ::1] rows
     cdef int32_t[::1] toks
     cdef readonly bint staged  # the last observed batch is copied but not yet in the KV
+    cdef readonly int deferred  # kept rows of the staged batch whose pairs the next draft pass decodes first
     cdef readonly int n_rows  # rows of the last observed batch
     cdef readonly int start  # position of that batch's first token
     cdef readonly int n_kv  # positions filled in the MTP KV (0..n_kv-1)
@@ -82,6 +83,7 @@ cdef class MtpHead:
         self.start = 0
         self.n_kv = 0
         self.staged = False
+        self.deferred = 0
 
     def observe(self, tokens, h, bint defer=False) -> None:
         """One target batch (``tokens`` and their ``h_nextn`` rows) at positions ``n_kv..``.
@@ -100,6 +102,7 @@ cdef class MtpHead:
                                f"{n}x{self.n_embd}")
         if n > self.rows.shape[0]:
             raise CapacityError(f"MTP observe: a batch of {n} tokens exceeds the MTP context batch {self.rows.shape[0]}")
+        self.flush()  # a round that drafted nothing: the kept pairs of the last one go in first
         if self.n_kv + n > self.cells:
             raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.cells}")
         cdef size_t w = self.n_embd
@@ -112,43 +115,62 @@ cdef class MtpHead:
         if not defer:
             self._fill(n)
 
-    cdef int _fill(self, int m) except -1:
-        """Decode the pairs ``(token_i, h_{i-1})`` of the first ``m`` staged rows at ``start..``; the
-        first pairs with the boundary row; the last row becomes the new boundary."""
+    cdef int _add_fill(self, BatchExt batch, int m) except -1:
+        """Add the pairs ``(token_i, h_{i-1})`` of the first ``m`` staged rows at ``start..`` of its
+        sequence to ``batch`` (no outputs); the first pairs with the boundary row."""
         cdef int32_t rc = 0
         cdef int k = 0
         cdef size_t w = self.n_embd
         cdef const float * src
-        self.batch.clear_c()
         with nogil:
             for k in range(m):
                 if k == 0:
                     src = &self.pending[0]
                 else:
                     src = &self.rows[k - 1, 0]
-                rc = self.batch.add_token_seq_c(self.toks[k], self.start + k, self.seq, src, w, False)
+                rc = batch.add_token_seq_c(self.toks[k], self.start + k, self.seq, src, w, False)
                 if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
         if rc_translate(RC_OP_BATCH, rc) != RC_OK:
-            self.batch._fail(rc, w, k)
+            batch._fail(rc, w, k)
+        return 0
+
+    cdef void _filled(self, int m) noexcept:
+        """The first ``m`` staged pairs are in the KV: the last row becomes the new boundary."""
+        self.n_kv = self.start + m
+        memcpy(&self.pending[0], &self.rows[m - 1, 0], self.n_embd * sizeof(float))
+        self.staged = False
+        self.deferred = 0
+
+    cdef int _fill(self, int m) except -1:
+        """Decode the first ``m`` staged pairs (:meth:`_add_fill`) in a pass of their own."""
+        self.batch.clear_c()
+        self._add_fill(self.batch, m)
         cdef int64_t before = self.ctx.compute_ns
         try:
             self.ctx.process_c(self.batch, False)
+        except BaseException:
+            llama_memory_seq_rm(self.ctx.mem, self.seq, self.start, -1)  # nothing half-decoded stays
+            raise
         finally:
             self.compute_ns += self.ctx.compute_ns - before
-        self.n_kv = self.start + m
-        with nogil:
-            memcpy(&self.pending[0], &self.rows[m - 1, 0], w * sizeof(float))
-        self.staged = False
+        self._filled(m)
         return 0
 
+    def flush(self) -> None:
+        """Decode the deferred kept pairs now (they go first into whatever the head decodes next)."""
+        if self.deferred:
+            self._fill(self.deferred)
+
     def keep(self, int kept) -> None:
-        """Keep the first ``kept`` tokens of the last observed batch: their pairs are in the MTP KV
-        (decoded now when staged), nothing after them, and the boundary row is the last kept row."""
+        """Keep the first ``kept`` tokens of the last observed batch and nothing after them; the
+        boundary row becomes the last kept row. A staged verify pass's kept pairs are deferred: the
+        next draft decodes them first (for the heads of a batch, all in one pass), or :meth:`flush`."""
         if not 0 < kept <= self.n_rows:
             raise RuntimeFault(f"MTP keep: {kept} rows of a {self.n_rows}-row batch")
         if self.staged:
-            self._fill(kept)
+            self.staged = False
+            self.deferred = kept
         else:
             self.pending[:] = self.rows[kept - 1]
             self.trim(self.start + kept)
@@ -160,20 +182,35 @@ cdef class MtpHead:
         self.n_kv = n_kv
 
     def state(self):
-        """What a checkpoint needs: (n_kv, boundary row)."""
-        return self.n_kv, self.pending_array.copy()  # ndarray.copy: np.array over the memoryview costs more
+        """What a checkpoint needs: (n_kv, boundary row, the deferred pairs' tokens and rows or None)."""
+        # ndarray.copy: np.array over the memoryview costs more
+        if not self.deferred:
+            return self.n_kv, self.pending_array.copy(), None, None
+        m = self.deferred
+        return (self.n_kv, self.pending_array.copy(), np.asarray(self.toks)[:m].copy(),
+                np.asarray(self.rows)[:m].copy())
 
-    def set_state(self, int n_kv, pending) -> None:
-        """Back to a :meth:`state`: the KV is trimmed (the draft chain and any observed rows after
-        ``n_kv`` go) and the boundary row restored. The last batch's rows stay readable: the next
-        :meth:`keep` always follows a new :meth:`observe`, except in the prefill round, whose rows
-        no later batch has replaced."""
+    def set_state(self, state) -> None:
+        """Back to a :meth:`state`: the KV is trimmed (the draft chain, any observed rows after
+        ``n_kv`` and deferred pairs decoded since go), the boundary row restored, and the pairs that
+        were deferred then are deferred again. The last batch's rows stay readable otherwise: the
+        next :meth:`keep` always follows a new :meth:`observe`, except in the prefill round, whose
+        rows no later batch has replaced."""
+        n_kv, pending, toks, rows = state
         cdef const float[::1] src = np.ascontiguousarray(pending, dtype=np.float32)
         if src.shape[0] != self.n_embd:
             raise RuntimeFault(f"MTP set_state: a boundary row of {src.shape[0]} values; expected {self.n_embd}")
         self.trim(n_kv)
         self.pending[:] = src
         self.staged = False
+        self.deferred = 0
+        if toks is not None:
+            m = len(toks)
+            np.asarray(self.toks)[:m] = toks
+            np.asarray(self.rows)[:m] = rows
+            self.start = n_kv
+            self.n_rows = max(self.n_rows, m)
+            self.deferred = m
 
     def draft(self, int anchor, int k):
         """Greedy ``k`` tokens after ``anchor`` (at position ``n_kv``), each pass feeding back the
@@ -183,6 +220,7 @@ cdef class MtpHead:
         cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(max(k, 0), dtype=np.int32)
         if k <= 0:
             return out
+        self.flush()
         cdef int pos0 = self.n_kv, i = 0, j, best
         self.ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
         if pos0 + k > self.cells:
@@ -252,6 +290,38 @@ cdef class MtpHead:
         return out
 
 
+cdef int _flush_many(list heads) except -1:
+    """The deferred kept pairs of every head, decoded in one pass (a KV stream per sequence: each
+    sequence's rows are what its own pass gives); on a failure none of them stays in any KV."""
+    cdef MtpHead head, first = heads[0]
+    cdef list waiting = [h for h in heads if (<MtpHead>h).deferred]
+    if not waiting:
+        return 0
+    if len(waiting) == 1:
+        (<MtpHead>waiting[0]).flush()
+        return 0
+    cdef BatchExt batch = first.batch
+    cdef Context ctx = first.ctx
+    batch.clear_c()
+    cdef int64_t before = ctx.compute_ns, spent
+    try:
+        for head in waiting:
+            head._add_fill(batch, head.deferred)
+        ctx.process_c(batch, False)
+    except BaseException:
+        batch.clear_c()
+        for head in waiting:
+            llama_memory_seq_rm(ctx.mem, head.seq, head.start, -1)
+        raise
+    finally:
+        spent = ctx.compute_ns - before
+        for head in waiting:
+            head.compute_ns += spent
+    for head in waiting:
+        head._filled(head.deferred)
+    return 0
+
+
 def draft_many(list heads, anchors, ks):
     """:meth:`MtpHead.draft` for several heads of one context at once: draft step ``i`` decodes, in
     one pass, token ``i`` of every head that drafts more than ``i`` tokens (a head asking for fewer
@@ -266,6 +336,7 @@ def draft_many(list heads, anchors, ks):
     cdef MtpHead head, first = heads[0]
     cdef Context ctx = first.ctx
     ctx._alive()
+    _flush_many(heads)
     cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, at
     cdef vector[const float *] h
     cdef vector[int32_t *] out

@@ -10,9 +10,10 @@ loaded model (:class:`power_mtp._mtp.MtpHead`, Cython). Per round, exactly as ll
   hidden row; the draft chain is removed from the MTP KV again;
 * ``observe``: prompt chunks fill the MTP KV with ``(token_k, h_{k-1})`` pairs; a verify pass is
   staged (its rows copied);
-* ``commit``: the pairs of the kept tokens (anchor + accepted) go into the MTP KV and the
+* ``commit``: the pairs of the kept tokens (anchor + accepted) are due in the MTP KV and the
   boundary row becomes the last kept token's (``verify_h[n_accepted]``). llama.cpp decodes the
-  whole verify batch and trims the rejected rows; Power decodes only what stays;
+  whole verify batch and trims the rejected rows; Power decodes only what stays, right before the
+  next draft (for the requests of a batch, all of them in one pass);
 * ``restore``: KV length and boundary row of the checkpoint.
 
 The sequences of a shared-pass batch share one MTP context (:class:`MtpDraft`, one KV stream per
@@ -93,7 +94,7 @@ class MtpProposer:
         self.head.reset()
         self._prefill = True
 
-    def checkpoint(self) -> tuple[int, np.ndarray]:
+    def checkpoint(self) -> tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]:
         return self.head.state()
 
     def propose(self, ctx: ProposalContext) -> Proposal:
@@ -116,9 +117,8 @@ class MtpProposer:
         # round (round 0, no verify pass of its own) keeps the whole last prompt chunk
         self.head.keep(self.head.n_rows if self._prefill else n_accepted + 1)
 
-    def restore(self, checkpoint: tuple[int, np.ndarray]) -> None:
-        n_kv, pending = checkpoint
-        self.head.set_state(n_kv, pending)
+    def restore(self, checkpoint: tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]) -> None:
+        self.head.set_state(checkpoint)
 
     def compute_seconds(self) -> float:
         """Seconds inside llama.cpp's decode calls for this sequence (its own passes and every shared
