@@ -71,6 +71,11 @@ class Slot(Protocol):
     def strategy_name(self) -> str: ...
 
     @property
+    def strategy_names(self) -> tuple[str, ...]:
+        """The strategies a request on it may ask for (its lanes', and ``auto``)."""
+        ...
+
+    @property
     def max_block(self) -> int:
         """The widest verify block its rounds open (the anchor plus K proposals)."""
         ...
@@ -99,7 +104,7 @@ class Slot(Protocol):
     def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
               stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
               logprobs: int | None = None, tenant: str | None = None,
-              constraint: ConstraintSpec | None = None) -> Request[Any]: ...
+              constraint: ConstraintSpec | None = None, strategy: str | None = None) -> Request[Any]: ...
 
 
 SlotT = TypeVar("SlotT", bound=Slot)
@@ -280,7 +285,7 @@ class Engine(Generic[SlotT]):
 
     # -- admission ------------------------------------------------------------------------------------------
     def _fits(self, session: SlotT, strategy: str | None) -> bool:
-        return session.lost is None and not session.closed and (strategy is None or session.strategy_name == strategy)
+        return session.lost is None and not session.closed and (strategy is None or strategy in session.strategy_names)
 
     def reserve(self, *, strategy: str | None = None, prompt: np.ndarray | None = None,
                 tenant: str = "") -> Ticket[SlotT]:
@@ -294,7 +299,7 @@ class Engine(Generic[SlotT]):
         used most recently stay in their sequences longest. A waiting ticket gets the first
         sequence freed (first come, first served)."""
         if strategy is not None and not any(self._fits(s, strategy) for s in self.sessions):
-            have = sorted({s.strategy_name for s in self.sessions})
+            have = sorted({name for s in self.sessions for name in s.strategy_names})
             raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
         ticket: Ticket[SlotT] = Ticket(self, strategy)
         with self._cv:
@@ -433,7 +438,7 @@ class Engine(Generic[SlotT]):
         session = self.acquire(strategy=strategy, prompt=ids, tenant=tenant or "")
         try:
             return session.start(ids, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                                 logprobs=logprobs, tenant=tenant, constraint=constraint)
+                                 logprobs=logprobs, tenant=tenant, constraint=constraint, strategy=strategy)
         except BaseException:
             self.release(session)
             raise
