@@ -25,7 +25,7 @@ def test_public_facade_is_pinned():
         "PHASES", "AdapterFault", "ArtifactError", "ArtifactMismatch", "Backend", "CancelToken", "Cancelled",
         "CapacityError", "ChatTemplate", "ConfigError", "ConfigKey", "ConstraintError", "ConstraintSpec", "DecodeResult",
         "Generation", "Grammars", "OpenRequest", "OpenedModel",
-        "PluginError", "PowerConfig", "PowerError", "PromptCache", "PromptCacheStats", "Proposal", "ProposalContext", "Proposer", "ProposerCapabilities",
+        "PluginError", "PowerConfig", "PowerError", "PromptCache", "PromptCacheStats", "Proposal", "ProposalBatch", "ProposalContext", "Proposer", "ProposerCapabilities",
         "ProposerRequest",
         "Receipt", "RequestScope", "Result", "RoundOutcome", "RoundPlan", "RuntimeFault", "Scheduler", "Session", "SessionBusy", "StateLost",
         "Strategy", "StrategyNotFound", "StrategyNotInstalled", "Stream", "TargetCapabilities", "TargetRuntime",

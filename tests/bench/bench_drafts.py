@@ -3,8 +3,8 @@
 
 For each drafter (``mtp``: ``--spec-type draft-mtp`` on a tiny qwen35 + MTP fixture; ``dflash`` /
 ``dspark``: ``--spec-type draft-dflash`` / ``draft-dspark`` with a tiny draft of a qwen35 target;
-random weights written by the tests' helpers), both servers run side by side with four sequences
-(slots), K = ``--k`` and the same threads; then, ``--runs`` times with the order alternating:
+random weights written by the tests' helpers), both servers run with four sequences
+(slots), K = ``--k`` and the same threads, one server at a time and a fresh one per measurement; then, ``--runs`` times with the order alternating:
 1 client sending the four prompts one after the other, and 4 clients each sending one prompt at the
 same time (so every slot drafts). Reported per side: aggregate tok/s (completion tokens / makespan),
 p50 and p99 request latency, and the per-request draft acceptance at 1 and at 4 clients; the paired
@@ -43,6 +43,7 @@ PROMPTS = ("hello world, this is a test prompt for the speculative decoding benc
            "the quick brown fox jumps over the lazy dog and then the dog sleeps",
            "once upon a time there was a small model that proposed tokens to a large one",
            "def add(a, b): return a + b  # a tiny function that adds two numbers together")
+WARMUP = "a warm-up request that is not measured"
 SUITES = {"mtp": ("mtp", "draft-mtp"), "dflash": ("dflash", "draft-dflash"), "dspark": ("dspark", "draft-dspark")}
 
 
@@ -74,7 +75,7 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
                     r = c.post(url + "/v1/completions", json=body)
                     r.raise_for_status()
                     out = parse(r.json(), time.perf_counter() - t1)
-                    out["prompt"] = PROMPTS.index(body["prompt"])
+                    out["prompt"] = PROMPTS.index(body["prompt"]) if body["prompt"] in PROMPTS else -1
                     results[k].append(out)
                 spans.append((t0, time.perf_counter()))
         except BaseException as exc:  # reported after every thread ended
@@ -106,27 +107,33 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
             "-c", str(args.n_ctx * 4), "-np", "4", "--spec-type", spec_type, "--spec-draft-n-max", str(args.k),
             "--no-webui", *numerics_args]
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {"power": {1: [], 4: []}, "llama": {1: [], 4: []}}
-    with listening(power) as ps, listening(peer, env=env, announce=LLAMA_ANNOUNCE) as ls:
-        name = httpx.get(ps.base_url + "/models", timeout=60).json()["data"][0]["id"]
-        sides = {
-            "power": (ps.url, [{"model": name, "prompt": p, "max_tokens": args.tokens} for p in PROMPTS], _power_result),
-            "llama": (ls.url, [{"model": "peer", "prompt": p, "max_tokens": args.tokens, "temperature": 0, "top_k": 1,
-                                "seed": 0} for p in PROMPTS], _llama_result)}
-        for url, bodies, parse in sides.values():  # warm-up: one request each
-            _clients(url, bodies[:1], 1, parse)
-        for i in range(args.runs):
-            for clients in (1, 4):
-                order = ["power", "llama"] if i % 2 == 0 else ["llama", "power"]
-                for side in order:
-                    url, bodies, parse = sides[side]
-                    res = quiet.measure(lambda url=url, bodies=bodies, parse=parse, c=clients: _clients(url, bodies, c,
-                                                                                                        parse))
-                    for r in res["results"]:
-                        ref = refs[r["prompt"]]
-                        r["same_text"] = r["n"] == ref["n"] and r["text"] == ref["text"]
-                    raw[side][clients].append(res)
-                print(f"  {suite} run {i + 1}/{args.runs} c={clients}: power {raw['power'][clients][-1]['aggregate_tok_s']:.1f}"
-                      f" vs llama-server {raw['llama'][clients][-1]['aggregate_tok_s']:.1f} tok/s", flush=True)
+
+    def measure(side: str, clients: int) -> dict[str, Any]:
+        # one server at a time (an idle one's spinning threads would take the other's cores), fresh for each
+        # measurement (a server that learns across requests would copy an earlier answer), one warm-up request
+        if side == "power":
+            with listening(power) as s:
+                name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
+                bodies = [{"model": name, "prompt": p, "max_tokens": args.tokens} for p in PROMPTS]
+                _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _power_result)
+                return _clients(s.url, bodies, clients, _power_result)
+        with listening(peer, env=env, announce=LLAMA_ANNOUNCE) as s:
+            bodies = [{"model": "peer", "prompt": p, "max_tokens": args.tokens, "temperature": 0, "top_k": 1, "seed": 0}
+                      for p in PROMPTS]
+            _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _llama_result)
+            return _clients(s.url, bodies, clients, _llama_result)
+
+    for i in range(args.runs):
+        for clients in (1, 4):
+            order = ["power", "llama"] if i % 2 == 0 else ["llama", "power"]
+            for side in order:
+                res = quiet.measure(lambda side=side, clients=clients: measure(side, clients))
+                for r in res["results"]:
+                    ref = refs[r["prompt"]]
+                    r["same_text"] = r["n"] == ref["n"] and r["text"] == ref["text"]
+                raw[side][clients].append(res)
+            print(f"  {suite} run {i + 1}/{args.runs} c={clients}: power {raw['power'][clients][-1]['aggregate_tok_s']:.1f}"
+                  f" vs llama-server {raw['llama'][clients][-1]['aggregate_tok_s']:.1f} tok/s", flush=True)
     out: dict[str, Any] = {"mode": mode, "llama_server_spec_type": spec_type}
     for clients in (1, 4):
         cell: dict[str, Any] = {}
