@@ -232,7 +232,9 @@ cdef class BlockDraft:
         (each at its own positions ``n_kv(seq)..``; a sequence once) in one pass. Returns each block's
         first batch entry (``int32``): read its rows with ``ctx.logits_ith`` /
         ``ctx.embeddings_nextn_ith`` (llama.cpp maps entries to rows; never assume the blocks' order).
-        The pass counts on the compute clock of every sequence in it; :meth:`trim` removes the rows."""
+        The pass counts on the compute clock of every sequence in it; :meth:`trim` removes the rows.
+        Give the sequences in increasing order: llama.cpp computes a run of consecutive sequences'
+        KV streams in one ubatch, and starts another ubatch at every gap or step back."""
         cdef int32_t[::1] s = np.ascontiguousarray(seqs, dtype=np.int32)
         cdef int32_t[::1] a = np.ascontiguousarray(anchors, dtype=np.int32)
         cdef Py_ssize_t j, m = s.shape[0]

@@ -134,6 +134,7 @@ class SharedBlockDraft:
         if len(mine) == 1:
             alone.append(mine.pop()[0])
         if mine:
+            mine.sort(key=lambda m: m[1].seq)  # llama.cpp puts consecutive sequences' streams in one ubatch
             draft, n_block = self.draft, self.n_block
             seqs = [p.seq for _, p, _ in mine]
             marks = [draft.n_kv(seq) for seq in seqs]

@@ -129,6 +129,7 @@ class SharedDraftModel:
         if len(mine) == 1:
             alone.append(mine.pop()[0])
         if mine:
+            mine.sort(key=lambda m: m[1].seq)  # llama.cpp puts consecutive sequences' streams in one ubatch
             try:
                 drafted, passes = self._draft_all(mine)
             except BaseException:
