@@ -65,6 +65,8 @@ class Job:
     tenant: str = ""
     #: what the output must match (``response_format``, ``grammar``, ``json_schema``, tools)
     constraint: ConstraintSpec | None = None
+    #: the strategy the request asked for (its ``power.strategy``; ``None``: the server's default)
+    strategy: str | None = None
 
     def stop_now(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -114,6 +116,8 @@ class Metrics:
                                               registry=r)
         self.requests = Counter("power:request_success", "Finished requests by finish reason "
                                 "(stop, length, abort: cancelled, error: failed)", ["finished_reason"], registry=r)
+        self.by_strategy = Counter("power:requests_by_strategy", "Finished requests by the strategy that ran them "
+                                   "(power serve --mode a,b,c: each request's power.strategy)", ["strategy"], registry=r)
         self.prompt_tokens = Counter("power:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("power:generation_tokens", "Emitted tokens", registry=r)
         self.running = Gauge("power:num_requests_running", "Requests decoding in a slot", registry=r)
@@ -223,7 +227,7 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                             sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
-                            tenant=job.tenant, constraint=job.constraint)
+                            tenant=job.tenant, constraint=job.constraint, strategy=job.strategy)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise
@@ -279,4 +283,5 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     if reason is None:
         reason = "stop" if receipt.finish_reason == "stop" else "length"
     metrics.requests.labels(finished_reason=reason).inc()
+    metrics.by_strategy.labels(strategy=str(receipt.strategy["name"])).inc()
     return Outcome(tokens=gen.tokens, text=gen.text() or "", receipt=receipt, logprobs=gen.logprobs, error=error)
