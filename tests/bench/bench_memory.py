@@ -215,7 +215,10 @@ def _texts(run: dict[str, Any]) -> list[str]:
 def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], best: str) -> dict[str, Any]:
     agg = {k: [r["aggregate_tok_s"] for r in v] for k, v in raw.items()}
     out: dict[str, Any] = {"llama_server_types": screen, "llama_server_best": best,
-                           "aggregate_tok_s": {k: stats(v) for k, v in agg.items()}}
+                           "aggregate_tok_s": {k: stats(v) for k, v in agg.items()},
+                           # per run: each side's tok/s, and the share of the CPU other processes took meanwhile
+                           "runs": {k: [round(x, 2) for x in v] for k, v in agg.items()},
+                           "foreign_cpu": {k: [round(r.get("foreign_cpu", 0.0), 3) for r in v] for k, v in raw.items()}}
     mem = raw["power-memory"]
     for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory")):
         if other not in raw:
@@ -258,7 +261,9 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"{t} {v:.1f}" for t, v in c["llama_server_types"].items()),
                 f"- Power with memories / llama-server {c['llama_server_best']}: x{c['over_llama_server']['median']:.3f} "
                 f"(goal ≥ {GOAL_PEER}); identical texts: {c['identical_texts_vs_llama-server']}",
-                f"- median prompt tokens reused per request (first run): {c['prompt_reused_median']}"]
+                f"- median prompt tokens reused per request (first run): {c['prompt_reused_median']}",
+                "- CPU taken by other processes during each run (share, per side): " + "; ".join(
+                    f"{k} {v}" for k, v in c["foreign_cpu"].items())]
             if "over_no_memory" in c:
                 lines.append(f"- with / without memories: x{c['over_no_memory']['median']:.3f} (goal ≥ {GOAL_SELF}); "
                              f"identical texts: {c['identical_texts_vs_power-no-memory']}")

@@ -173,7 +173,7 @@ class SuffixIndex:
             if self.truncatable:
                 self._keys[L].extend(klist)
             prev.extend(before.tolist())
-            head.update(zip(klist, pos.tolist()))  # in order: the last position of a hash wins
+            head.update(zip(klist, pos.tolist(), strict=True))  # in order: the last position of a hash wins
 
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on (exactly as if they had never been appended)."""
