@@ -241,3 +241,183 @@ def test_a_failed_mtp_draft_batch_lets_each_request_draft_alone(mtp_targets, mon
     shared = _shared(cfg, model)
     assert calls["n"] >= 5
     _check(shared, solo, "mtp")
+
+
+# -- draft passes shared across requests (issue #32): one draft context per target, one pass per step ------
+DRAFT_KINDS = {**BLOCK_KINDS, "draft-model": {}}
+
+
+def _draft_for(tiny_dir: Path, target: Path, mode: str) -> Path:
+    """The draft file of ``mode``: a tiny DFlash-family draft, or for draft-model another tiny llama
+    (seeded apart, so some drafts are rejected)."""
+    from native_helpers import make_tiny
+
+    if mode == "draft-model":
+        return make_tiny(tiny_dir, "llama", seed=7, name="llama-seed7")
+    return make_tiny_draft(tiny_dir, target, name=f"llama-{mode}", **BLOCK_KINDS[mode])
+
+
+def _draft_stats(result) -> list[dict]:
+    return [r["stats"] for r in result.receipt.to_dict()["rounds"] if r.get("stats")]
+
+
+@pytest.mark.parametrize("mode", sorted(DRAFT_KINDS))
+def test_draft_passes_are_shared_by_concurrent_requests_and_propose_their_solo_drafts(tiny_dir, tiny_llama, mode):
+    """Four requests at once on four sequences: each round's drafts of every drafting request come from
+    one draft pass per step (a block draft: one pass; draft-model: at most K), and every request's
+    tokens and per-round proposals are its solo run's (widths cut by its own remaining budget)."""
+    draft = _draft_for(tiny_dir, tiny_llama, mode)
+    k = 5
+    cfg = PowerConfig(spec_mode=mode, spec_draft_max=k, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    jobs = [(PROMPTS[i], SAMPLING[i], mt) for i, mt in enumerate((40, 17, 29, 40))]
+    with Session.open(cfg, model=str(tiny_llama), draft=str(draft)) as s:
+        solo = [s.start(p, sampling=kw, max_tokens=mt).run() for p, kw, mt in jobs]
+    with Session.open_engine(4, cfg, model=str(tiny_llama), draft=str(draft)) as engine:
+        assert engine.probe is not None and engine.probe.identical, engine.probe
+        gens = [engine.submit(p, sampling=kw, max_tokens=mt) for p, kw, mt in jobs]
+        out: list = [None] * len(gens)
+
+        def go(i: int) -> None:
+            out[i] = engine.run(gens[i])
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(gens))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for i, (res, alone) in enumerate(zip(out, solo, strict=True)):
+        assert res is not None, i
+        assert res.tokens == alone.tokens, i
+        assert _proposals(res) == _proposals(alone), i
+    stats = [st for res in out for st in _draft_stats(res)]
+    batched = [st for st in stats if st["draft_batch"] == 4]
+    assert batched, stats  # the four requests drafted in shared passes
+    assert all(st["draft_passes"] <= k for st in batched), batched  # not 4 x K
+    if mode != "draft-model":
+        assert all(st["draft_passes"] == 1 for st in stats)  # one noise-block pass, shared or alone
+    solo_stats = [st for res in solo for st in _draft_stats(res)]
+    assert all(st["draft_batch"] == 1 for st in solo_stats)
+    # each request's draft clock counts the shared passes it took part in: the host split still adds up
+    for res in out:
+        t = res.receipt.timings
+        assert t["draft_compute_s"] > 0
+        assert t["target_compute_s"] + t["draft_compute_s"] + t["host_s"] == pytest.approx(t["decode_s"], abs=1e-9)
+
+
+@pytest.mark.parametrize("mode", sorted(DRAFT_KINDS))
+def test_mixed_widths_at_random_arrivals_propose_their_solo_drafts(tiny_dir, tiny_llama, mode):
+    """Eight requests over four sequences of two widths (``spec_draft_max`` 5 and 2: a block draft of
+    each width has a draft context of its own, draft-model's share one), arriving at random times with
+    budgets of their own, greedy and seeded: tokens and per-round proposals equal each one's solo run."""
+    draft = _draft_for(tiny_dir, tiny_llama, mode)
+    cfg = PowerConfig(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    widths = (5, 2, 5, 2)
+    layout = [SequenceSpec(mode, draft=str(draft), config={"spec_draft_max": w}) for w in widths]
+    rng = random.Random(32)
+    jobs = [(PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
+             rng.choice((9, 24, 40)), rng.uniform(0.0, 0.3)) for i in range(8)]
+    with Session.open_engine(4, cfg, model=str(tiny_llama), draft=str(draft), sequences=layout) as engine:
+        out: list = [None] * len(jobs)
+        width: list = [None] * len(jobs)
+
+        def go(i: int) -> None:
+            prompt, kw, mt, delay = jobs[i]
+            time.sleep(delay)
+            gen = engine.submit(prompt, sampling=kw, max_tokens=mt)
+            width[i] = gen.session.config.draft_max
+            out[i] = engine.run(gen)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for w in set(widths):
+        with Session.open(attrs.evolve(cfg, spec_draft_max=w), model=str(tiny_llama), draft=str(draft)) as s:
+            for i, (prompt, kw, mt, _) in enumerate(jobs):
+                if width[i] != w:
+                    continue
+                alone = s.start(prompt, sampling=kw, max_tokens=mt).run()
+                assert out[i].tokens == alone.tokens, (i, w)
+                assert _proposals(out[i]) == _proposals(alone), (i, w)
+    assert max(st["draft_batch"] for res in out for st in _draft_stats(res)) >= 2
+
+
+@pytest.mark.parametrize("mode", ["dflash", "draft-model"])
+def test_a_cancelled_and_a_faulted_request_leave_the_shared_draft_passes_of_the_others_unchanged(tiny_dir, tiny_llama,
+                                                                                                   mode):
+    draft = _draft_for(tiny_dir, tiny_llama, mode)
+    cfg = PowerConfig(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    prompts = PROMPTS[:4]
+    with Session.open(cfg, model=str(tiny_llama), draft=str(draft)) as s:
+        solo = [s.start(p).run() for p in prompts]
+    with Session.open_engine(4, cfg, model=str(tiny_llama), draft=str(draft)) as engine:
+        gens = [engine.submit(p) for p in prompts]
+        victim, faulty = gens[1], gens[2]
+        faulty.session.proposer = Flaky(faulty.session.proposer, fail_at=4)
+        results: list = [None] * len(gens)
+
+        def go(i: int) -> None:
+            try:
+                for k, _ in enumerate(engine.rounds(gens[i])):
+                    if gens[i] is victim and k == 3:
+                        victim.cancel.cancel()
+                results[i] = gens[i].result()
+            except (Cancelled, AdapterFault) as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(gens))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        # the two ended mid-draft; the sequences they leave draft their next requests' solo drafts again
+        again = [engine.submit(p) for p in prompts[1:3]]
+        redo: list = [None] * 2
+
+        def rerun(j: int) -> None:
+            redo[j] = engine.run(again[j])
+
+        threads = [threading.Thread(target=rerun, args=(j,)) for j in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert isinstance(results[1], Cancelled) and victim.receipt.status == "cancelled"
+    assert victim.tokens == solo[1].tokens[: len(victim.tokens)]
+    assert isinstance(results[2], AdapterFault) and faulty.receipt.status == "failed"
+    for i in (0, 3):
+        assert results[i].tokens == solo[i].tokens, i
+        assert _proposals(results[i]) == _proposals(solo[i]), i
+        assert max(st["draft_batch"] for st in _draft_stats(results[i])) >= 2
+    for j, i in enumerate((1, 2)):
+        assert redo[j].tokens == solo[i].tokens
+        assert _proposals(redo[j]) == _proposals(solo[i])
+
+
+@pytest.mark.parametrize("mode", ["dflash2", "draft-model"])
+def test_a_failed_shared_draft_pass_lets_each_request_draft_alone(tiny_dir, tiny_llama, mode, monkeypatch):
+    """A shared draft pass that ran and then failed leaves every proposer as it was (the noise rows
+    gone, draft-model's memory what it knows it holds): each request of it drafts alone that round,
+    and every output and proposal equals its solo run."""
+    from power_native.block import SharedBlockDraft
+    from power_native.draft import SharedDraftModel
+
+    draft = _draft_for(tiny_dir, tiny_llama, mode)
+    cfg = PowerConfig(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    kind = SharedDraftModel if mode == "draft-model" else SharedBlockDraft
+    real = kind.propose_many
+    calls = {"n": 0}
+
+    def flaky(self, asks):
+        calls["n"] += 1
+        got = real(self, asks)  # the shared passes run, then the batch fails
+        if calls["n"] in (2, 5):
+            raise ValueError("boom")
+        return got
+
+    solo = _solo(cfg, tiny_llama, draft)
+    monkeypatch.setattr(kind, "propose_many", flaky)
+    shared = _shared(cfg, tiny_llama, draft)
+    assert calls["n"] >= 5
+    _check(shared, solo, mode)

@@ -114,11 +114,11 @@ def test_open_llama_batch_closes_its_batch_when_a_late_step_fails(tiny_llama, co
     assert target._numerics._open == numerics
 
 
-def test_the_draft_model_proposer_closes_its_context_when_warm_up_fails(tiny_llama, contexts, monkeypatch):
+def test_the_draft_model_context_closes_when_warm_up_fails(tiny_llama, contexts, monkeypatch):
     model = target.load_model(tiny_llama, role="draft")
     monkeypatch.setattr(draft, "warm_up", _boom)
     with pytest.raises(Boom):
-        draft.DraftModelProposer(model, n_ctx=256, k_max=4, n_threads=2, warmup=True)
+        draft.SharedDraftModel(model, n_ctx=256, k_max=4, n_threads=2, warmup=True)
     assert contexts and all(_closed(c) for c in contexts)
 
 

@@ -379,6 +379,28 @@ cdef class Context:
             out[j] = self._view(llama_get_logits_ith(self.ptr, j - n), 1, self.n_vocab)[0]
         return out
 
+    def logits_ith(self, int first, int n):
+        """The logits rows of batch entries ``first..first+n-1`` of the last decode, each found by its
+        entry through llama.cpp's output mapping (``llama_get_logits_ith``), never by assuming the
+        entries' order: a read-only zero-copy ``(n, n_vocab)`` view when the rows lie in a row, else a
+        copy. For a pass holding several sequences' entries (a shared draft pass)."""
+        self._alive()
+        if self._owner.sampler != NULL:
+            raise RuntimeFault("logits_ith: greedy sampling runs in the graph (set_greedy): llama.cpp copies no "
+                               "logits rows to the host")
+        if self.n_outputs == 0:
+            raise RuntimeFault("logits_ith: no decode with outputs since the last change")
+        return _rows_ith(self, first, n, False)
+
+    def embeddings_nextn_ith(self, int first, int n):
+        """The ``h_nextn`` rows of batch entries ``first..first+n-1`` of the last decode
+        (``llama_get_embeddings_nextn_ith``: by output mapping when the tap is masked, by entry when
+        not), as :meth:`logits_ith` returns them."""
+        self._alive()
+        if not self._nextn_tap:
+            raise RuntimeFault("embeddings_nextn_ith: the nextn tap is not enabled; call set_embeddings_nextn")
+        return _rows_ith(self, first, n, True)
+
     def set_greedy(self, bint on) -> bool:
         """Sample every output row of sequence 0 in the graph (``on``) with its first maximum
         (numpy's ``argmax`` tie rule; see ``_sampling.pxi``), or stop. While on, llama.cpp copies only
@@ -606,3 +628,35 @@ cdef class Context:
     def has_ctx_other(self) -> bool:
         self._alive()
         return llama_get_ctx_other(self.ptr) != NULL
+
+
+cdef object _rows_ith(Context self, int first, int n, bint nextn):
+    """Context.logits_ith / embeddings_nextn_ith (a function, not a method: Context's C methods are
+    the ABI that plugin extensions compiled against _llama.pxd share)."""
+    cdef int width = llama_model_n_embd_out(self.model.ptr) if nextn else self.n_vocab
+    cdef float * head = NULL
+    cdef float * row
+    cdef bint contiguous = True
+    cdef list rows = []
+    cdef int j
+    if n < 1 or first < 0 or first + n > self._last_n_tokens:
+        raise RuntimeFault(f"rows of entries {first}..{first + n - 1} requested; the last decode had "
+                           f"{self._last_n_tokens} entries")
+    for j in range(n):
+        if nextn:
+            row = llama_get_embeddings_nextn_ith(self.ptr, first + j)
+        else:
+            row = llama_get_logits_ith(self.ptr, first + j)
+        if row == NULL:
+            raise RuntimeFault(f"no {'nextn' if nextn else 'logits'} row for batch entry {first + j}")
+        if j == 0:
+            head = row
+        elif row != head + <size_t>j * width:
+            contiguous = False
+        rows.append(<size_t>row)
+    if contiguous:
+        return self._view(head, n, width)
+    out = np.empty((n, width), dtype=np.float32)
+    for j in range(n):
+        out[j] = self._view(<float *><size_t>rows[j], 1, width)[0]
+    return out

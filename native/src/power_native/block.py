@@ -15,7 +15,12 @@ Everything but the readout lives here, once (``common/speculative.cpp``,
   always of the configured width (llama.cpp decodes ``n_max`` + 1 tokens whatever the remaining
   budget, so the non-causal block and its predictions do not depend on it), read out by the
   plugin's :class:`Readout` and cut to the round's ``k``; the noise rows leave the KV again;
-* ``restore`` trims the draft KV back to the round's checkpoint.
+* ``restore`` trims the draft KV back to the round's checkpoint;
+* one draft context serves every sequence of the target (its
+  :class:`~power_native.target.DraftPool`; a KV stream per sequence, each sequence's state its own):
+  concurrent requests are asked together (:meth:`SharedBlockDraft.propose_many`), their noise blocks
+  decoded in one pass, each read through its own batch entries (``common_speculative_draft`` over
+  llama.cpp's slots), so each proposal is the one its request would get alone.
 
 The three plugins differ only in their :class:`Readout` (and their validators).
 """
@@ -23,7 +28,7 @@ The three plugins differ only in their :class:`Readout` (and their validators).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -32,13 +37,13 @@ import numpy.typing as npt
 
 from power_core.artifacts.contracts import Verified
 from power_core.errors import ArtifactMismatch
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, Proposer, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 
 if TYPE_CHECKING:  # the extension loads when a proposer opens, not when a plugin registers
     from power_native import _llama
 
-__all__ = ["BlockRows", "Readout", "BlockDraftProposer", "open_block_draft", "target_features"]
+__all__ = ["BlockRows", "Readout", "SharedBlockDraft", "BlockDraftProposer", "open_block_draft", "target_features"]
 
 
 @attrs.frozen
@@ -85,54 +90,127 @@ def target_features(verified: Any) -> frozenset[str]:
     return frozenset(layer_feature(lid) for lid in layers)
 
 
-class BlockDraftProposer:
-    """The Proposer over one DFlash-family draft context; ``readout`` makes it v1, DFlash2 or DSpark."""
+#: what a proposal drafted alone reports (:attr:`Proposal.stats`): one draft pass, for itself
+_ALONE = {"draft_passes": 1.0, "draft_batch": 1.0}
 
-    def __init__(self, draft: _llama.BlockDraft, readout: Readout, *, target_layers: tuple[int, ...],
-                 n_max: int, in_graph: bool = False) -> None:
+
+class SharedBlockDraft:
+    """One DFlash-family draft context for every sequence of a target (held by its
+    :class:`~power_native.target.DraftPool`), and the :class:`~power_core.runtime.ProposalBatch` of
+    the proposers on it: :meth:`propose_many` decodes every asking sequence's noise block in one
+    pass, each at its own positions, and reads each block's rows by its own batch entries."""
+
+    def __init__(self, draft: _llama.BlockDraft, *, n_max: int, anchor_first: bool, outputs: bool,
+                 greedy: bool) -> None:
+        self.draft = draft
+        self.n_max = n_max
+        self.n_block = n_max if anchor_first else n_max + 1
+        #: noise rows output logits (DFlash v1, DSpark) or not (DFlash2 reads only the lattice)
+        self.outputs = outputs
+        #: the noise rows' ids from the draft's graph (Power's first-maximum sampler), no logits rows;
+        #: llama.cpp samples in the graph of a context of one sequence only
+        self.samples_in_graph = bool(greedy and draft.ctx.set_greedy(True))
+
+    def rows(self) -> BlockRows:
+        """The rows of the last noise block decoded alone (:meth:`_llama.BlockDraft.noise`)."""
+        c = self.draft.ctx
+        if self.samples_in_graph:
+            return BlockRows(logits=None, hidden=c.embeddings_nextn(), n_block=self.n_block, ids=c.sampled_ids())
+        return BlockRows(logits=c.logits() if self.outputs else None, hidden=c.embeddings_nextn(), n_block=self.n_block)
+
+    def propose_many(self, asks: Sequence[tuple[Proposer, ProposalContext]]) -> list[Proposal]:
+        """Every ask's proposal, the noise blocks of this draft's proposers in one decode (a lone one,
+        or a proposer of another draft, proposes alone); each exactly what its ``propose`` returns.
+        The blocks leave every sequence's KV again, also when the pass fails."""
+        out: list[Proposal] = [Proposal.none()] * len(asks)
+        mine: list[tuple[int, BlockDraftProposer, int]] = []
+        alone: list[int] = []
+        for i, (proposer, ctx) in enumerate(asks):
+            if isinstance(proposer, BlockDraftProposer) and proposer.shared is self:
+                if ctx.k > 0:
+                    mine.append((i, proposer, ctx.k))
+            else:
+                alone.append(i)
+        if len(mine) == 1:
+            alone.append(mine.pop()[0])
+        if mine:
+            mine.sort(key=lambda m: m[1].seq)  # llama.cpp puts consecutive sequences' streams in one ubatch
+            draft, n_block = self.draft, self.n_block
+            seqs = [p.seq for _, p, _ in mine]
+            marks = [draft.n_kv(seq) for seq in seqs]
+            stats = {"draft_passes": 1.0, "draft_batch": float(len(mine))}
+            try:
+                firsts = draft.noise_many(seqs, [asks[i][1].anchor for i, _, _ in mine], n_block, self.outputs)
+                c = draft.ctx
+                for (i, p, k), first in zip(mine, firsts.tolist(), strict=True):
+                    rows = BlockRows(logits=c.logits_ith(first, n_block) if self.outputs else None,
+                                     hidden=c.embeddings_nextn_ith(first, n_block), n_block=n_block)
+                    out[i] = Proposal(np.asarray(p.readout(rows, min(k, self.n_max)), dtype=np.int32), stats=stats)
+            except BaseException:
+                self._trim(seqs, marks, quiet=True)
+                raise
+            self._trim(seqs, marks, quiet=False)
+        for i in alone:
+            proposer, ctx = asks[i]
+            out[i] = proposer.propose(ctx)
+        return out
+
+    def _trim(self, seqs: list[int], marks: list[int], *, quiet: bool) -> None:
+        """Remove the noise rows from every sequence (each one tried); the first failure raises unless ``quiet``."""
+        failure: BaseException | None = None
+        for seq, mark in zip(seqs, marks, strict=True):
+            try:
+                self.draft.trim(seq, mark)
+            except BaseException as exc:  # trim the others still
+                failure = failure or exc
+        if failure is not None and not quiet:
+            raise failure
+
+    def close(self) -> None:
+        self.draft.ctx.close()
+
+
+class BlockDraftProposer:
+    """The Proposer of one sequence on a DFlash-family draft context (:class:`SharedBlockDraft`, its
+    sequence ``seq``); ``readout`` makes it v1, DFlash2 or DSpark."""
+
+    def __init__(self, shared: SharedBlockDraft, seq: int, readout: Readout, *, target_layers: tuple[int, ...]) -> None:
         from power_native.target import layer_feature
 
-        self.draft = draft
+        self.shared = shared
+        self.draft = shared.draft
+        self.seq = seq
         self.readout = readout
-        #: the noise rows' ids from the draft's graph (Power's first-maximum sampler), no logits rows
-        self.samples_in_graph = bool(in_graph and readout.outputs and readout.argmax_only
-                                     and draft.ctx.set_greedy(True))
+        self.samples_in_graph = shared.samples_in_graph
         self.layers = tuple(layer_feature(lid) for lid in target_layers)
         self.features = frozenset(self.layers)
-        self.n_max = n_max
-        self.n_block = n_max if readout.anchor_first else n_max + 1
-        self._outputs = bool(readout.outputs)
+        self.n_max = shared.n_max
+        self.n_block = shared.n_block
         self._start = 0  # position of the last observed batch's first token
         self._rows = 0  # tokens of the last observed batch
         self._prefill = True
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
-        self.draft.reset()
+        self.draft.reset(self.seq)
         self._start = self._rows = 0
         self._prefill = True
 
     def checkpoint(self) -> int:
-        return int(self.draft.n_kv)
+        return int(self.draft.n_kv(self.seq))
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         k = ctx.k
         if k <= 0:
             return Proposal.none()
-        draft = self.draft
-        pos0 = draft.n_kv
+        draft, seq, shared = self.draft, self.seq, self.shared
+        pos0 = draft.n_kv(seq)
         try:
-            draft.noise(ctx.anchor, self.n_block, self._outputs)
-            c = draft.ctx
-            if self.samples_in_graph:
-                rows = BlockRows(logits=None, hidden=c.embeddings_nextn(), n_block=self.n_block, ids=c.sampled_ids())
-            else:
-                rows = BlockRows(logits=c.logits() if self._outputs else None, hidden=c.embeddings_nextn(),
-                                 n_block=self.n_block)
-            props = np.asarray(self.readout(rows, k if k < self.n_max else self.n_max), dtype=np.int32)
+            draft.noise(seq, ctx.anchor, self.n_block, shared.outputs)
+            props = np.asarray(self.readout(shared.rows(), k if k < self.n_max else self.n_max), dtype=np.int32)
         finally:
-            draft.trim(pos0)  # the noise block never stays in the draft KV
-        return Proposal(props)
+            draft.trim(seq, pos0)  # the noise block never stays in the draft KV
+        return Proposal(props, stats=_ALONE)
 
     def observe(self, result: DecodeResult) -> None:
         try:
@@ -140,39 +218,39 @@ class BlockDraftProposer:
         except KeyError as exc:
             raise ArtifactMismatch(f"the target publishes no {exc.args[0]!r} rows; it must be opened with the "
                                    "strategy's target features", evidence=str(exc.args[0])) from None
-        draft = self.draft
-        self._start = draft.n_kv
+        draft, seq = self.draft, self.seq
+        self._start = draft.n_kv(seq)
         self._rows = result.tokens.shape[0]
         self._prefill = result.kind == "prompt"
         if self._prefill:
-            draft.inject(layers)
+            draft.inject(seq, layers)
         else:  # copied into the draft's staging rows: a replay decode may overwrite the target's before commit
-            draft.stage(layers)
+            draft.stage(seq, layers)
 
     def commit(self, n_accepted: int, emitted: TokenArray) -> None:
         # a verify pass [anchor, p1..pk] keeps the anchor's and the accepted proposals' features; the
         # prefill round (round 0) keeps the whole last prompt chunk, already injected
-        if self.draft.n_staged:
-            self.draft.inject_staged(n_accepted + 1)
+        if self.draft.n_staged(self.seq):
+            self.draft.inject_staged(self.seq, n_accepted + 1)
         else:
-            self.draft.trim(self._start + self._rows)
+            self.draft.trim(self.seq, self._start + self._rows)
 
     def restore(self, checkpoint: int) -> None:
-        self.draft.drop_staged()
-        self.draft.trim(int(checkpoint))
+        self.draft.drop_staged(self.seq)
+        self.draft.trim(self.seq, int(checkpoint))
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the draft context (``ProposerCapabilities.compute_seconds``)."""
-        return float(self.draft.ctx.compute_ns) * 1e-9
+        """Seconds inside llama.cpp's decodes of this sequence on the draft context: its injections and
+        every noise decode holding its block (``ProposerCapabilities.compute_seconds``)."""
+        return float(self.draft.compute_ns(self.seq)) * 1e-9
 
     @property
     def capabilities(self) -> ProposerCapabilities:
-        """Argmax drafts (from the draft context's graph or its rows), the draft context's compute clock, and a close."""
+        """Argmax drafts (from the draft context's graph or its rows), its compute clock, and the draft
+        batch it is asked in with the other sequences on its draft context (which the target's draft
+        pool closes, not the proposer)."""
         return ProposerCapabilities(samples_in_graph=self.samples_in_graph, compute_seconds=self.compute_seconds,
-                                    close=self.close)
-
-    def close(self) -> None:
-        self.draft.ctx.close()
+                                    batch=self.shared)
 
 
 def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model, Any], Readout]) -> BlockDraftProposer:
@@ -204,16 +282,31 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     limit = block if anchor_first else block - 1
     n_max = min(req.config.draft_max, limit)
     n_block = n_max if anchor_first else n_max + 1
-    ctx = _llama.Context(model, n_ctx=target.cells, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
-                         n_outputs_max=max(n_block, 1), ctx_other=tctx,
-                         n_threads=req.config.n_threads or os.cpu_count(), flash_attn=req.config.flash_attn)
-    try:
-        ctx.set_embeddings_nextn(True, readout.outputs)  # masked rows follow the outputs; DFlash2: all rows
-        ctx.set_causal_attn(backbone.causal)
-        draft = _llama.BlockDraft(ctx, len(layers), model.mask)
-        return BlockDraftProposer(draft, readout, target_layers=layers, n_max=n_max,
-                                  in_graph=draft_graph_sampling(req.config, placed.draft_gpu_layers != 0))
-    except BaseException:
-        ctx.close()
-        raise
+    outputs = bool(readout.outputs)
+    greedy = bool(outputs and readout.argmax_only
+                  and draft_graph_sampling(req.config, placed.draft_gpu_layers != 0))
+    n_threads = req.config.n_threads or os.cpu_count()
+    flash_attn = req.config.flash_attn
 
+    def make(n_seq: int) -> SharedBlockDraft:
+        # one KV stream per sequence (a sequence's rows never depend on its neighbours'), each of the
+        # target sequence's cells; a pass holds every sequence's block, injections keep the solo chunking
+        width = max(n_seq * n_block, 1)
+        ctx = _llama.Context(model, n_ctx=target.cells * n_seq, n_batch=max(tctx.n_batch, width),
+                             n_ubatch=max(tctx.n_ubatch, width), n_rs_seq=0, n_outputs_max=width, ctx_other=tctx,
+                             n_threads=n_threads, flash_attn=flash_attn, n_seq_max=n_seq,
+                             kv_unified=False if n_seq > 1 else None)
+        try:
+            ctx.set_embeddings_nextn(True, outputs)  # masked rows follow the outputs; DFlash2: all rows
+            ctx.set_causal_attn(backbone.causal)
+            draft = _llama.BlockDraft(ctx, len(layers), model.mask, n_seq, tctx.n_ubatch)
+            return SharedBlockDraft(draft, n_max=n_max, anchor_first=anchor_first, outputs=outputs, greedy=greedy)
+        except BaseException:
+            ctx.close()
+            raise
+
+    # every setting that changes what the draft context computes (the readouts' own, e.g. p_min, do not)
+    key = ("block", os.path.realpath(req.draft), placed.draft_gpu_layers, tuple(placed.draft_devices), n_max,
+           anchor_first, outputs, backbone.causal, greedy, n_threads, flash_attn)
+    shared = target.drafts.shared(key, make, SharedBlockDraft)
+    return BlockDraftProposer(shared, target.seq_id, readout, target_layers=layers)
