@@ -59,19 +59,19 @@ def _require_file(path: str) -> None:
 
 
 def _describe(view: Any) -> dict[str, Any]:
-    from power_core.artifacts.contracts import classify_draft, mtp_evidence
+    from power_core.artifacts.contracts import DFLASH_ARCH, EAGLE3_ARCH, classify_draft, mtp_evidence
     from power_core.artifacts.identity import vocab_digest
     from power_core.errors import ArtifactError
 
     info = view.summary()
     mech: dict[str, Any] = {}
-    if view.architecture in ("dflash", "eagle3"):
+    if view.architecture in (DFLASH_ARCH, EAGLE3_ARCH):
         try:
             contract, found = classify_draft(view)
             mech = {"draft_contract": contract, "evidence": found}
         except ArtifactError as exc:
             mech = {"draft_contract": None, "code": exc.code, "evidence": exc.evidence}
-        if view.architecture == "eagle3":
+        if view.architecture == EAGLE3_ARCH:
             mech.update(_eagle3_facts(view))
     elif (ev := mtp_evidence(view)) is not None:
         mech = {"mtp": True, "evidence": ev}

@@ -12,11 +12,17 @@ import numpy as np
 def make_tiny_eagle3(out_dir: Path, target: Path, *, name: str = "eagle3", layers: tuple[int, int, int] | None = None,
                      borrow: bool = False, d2t: int | None = None, n_embd: int | None = None,
                      norm_before_residual: bool | None = None, norm_before_fc: bool | None = None,
-                     seed: int = 11) -> Path:
+                     seed: int = 11, echo: bool = False) -> Path:
     """An EAGLE3 draft for ``target``: ``layers`` (default ``(0, n/2, n-1)``), ``borrow``: no
     ``token_embd``/``output`` (inherited through ``ctx_other``), ``d2t``: that many output rows
     scattered onto a random permutation of target ids, ``n_embd``: the draft's width (default the
-    target's), the two norm flags as the converter writes them."""
+    target's), the two norm flags as the converter writes them.
+
+    ``echo``: a draft that repeats the anchor, so a target that repeats tokens accepts its proposals
+    (random tiny drafts are never accepted, and the kept-rows path needs acceptances): ``fc`` passes the
+    third tap (the target's final hidden state, ``layers[2]`` = its layer count) through as ``g``, the
+    attention output and the FFN are zero, so the pre-norm state is ``g`` and the inherited output
+    (``borrow``) reads the target's own prediction at the anchor's position, the anchor."""
     from power_core.artifacts import synthetic
 
     r = gguf.GGUFReader(str(target))
@@ -50,6 +56,13 @@ def make_tiny_eagle3(out_dir: Path, target: Path, *, name: str = "eagle3", layer
             np_shape = tuple(reversed(shape))
             spec.data[tname] = (np.ones(np_shape) if "norm" in tname
                                 else rng.standard_normal(np_shape) / np.sqrt(shape[0])).astype(np.float32)
+    if echo:
+        n = n_embd or n_embd_t
+        fc = np.zeros((n, 3 * n_embd_t), dtype=np.float32)
+        fc[:, 2 * n_embd_t:] = np.eye(n, n_embd_t, dtype=np.float32)
+        spec.data["fc.weight"] = fc
+        for zero in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
+            spec.data[zero] = np.zeros_like(spec.data[zero])
     path = out_dir / f"{name}.gguf"
     spec.write(path)
     return path
