@@ -80,11 +80,12 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_from_args(args: argparse.Namespace):
+def _config_from_args(args: argparse.Namespace, mode: str | None = None):
+    """The configuration the flags (and ``--config``) give; ``mode``: its ``spec_mode`` instead of ``--mode``."""
     from power_core.config import PowerConfig
 
     overrides: dict[str, Any] = {
-        "spec_mode": args.mode,
+        "spec_mode": mode or args.mode,
         "spec_draft_max": args.draft_max,
         "spec_mtp_recurrent_snapshots": args.snapshots,
         "max_tokens": args.max_tokens,
@@ -343,11 +344,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_flags(r: argparse.ArgumentParser) -> None:
+def _model_flags(r: argparse.ArgumentParser, *, several_modes: bool = False) -> None:
     """The model, strategy and configuration flags ``run`` and ``serve`` share."""
     r.add_argument("--model", help="GGUF file, or reference[:k=v,...]; default: the embedded SmolLM2")
     r.add_argument("--draft", help="draft artifact for strategies that need one")
-    r.add_argument("--mode", help="spec_mode: off | auto | an installed strategy (power plugins lists them)")
+    r.add_argument("--mode", help="spec_mode: off | auto | an installed strategy (power plugins lists them)" + (
+        "; or several, comma-separated (e.g. mtp,suffix,off): every slot runs each, a request picks one with "
+        "its power.strategy, the first is the default" if several_modes else ""))
     r.add_argument("--backend", help="force a backend (llama, reference)")
     r.add_argument("--chat-template", metavar="FILE",
                    help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
@@ -426,6 +429,19 @@ def _chat_template(args: argparse.Namespace) -> str | None:
         raise ConfigError("chat_template", args.chat_template, "a readable UTF-8 Jinja file", str(exc)) from None
 
 
+def _serve_strategies(mode: str | None) -> list[str] | None:
+    """``power serve --mode a,b,c``: the strategies every slot runs (the first is the default); one
+    name (or none): ``None``, the one ``spec_mode`` as ``power run`` takes it."""
+    if mode is None or "," not in mode:
+        return None
+    names = [m.strip() for m in mode.split(",")]
+    if not all(names) or len(set(names)) != len(names):
+        why = "an empty name" if not all(names) else "a strategy named twice"
+        raise ConfigError("spec_mode", mode, "strategy names separated by commas, each once (e.g. mtp,suffix,off)",
+                          f"--mode has {why}")
+    return names
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -450,13 +466,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"power serve: --port must be in [0, 65535], not {args.port}")
     if args.cache_ram < 0:
         raise UsageError(f"power serve: --cache-ram must be a number of MiB >= 0 (0: off), not {args.cache_ram}")
-    config = _config_from_args(args)
+    strategies = _serve_strategies(args.mode)
+    # several strategies: the configuration carries every one's keys (as under auto); each takes its own
+    config = _config_from_args(args, mode="auto" if strategies is not None else None)
     template = _chat_template(args)
     from power_core.memory import PromptCache
 
     cache = PromptCache.of_mib(args.cache_ram, share_tenants=args.cache_share_tenants)
     slots = open_sessions(config, args.parallel, batch=not args.no_batch, queue=args.queue, model=args.model,
-                          draft=args.draft, backend=args.backend, prompt_cache=cache)
+                          draft=args.draft, backend=args.backend, prompt_cache=cache, strategies=strategies)
     sessions = slots.sessions
     try:
         if sessions[0].opened.tokenizer is None:
@@ -529,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (pip install 'power-core[serve]'); "
                        "see docs/serving.md")
-    _model_flags(v)
+    _model_flags(v, several_modes=True)
     v.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; any other needs --api-key or --no-auth)")
     v.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port, announced on stderr)")

@@ -51,11 +51,11 @@ import attrs
 import numpy as np
 
 from power_core.constraint import ConstraintSpec
-from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
+from power_core.errors import AdapterFault, Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
 from power_core.receipt import Receipt
-from power_core.runtime import BatchItem, BatchRuntime, DecodeResult
+from power_core.runtime import BatchItem, BatchRuntime, DecodeResult, Proposal
 from power_core.scheduler import PassLoad
 from power_core.transaction import CancelToken, PendingRound, RoundRecord, TokenLogprob, Transaction
 
@@ -651,17 +651,14 @@ class Engine(Generic[SlotT]):
         if len(decoding) > 1:  # who chooses its width first rotates, so no request always sees the lightest pass
             turn = self._rr % len(decoding)
             decoding = decoding[turn:] + decoding[:turn]
-        for j, a in enumerate(decoding):
+        opened: list[tuple[_Active, PendingRound]] = []
+        for a in decoding:
             txn = a.gen.txn
             assert txn is not None
-            # the pass so far: the blocks opened before this one, at least the anchor of each one after,
-            # and the prompt chunks joining it (the cost-aware width weighs the whole pass)
-            others = sum(int(i.tokens.shape[0]) for i in items) + (len(decoding) - j - 1)
-            load = PassLoad(tokens=others + self._last_prefill, requests=len(decoding) - 1) if len(active) > 1 else None
             c0, t0 = a.gen.clock(), time.perf_counter()
             try:
-                pending = txn.open_round(load)
-            except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
+                pending = txn.begin_round()
+            except BaseException as exc:  # cancelled, or its checkpoint failed: only this request ends
                 a.gen.charge(c0, time.perf_counter() - t0, 0)
                 self._leave(a, exc)
                 continue
@@ -669,6 +666,24 @@ class Engine(Generic[SlotT]):
             if pending is None:  # finished (context full)
                 self._leave(a, None)
                 continue
+            opened.append((a, pending))
+        given, failed = self._ask_together(opened)
+        opened = [(a, p) for a, p in opened if id(p) not in failed]
+        for j, (a, pending) in enumerate(opened):
+            txn = a.gen.txn
+            assert txn is not None
+            # the pass so far: the blocks opened before this one, at least the anchor of each one after,
+            # and the prompt chunks joining it (the cost-aware width weighs the whole pass)
+            others = sum(int(i.tokens.shape[0]) for i in items) + (len(opened) - j - 1)
+            load = PassLoad(tokens=others + self._last_prefill, requests=len(opened) - 1) if len(active) > 1 else None
+            c0, t0 = a.gen.clock(), time.perf_counter()
+            try:
+                txn.offer(pending, given.get(id(pending)), load)
+            except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
+                a.gen.charge(c0, time.perf_counter() - t0, 0)
+                self._leave(a, exc)
+                continue
+            a.gen.charge(c0, time.perf_counter() - t0, 0)
             if not pending.needs_pass:  # round 0: its verify row came from the prefill
                 self._close(a, pending, None, 0.0)
                 continue
@@ -702,14 +717,7 @@ class Engine(Generic[SlotT]):
             results = self.runtime.decode_batch(items)
         except BaseException as exc:  # the shared pass failed: every round of it restores
             for a, pending in rounds:
-                failure: BaseException = exc
-                try:
-                    assert a.gen.txn is not None
-                    a.gen.txn.abort_round(pending, exc)
-                except BaseException as lost:  # noqa: BLE001 - its restore failed too: that ends it
-                    failure = lost
-                finally:
-                    self._leave(a, failure)
+                self._abort(a, pending, exc)
             for a, _ in chunks:
                 assert a.gen.txn is not None
                 a.gen.txn.target.reset()
@@ -741,6 +749,68 @@ class Engine(Generic[SlotT]):
             if a.remaining.shape[0] == 0:
                 txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
                 a.gen.prefill_done(time.perf_counter() - a.t0)
+
+    def _abort(self, a: _Active, pending: PendingRound, exc: BaseException) -> None:
+        """A failure outside the request's own round (a shared pass, a shared draft): its round restores
+        and it ends with ``exc`` (or with the restore's own failure)."""
+        failure: BaseException = exc
+        try:
+            assert a.gen.txn is not None
+            a.gen.txn.abort_round(pending, exc)
+        except BaseException as lost:  # noqa: BLE001 - its restore failed too: that ends it
+            failure = lost
+        finally:
+            self._leave(a, failure)
+
+    @staticmethod
+    def _asked(a: _Active) -> bool:
+        """Whether the request's proposer drafts in a :class:`~power_core.runtime.ProposalBatch`."""
+        return a.gen.txn is not None and a.gen.txn.proposer_caps.batch is not None
+
+    def _ask_together(self, opened: list[tuple[_Active, PendingRound]]) -> tuple[dict[int, Proposal], set[int]]:
+        """Ask the proposers that share a :class:`~power_core.runtime.ProposalBatch` (two or more
+        rounds of this pass) together: one draft pass per step for all of them. Returns each round's
+        proposal by ``id(pending)``, and the rounds (``id(pending)``) whose batch failed: those have
+        restored and their requests left. A lone asker proposes alone."""
+        groups: dict[int, list[tuple[_Active, PendingRound]]] = {}
+        for a, pending in opened:
+            if pending.ask is not None and self._asked(a) and not a.gen.cancel.cancelled:
+                assert a.gen.txn is not None
+                groups.setdefault(id(a.gen.txn.proposer_caps.batch), []).append((a, pending))
+        given: dict[int, Proposal] = {}
+        failed: set[int] = set()
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            first = members[0][0].gen.txn
+            assert first is not None and first.proposer_caps.batch is not None
+            batch = first.proposer_caps.batch
+            asks = []
+            for a, pending in members:
+                assert a.gen.txn is not None and a.gen.txn.proposer is not None and pending.ask is not None
+                asks.append((a.gen.txn.proposer, pending.ask))
+            clocks, t0 = [a.gen.clock() for a, _ in members], time.perf_counter()
+            try:
+                got = batch.propose_many(asks)
+                if not isinstance(got, list) or len(got) != len(members):
+                    raise AdapterFault(f"draft batch {type(batch).__name__}.propose_many returned "
+                                       f"{type(got).__name__} for {len(members)} asks; expected a list of one "
+                                       "Proposal per ask", proposer=type(batch).__name__, method="propose_many")
+            except BaseException as exc:  # the shared draft failed: every round of it restores
+                fault = exc if isinstance(exc, PowerError) or not isinstance(exc, Exception) else AdapterFault(
+                    f"draft batch {type(batch).__name__}.propose_many raised {type(exc).__name__}: {exc}; every "
+                    "round it drafted for restores", proposer=type(batch).__name__, method="propose_many")
+                seconds = time.perf_counter() - t0
+                for (a, pending), c0 in zip(members, clocks, strict=True):
+                    a.gen.charge(c0, seconds, 0)
+                    failed.add(id(pending))
+                    self._abort(a, pending, fault)
+                continue
+            seconds = time.perf_counter() - t0
+            for (a, pending), c0, proposal in zip(members, clocks, got, strict=True):
+                a.gen.charge(c0, seconds, 0)
+                given[id(pending)] = proposal
+        return given, failed
 
     def _close(self, a: _Active, pending: PendingRound, res: DecodeResult | None, seconds: float) -> None:
         txn = a.gen.txn

@@ -33,6 +33,7 @@ __all__ = [
     "ProposalContext",
     "Proposal",
     "ProposerCapabilities",
+    "ProposalBatch",
     "RequestScope",
     "Proposer",
     "BatchItem",
@@ -340,6 +341,27 @@ class RequestScope:
     tenant: str = ""
 
 
+@runtime_checkable
+class ProposalBatch(Protocol):
+    """Draft passes shared by the proposers of several sequences: one draft context holds a
+    sequence per request, and each draft step decodes every asking request's tokens in one pass
+    (llama.cpp's ``common_speculative_draft`` over its slots).
+
+    The proposers that can be asked together declare the same object as
+    :attr:`ProposerCapabilities.batch`; the engine then asks it once per shared target pass for
+    every request of the pass whose proposer declared it, instead of each proposer's ``propose``.
+    :meth:`propose_many` returns one :class:`Proposal` per ask, in order, each exactly what that
+    proposer's ``propose(ctx)`` returns alone (rows are addressed by each sequence's own positions,
+    never by where its tokens sit in the pass); a request that asks for fewer tokens leaves the
+    pass early. Each proposer's ``compute_seconds`` counts every shared draft pass it took part in,
+    as a shared target pass counts for every request in it. When it raises, every round it was
+    asked for restores (as after a failed shared target pass); the proposers' own state must then
+    be what it was before the call.
+    """
+
+    def propose_many(self, asks: Sequence[tuple[Proposer, ProposalContext]]) -> list[Proposal]: ...
+
+
 @attrs.frozen
 class ProposerCapabilities:
     """What a :class:`Proposer` can do beyond the protocol, declared once by the proposer (its
@@ -362,7 +384,9 @@ class ProposerCapabilities:
     * ``request_end()``: the request it served has finished (stop, ``max_tokens`` or the context),
       after its last ``commit``: what it committed is final (a proposer that learns across requests
       learns it now, not at the next ``begin``). Called once per finished request, never for one
-      that was cancelled or failed; an exception is logged, never the request's failure.
+      that was cancelled or failed; an exception is logged, never the request's failure;
+    * ``batch``: the :class:`ProposalBatch` that can ask it together with the proposers of the other
+      sequences of its target (the same object for all of them); ``None``: it drafts alone.
     """
 
     reads_target_rows: bool = False
@@ -371,6 +395,7 @@ class ProposerCapabilities:
     close: Callable[[], None] | None = _ability()
     request_scope: Callable[[RequestScope], None] | None = _ability()
     request_end: Callable[[], None] | None = _ability()
+    batch: ProposalBatch | None = attrs.field(default=None, eq=False)
 
     @classmethod
     def of(cls, proposer: Proposer) -> ProposerCapabilities:

@@ -15,7 +15,10 @@ Rules:
   ``power-mtp``) and whose validator passes; else target-only (``off``). The order is the strategies'
   own declaration, not names in the core. Never two draft mechanisms at once;
 * models that are not GGUF files (``None``, ``reference:...``) skip inspection; ``auto`` then means
-  ``off`` and an explicit mode is resolved by name.
+  ``off`` and an explicit mode is resolved by name;
+* ``only`` (a session that runs several strategies, e.g. ``power serve --mode mtp,suffix,off``): ``auto``
+  follows the same rules among those strategies alone (a draft, a manifest draft or a detected
+  strategy outside them is passed over); with none of them found, target-only.
 
 The :class:`Selection` carries the reason, which the session puts into the receipt.
 """
@@ -66,13 +69,15 @@ def _pick(sv: VerifiedArtifacts, strategy: Strategy, reason: str, draft: str | N
 
 
 def select(plugins: Any, config: Any, *, model: str | None, draft: str | None,
-           require_binding: bool | None = None, progress: bool | None = None) -> Selection:
+           require_binding: bool | None = None, progress: bool | None = None,
+           only: frozenset[str] | None = None) -> Selection:
     """Resolve ``config.spec_mode`` against the installed strategies and the files; fail closed.
 
     A draft bound to another target always fails. ``require_binding`` additionally refuses an
     unbound draft (``power bind`` creates the binding); ``None`` reads ``POWER_REQUIRE_BINDING``
     (``1``/``true`` = required, default not required). Drafts named in the model manifest are bound
-    through the manifest's digests. Raises :class:`~power_core.errors.PowerError` subclasses only.
+    through the manifest's digests. ``only``: the strategies ``auto`` may pick (``None``: any
+    installed). Raises :class:`~power_core.errors.PowerError` subclasses only.
     """
     if require_binding is None:
         require_binding = os.environ.get("POWER_REQUIRE_BINDING", "").strip().lower() in ("1", "true", "yes", "on")
@@ -90,7 +95,7 @@ def select(plugins: Any, config: Any, *, model: str | None, draft: str | None,
                          artifacts={"target": file_digest(model, progress=progress).sha256})
     if mode != "auto":
         return _select_explicit(plugins, config, mode, target, model, draft, require_binding, progress)
-    return _select_auto(plugins, config, target, model, draft, require_binding, progress)
+    return _select_auto(plugins, config, target, model, draft, require_binding, progress, only)
 
 
 def _select_by_name(plugins: Any, mode: str, draft: str | None, model: str | None) -> Selection:
@@ -133,15 +138,21 @@ def _check_manifest_digest(path: Any, sha: str, progress: bool | None) -> None:
 
 
 def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, draft: str | None,
-                 require_binding: bool, progress: bool | None) -> Selection:
-    if draft is not None:
-        contract, evidence = classify_draft(ArtifactView.from_gguf(draft))
+                 require_binding: bool, progress: bool | None, only: frozenset[str] | None = None) -> Selection:
+    def allowed(name: str) -> bool:
+        return only is None or name in only
+
+    contract, evidence = classify_draft(ArtifactView.from_gguf(draft)) if draft is not None else ("", "")
+    if draft is not None and allowed(contract):
         strategy = plugins.strategy(contract)  # the user gave a draft: a missing package fails closed
         sv = verify_artifacts(strategy, model, draft, config, require_binding=require_binding, target_view=target,
                               progress=progress)
         return _pick(sv, strategy, f"auto: draft {draft} is {contract} ({evidence}) and verified", draft)
     skipped: list[str] = []
     for entry in read_model_manifest(model):
+        if not allowed(entry.mode):
+            skipped.append(f"{entry.path} ({entry.mode}: not among this session's strategies)")
+            continue
         if entry.mode not in plugins.strategies:
             pkg = FIRST_PARTY_PACKAGES.get(entry.mode)
             skipped.append(f"{entry.path} ({entry.mode}: not installed{'; pip install ' + pkg if pkg else ''})")
@@ -161,7 +172,7 @@ def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, dr
         return _pick(sv, strategy, f"auto: manifest draft {entry.path} ({entry.mode}) verified", str(entry.path))
     note = f"; skipped manifest drafts: {', '.join(skipped)}" if skipped else ""
     reasons: list[str] = []
-    for strategy in sorted((s for s in plugins.strategies if s.auto_detect is not None),
+    for strategy in sorted((s for s in plugins.strategies if s.auto_detect is not None and allowed(s.name)),
                            key=lambda s: (s.auto_rank, s.name)):
         evidence = strategy.auto_detect(target)
         if evidence is None:

@@ -1,8 +1,11 @@
 """Sessions: load a target once, select a strategy, and run requests through the transaction.
 
-A :class:`Session` owns one opened target (via a backend plugin) and at most one proposer: Power
-never loads two draft mechanisms at once. Each request is a :class:`Generation`; when it is
-cancelled or fails, its committed tokens stay and :meth:`Generation.run` continues from them.
+A :class:`Session` owns one opened target (via a backend plugin) and one :class:`Lane` per strategy it
+runs: by default one (``spec_mode``), with at most one proposer; opened with ``strategies`` (``power
+serve --mode mtp,suffix,off``) one lane per strategy, each with its own proposer, and every request
+picks one (:meth:`Session.start`'s ``strategy``; the first lane is the default). Each request is a
+:class:`Generation`; when it is cancelled or fails, its committed tokens stay and
+:meth:`Generation.run` continues from them.
 
 Requests: :meth:`Session.generate` (a :class:`Result`), :meth:`Session.stream` (a
 :class:`~power_core.streaming.Stream` of committed text deltas), and :meth:`Session.chat` /
@@ -29,7 +32,7 @@ import numpy as np
 import pluggy
 
 from power_core.chat import ChatTemplate, template_for
-from power_core.config import SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig
+from power_core.config import MODE_AUTO, MODE_OFF, SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig, key_owners
 from power_core.constraint import Constraint, ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import (
@@ -65,7 +68,7 @@ from power_core.text import TextAssembler
 from power_core.tools import ToolPlan
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob, Transaction
 
-__all__ = ["RequestInfo", "Result", "Generation", "Session", "SessionBatch", "SequenceSpec", "SAMPLING_KEYS",
+__all__ = ["RequestInfo", "Result", "Generation", "Lane", "Session", "SessionBatch", "SequenceSpec", "SAMPLING_KEYS",
            "SEQUENCE_KEYS"]
 
 log = get_logger(__name__)
@@ -206,6 +209,125 @@ class _OpenPlan:
         return cls(config=config, plugins=plugins, backend=chosen, selection=selection, draft=draft, request=request)
 
 
+def _target_request(plans: Sequence[_OpenPlan]) -> OpenRequest:
+    """One target for every plan (the lanes of a session, the sequences of a batch): sized for the
+    widest block, with every tap and snapshot any of them reads."""
+    first = plans[0].request
+    return attrs.evolve(first, max_block=max(p.request.max_block for p in plans),
+                        snapshots=max(p.request.snapshots for p in plans),
+                        features=frozenset().union(*(p.request.features for p in plans)),
+                        verify_cost=any(p.request.verify_cost for p in plans))
+
+
+def _lane_overrides(config: PowerConfig, mode: str) -> dict[str, Any]:
+    """``config`` as the configuration of the lane that runs ``mode``: the strategy keys that configure
+    other strategies are left out (one configuration carries the keys of every strategy a session
+    runs, as under ``spec_mode = "auto"``), and a target-only lane has no adaptive controller."""
+    data = config.to_dict()
+    for name, _ in config.options:
+        if mode != MODE_AUTO and mode not in key_owners(name):
+            del data[name]
+    if mode == MODE_OFF:
+        data["spec_mtp_adaptive"] = False
+    data["spec_mode"] = mode
+    return data
+
+
+def _close_proposer(proposer: Proposer | None) -> None:
+    """Close ``proposer`` (its optional ``close()``); a foreign exception is an :class:`AdapterFault`."""
+    if proposer is None or (close := ProposerCapabilities.of(proposer).close) is None:
+        return
+    try:
+        close()
+    except PowerError:
+        raise
+    except Exception as exc:
+        name = type(proposer).__name__
+        raise AdapterFault(f"proposer {name}.close raised {type(exc).__name__}: {exc}; the target "
+                           "was closed anyway", proposer=name, method="close") from exc
+
+
+@attrs.frozen
+class _LanePlans:
+    """The plans of a session's lanes (:meth:`Session.open`'s ``strategies``) and which one ``auto`` runs."""
+
+    plans: tuple[_OpenPlan, ...]
+    #: the lane a request asking for ``auto`` runs in, and why
+    auto: int
+    auto_reason: str
+
+    @classmethod
+    def single(cls, plan: _OpenPlan) -> _LanePlans:
+        return cls(plans=(plan,), auto=0, auto_reason=plan.selection.reason)
+
+    @classmethod
+    def make(cls, config: PowerConfig | None, model: str | None, draft: str | None, backend: str | None,
+             plugins: PowerPlugins | None, overrides: Mapping[str, Any], strategies: Sequence[str]) -> _LanePlans:
+        """Select every strategy of ``strategies`` (``spec_mode`` values; the first is the default) on
+        one target. ``draft`` goes to the strategies that need one (and ``auto``). ``auto``: the lane
+        named ``auto``, else the one the library's ``auto`` rules pick among these strategies
+        (:func:`~power_core.selection.select`'s ``only``; target-only without an ``off`` lane: the default)."""
+        if isinstance(strategies, str) or not strategies or not all(isinstance(m, str) for m in strategies):
+            raise ConfigError("strategies", strategies, "a non-empty list of spec_mode values",
+                              "e.g. ['mtp', 'suffix', 'off']; the first is the default")
+        modes = list(strategies)
+        if len(set(modes)) != len(modes):
+            raise ConfigError("strategies", modes, "each strategy once")
+        base = PowerConfig.from_mapping(config.to_dict() if config else {}, **overrides)
+        plugins = plugins or get_plugins()
+        takes = [m == MODE_AUTO or (m != MODE_OFF and plugins.strategy(m).needs_draft) for m in modes]
+        if draft is not None and not any(takes):
+            raise ConfigError("draft", draft, "no draft, or a strategy among strategies that reads one (auto, or "
+                              "one that needs a draft)", f"none of {', '.join(modes)} reads a draft file")
+        plans = tuple(_OpenPlan.make(None, model, draft if t else None, backend, plugins, _lane_overrides(base, m))
+                      for m, t in zip(modes, takes, strict=True))
+        names = [str(p.strategy.name) for p in plans]
+        if MODE_AUTO in modes:
+            auto = modes.index(MODE_AUTO)
+            return cls(plans=plans, auto=auto, auto_reason=plans[auto].selection.reason)
+        first = plans[0]
+        chosen = select(plugins, PowerConfig.from_mapping(base.to_dict(), spec_mode=MODE_AUTO),
+                        model=first.request.model, draft=draft, only=frozenset(names))
+        if chosen.strategy.name in names:
+            return cls(plans=plans, auto=names.index(chosen.strategy.name), auto_reason=chosen.reason)
+        return cls(plans=plans, auto=0, auto_reason=f"{chosen.reason}; without an 'off' strategy, the default "
+                   f"{modes[0]!r}")
+
+
+@attrs.define(eq=False)
+class Lane:
+    """One strategy a session runs requests with: the configuration they start from (``spec_mode``
+    is the name it was asked for: a strategy's, or ``auto``), what selection proved, and the
+    strategy's proposer on this session's target (``None``: target-only). The proposer is read when
+    a request begins, so one replaced meanwhile (:attr:`Session.proposer`) is the one that runs."""
+
+    config: PowerConfig
+    selection: Selection
+    proposer: Proposer | None
+
+    @property
+    def mode(self) -> str:
+        """The name the lane was asked for (``spec_mode``)."""
+        return self.config.spec_mode
+
+    @property
+    def name(self) -> str:
+        """The strategy it runs (``auto``'s pick; ``off`` where ``require_identical`` turned it off)."""
+        return str(self.selection.strategy.name)
+
+    @property
+    def max_block(self) -> int:
+        """The widest verify block its rounds open: the anchor plus K proposals (1 target-only)."""
+        return self.config.draft_max + 1 if self.proposer is not None else 1
+
+    @property
+    def reuses_prompts(self) -> bool:
+        """Its requests keep the prefix of their prompt that the target already holds, or restore it
+        from the prompt cache (config ``cache_prompt``). Not when the proposer is fed from the target's
+        hidden states: it must observe the whole prompt's prefill."""
+        return self.config.cache_prompt and not (self.proposer is not None and self.proposer.features)
+
+
 @attrs.frozen
 class SequenceSpec:
     """One sequence of a shared-pass batch with a strategy of its own (:meth:`Session.open_batch`'s
@@ -241,14 +363,14 @@ class SessionBatch:
 
 @attrs.define(eq=False)
 class Session:
-    """One loaded target, one selected strategy, many requests."""
+    """One loaded target, its selected strategies (one :class:`Lane` each; the first is the
+    default), many requests."""
 
-    config: PowerConfig
     plugins: PowerPlugins
     backend: Backend
-    selection: Selection
     opened: OpenedModel
-    proposer: Proposer | None
+    #: the strategies its requests run with (one by default; :meth:`open`'s ``strategies``)
+    lanes: tuple[Lane, ...]
     stop_ids: frozenset[int]
     #: the batch-numerics self-test run at open (config ``selftest`` / ``require_identical``)
     numerics: SelftestReport | None = None
@@ -263,22 +385,79 @@ class Session:
     #: why the target's state was lost (a failed restore); the session then refuses requests
     _lost: str | None = attrs.field(default=None, init=False, repr=False)
     _chat_template: ChatTemplate | None = attrs.field(default=None, init=False, repr=False)
+    #: the lane a request asking for ``auto`` runs in (:meth:`lane`), and why
+    auto: int = 0
+    auto_reason: str = ""
+
+    @property
+    def config(self) -> PowerConfig:
+        """The default lane's configuration (the session's, with its strategy's ``spec_mode``)."""
+        return self.lanes[0].config
+
+    @property
+    def selection(self) -> Selection:
+        """The default lane's selection: which strategy, and why."""
+        return self.lanes[0].selection
+
+    @property
+    def proposer(self) -> Proposer | None:
+        """The default lane's proposer (``None``: target-only). Assigning one replaces it (e.g. a
+        recording wrapper in the conformance kit) for the requests started afterwards."""
+        return self.lanes[0].proposer
+
+    @proposer.setter
+    def proposer(self, value: Proposer | None) -> None:
+        self.lanes[0].proposer = value
+
+    def lane(self, strategy: str | None = None) -> Lane:
+        """The lane a request asking for ``strategy`` runs in: ``None`` the default (the first),
+        ``auto`` the one the library's ``auto`` rules pick among the session's strategies, else the
+        lane opened under that name or running that strategy. :class:`ConfigError` naming
+        ``strategy`` for one the session was not opened with."""
+        if strategy is None:
+            return self.lanes[0]
+        if strategy == MODE_AUTO:
+            return self.lanes[self.auto]
+        for lane in self.lanes:
+            if lane.mode == strategy:
+                return lane
+        for lane in self.lanes:
+            if lane.name == strategy:
+                return lane
+        raise ConfigError("strategy", strategy, f"one of this session's strategies ({', '.join(self.strategy_names)})",
+                          "a session runs the strategies it was opened with (power serve --mode a,b,c)")
+
+    @property
+    def strategy_names(self) -> tuple[str, ...]:
+        """The names a request may ask for: every lane's (as opened, then the strategy it runs, when
+        different), and ``auto``."""
+        names: list[str] = []
+        for lane in self.lanes:
+            for name in (lane.mode, lane.name):
+                if name not in names:
+                    names.append(name)
+        return (*names, MODE_AUTO) if MODE_AUTO not in names else tuple(names)
 
     @classmethod
     def open(cls, config: PowerConfig | None = None, *, model: str | None = None, draft: str | None = None,
              backend: str | None = None, plugins: PowerPlugins | None = None,
              stop_ids: frozenset[int] | None = None, prompt_cache: PromptCache | None = None,
-             **overrides: Any) -> Session:
+             strategies: Sequence[str] | None = None, **overrides: Any) -> Session:
         """Select, verify and load. Nothing stays loaded if any step fails. ``prompt_cache``: the
         :class:`~power_core.memory.PromptCache` its requests restore saved prompt states from and
         save theirs into (it may be shared with other sessions and engines; it turns
-        ``cache_prompt`` on)."""
-        plan = _OpenPlan.make(config, model, draft, backend, plugins, _with_cache(overrides, prompt_cache))
+        ``cache_prompt`` on). ``strategies`` (``spec_mode`` values, e.g. ``["mtp", "suffix", "off"]``):
+        one lane per strategy on the one target, the first the default, instead of ``spec_mode``'s
+        one; a request picks its own (:meth:`start`'s ``strategy``). ``draft`` goes to the strategies
+        that need one (and ``auto``); strategy keys go to the strategies that own them."""
+        lanes = cls._plans(config, model, draft, backend, plugins, _with_cache(overrides, prompt_cache), strategies)
+        plan = lanes.plans[0]
+        request = _target_request(lanes.plans)
 
         def load() -> Session:
-            opened = plan.backend.open(plan.request)
+            opened = plan.backend.open(request)
             try:
-                return cls._on(plan, opened, stop_ids, prompt_cache)
+                return cls._on(lanes, opened, stop_ids, prompt_cache)
             except BaseException:
                 opened.close()
                 raise
@@ -289,16 +468,22 @@ class Session:
     def open_batch(cls, n: int, config: PowerConfig | None = None, *, model: str | None = None,
                    draft: str | None = None, backend: str | None = None, plugins: PowerPlugins | None = None,
                    stop_ids: frozenset[int] | None = None, sequences: Sequence[SequenceSpec] | None = None,
-                   prompt_cache: PromptCache | None = None, **overrides: Any) -> SessionBatch:
+                   prompt_cache: PromptCache | None = None, strategies: Sequence[str] | None = None,
+                   **overrides: Any) -> SessionBatch:
         """``n`` sessions on the sequences of one target whose passes they share (continuous
         batching; :class:`~power_core.engine.Engine` drives them). Every sequence runs the configured
         strategy, or ``sequences[i]`` its own (off, suffix and draft-model side by side). Raises
         :class:`ConfigError` naming ``parallel`` when the backend or a strategy cannot share passes
-        (then open ``n`` sessions). ``prompt_cache``: as :meth:`open`'s, for every sequence."""
+        (then open ``n`` sessions). ``prompt_cache`` and ``strategies``: as :meth:`open`'s, for every
+        sequence (each sequence then runs a request of any of them: sequences are not split by strategy)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("parallel", n, "an integer >= 1")
+        if sequences is not None and strategies is not None:
+            raise ConfigError("sequences", len(sequences), "None with strategies",
+                              "strategies gives every sequence all of them; sequences gives each one its own")
         overrides = _with_cache(overrides, prompt_cache)
-        plan = _OpenPlan.make(config, model, draft, backend, plugins, overrides)
+        lanes = cls._plans(config, model, draft, backend, plugins, overrides, strategies)
+        plan = lanes.plans[0]
         if plan.config.verify_capacity:  # named "parallel": serve then runs independent (padded) slots
             raise ConfigError("parallel", n, "independent slots with verify_capacity",
                               f"verify_capacity={plan.config.verify_capacity} pads one sequence's passes, but a shared "
@@ -306,31 +491,29 @@ class Session:
         if plan.backend.open_batch is None:
             raise ConfigError("parallel", n, "independent slots on this backend",
                               f"backend {plan.backend.name!r} has no shared-pass (batch) runtime")
-        plans = [plan] * n
+        per_seq = [lanes] * n
         if sequences is not None:
             if len(sequences) != n:
                 raise ConfigError("sequences", len(sequences), f"one SequenceSpec per sequence ({n})")
-            plans = []
+            per_seq = []
             for i, spec in enumerate(sequences):
                 extra = sorted(set(spec.config) - set(SEQUENCE_KEYS))
                 if extra:
                     raise ConfigError(f"sequences[{i}].{extra[0]}", spec.config[extra[0]],
                                       f"one of {', '.join(SEQUENCE_KEYS)}",
                                       "the target's settings (context, threads, numerics) are the batch's")
-                plans.append(_OpenPlan.make(config, model, spec.draft, plan.backend.name, plan.plugins,
-                                            {**overrides, "spec_mode": spec.mode, **spec.config}))
+                per_seq.append(_LanePlans.single(_OpenPlan.make(
+                    config, model, spec.draft, plan.backend.name, plan.plugins,
+                    {**overrides, "spec_mode": spec.mode, **spec.config})))
         # one target for every sequence: sized for the widest block, with every tap any sequence reads
-        request = attrs.evolve(plan.request, max_block=max(p.request.max_block for p in plans),
-                               snapshots=max(p.request.snapshots for p in plans),
-                               features=frozenset().union(*(p.request.features for p in plans)),
-                               verify_cost=any(p.request.verify_cost for p in plans))
+        request = _target_request([p for own in per_seq for p in own.plans])
         open_batch = plan.backend.open_batch
 
         def load() -> SessionBatch:
             opened = open_batch(request, n)
             sessions: list[Session] = []
             try:
-                for one, own in zip(opened.models, plans, strict=True):
+                for one, own in zip(opened.models, per_seq, strict=True):
                     sessions.append(cls._on(own, one, stop_ids, prompt_cache))
             except BaseException:
                 for session in sessions:
@@ -396,14 +579,25 @@ class Session:
 
     @property
     def max_block(self) -> int:
-        """The widest verify block this session's rounds open: the anchor plus K proposals (1 target-only)."""
-        return self.config.draft_max + 1 if self.proposer is not None else 1
+        """The widest verify block this session's rounds open, in any lane: the anchor plus K
+        proposals (1 target-only)."""
+        return max(lane.max_block for lane in self.lanes)
+
+    @staticmethod
+    def _plans(config: PowerConfig | None, model: str | None, draft: str | None, backend: str | None,
+               plugins: PowerPlugins | None, overrides: Mapping[str, Any],
+               strategies: Sequence[str] | None) -> _LanePlans:
+        if strategies is None:  # spec_mode's one strategy, exactly as it always was
+            return _LanePlans.single(_OpenPlan.make(config, model, draft, backend, plugins, overrides))
+        return _LanePlans.make(config, model, draft, backend, plugins, overrides, strategies)
 
     @classmethod
-    def _on(cls, plan: _OpenPlan, opened: OpenedModel, stop_ids: frozenset[int] | None,
+    def _on(cls, lanes: _LanePlans, opened: OpenedModel, stop_ids: frozenset[int] | None,
             prompt_cache: PromptCache | None = None) -> Session:
-        """The session over a loaded target: the self-test, then the proposer."""
-        config, strategy, selection, speculative = plan.config, plan.strategy, plan.selection, plan.speculative
+        """The session over a loaded target: the self-test, then each lane's proposer (nothing stays
+        open when one fails)."""
+        plan = lanes.plans[0]
+        config = plan.config
         padded = opened.target.capabilities.verify_capacity
         if padded != config.verify_capacity:
             raise ConfigError("verify_capacity", config.verify_capacity, f"{padded} on backend {plan.backend.name!r}",
@@ -412,6 +606,23 @@ class Session:
         report = selftest(opened.target) if probe else None
         if report is not None:
             log.info("session.selftest", identical=report.identical, max_abs_diff=report.max_abs_diff)
+        made: list[Lane] = []
+        try:
+            for one in lanes.plans:
+                made.append(cls._lane(one, opened, report))
+        except BaseException:
+            for lane in made:
+                _close_proposer(lane.proposer)
+            raise
+        stops = opened.target.capabilities.eog_ids if stop_ids is None else frozenset(stop_ids)
+        return cls(plugins=plan.plugins, backend=plan.backend, opened=opened, lanes=tuple(made), stop_ids=stops,
+                   numerics=report, prompt_cache=prompt_cache, auto=lanes.auto, auto_reason=lanes.auto_reason)
+
+    @staticmethod
+    def _lane(plan: _OpenPlan, opened: OpenedModel, report: SelftestReport | None) -> Lane:
+        """One lane over the loaded target: its proposer, or target-only where the self-test says
+        speculation could change the output (``require_identical``)."""
+        config, strategy, selection, speculative = plan.config, plan.strategy, plan.selection, plan.speculative
         if report is not None and config.require_identical and speculative and not report.identical:
             # the target's verify rows are not its one-token rows here: speculation could change
             # the output, so this session decodes target-only and says why
@@ -425,9 +636,7 @@ class Session:
             proposer = strategy.proposer(ProposerRequest(opened=opened, config=config,
                                                          draft=selection.draft or plan.draft,
                                                          verified=selection.verified))
-        stops = opened.target.capabilities.eog_ids if stop_ids is None else frozenset(stop_ids)
-        return cls(config=config, plugins=plan.plugins, backend=plan.backend, selection=selection, opened=opened,
-                   proposer=proposer, stop_ids=stops, numerics=report, prompt_cache=prompt_cache)
+        return Lane(config=config, selection=selection, proposer=proposer)
 
     def close(self) -> None:
         """Free the model: the proposer (its optional ``close()``), then the target, even if the former
@@ -445,19 +654,17 @@ class Session:
             owner.close_stream()  # an unfinished stream of this thread ends as cancelled
         elif resident is not None and self._lost is None:
             self._keep(resident)  # what the target holds outlives it in the prompt cache
-        proposer = self.proposer
+        failure: BaseException | None = None
         try:
-            if proposer is not None and (close := ProposerCapabilities.of(proposer).close) is not None:
+            for lane in self.lanes:  # every lane's proposer closes; the first failure is raised
                 try:
-                    close()
-                except PowerError:
-                    raise
-                except Exception as exc:
-                    name = type(self.proposer).__name__
-                    raise AdapterFault(f"proposer {name}.close raised {type(exc).__name__}: {exc}; the target "
-                                       "was closed anyway", proposer=name, method="close") from exc
+                    _close_proposer(lane.proposer)
+                except BaseException as exc:
+                    failure = failure or exc
         finally:
             self.opened.close()
+        if failure is not None:
+            raise failure
 
     @property
     def closed(self) -> bool:
@@ -484,9 +691,9 @@ class Session:
     @property
     def reuses_prompts(self) -> bool:
         """Its requests keep the prefix of their prompt that its target already holds, or restore it
-        from the prompt cache (config ``cache_prompt``). Not when the proposer is fed from the target's
-        hidden states: it must observe the whole prompt's prefill."""
-        return self.config.cache_prompt and not (self.proposer is not None and self.proposer.features)
+        from the prompt cache (config ``cache_prompt``), in some lane (:attr:`Lane.reuses_prompts`:
+        not one whose proposer is fed from the target's hidden states)."""
+        return any(lane.reuses_prompts for lane in self.lanes)
 
     def _shares(self, owner: str, tenant: str) -> bool:
         """May a request of ``tenant`` reuse what a request of ``owner`` left?"""
@@ -501,18 +708,25 @@ class Session:
             return 0
         return reusable_prefix(held[0], prompt, trims=self.opened.target.capabilities.trims_prefix)
 
-    def prepare_memory(self, previous: Generation | None, prompt: TokenArray, tenant: str) -> TokenArray | None:
+    def prepare_memory(self, previous: Generation | None, prompt: TokenArray, tenant: str,
+                       lane: Lane | None = None) -> TokenArray | None:
         """Make the target hold the longest prefix of ``prompt`` it can get for a request of
         ``tenant``, on the thread that drives it, right before the prefill: what ``previous`` (the
         request whose state it holds) left, or the prompt cache's saved state that keeps more of it,
         loaded now. Before what it holds is cut back or replaced, it is saved into the cache. Returns
         the tokens the target now holds (:meth:`Transaction.start_prefill` keeps the shared prefix),
-        or ``None``: prefill from empty. A state that cannot be loaded leaves the memory empty."""
+        or ``None``: prefill from empty. A state that cannot be loaded leaves the memory empty.
+        ``lane``: the request's (default: the first); one that reuses no prompt prefills from empty,
+        after what the target holds is saved for the lanes that do."""
         if not self.reuses_prompts:
             return None
         target = self.opened.target
         caps = target.capabilities
         held = previous.memory() if previous is not None else None
+        if not (lane or self.lanes[0]).reuses_prompts:
+            if held is not None:
+                self._save(held[0], held[1])  # about to be replaced by a whole prefill
+            return None
         own = 0
         if held is not None and self._shares(held[1], tenant):
             own = reusable_prefix(held[0], prompt, trims=caps.trims_prefix)
@@ -601,7 +815,7 @@ class Session:
               max_tokens: int | None = None, stop: Sequence[str] | None = None,
               sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
               target_only: bool = False, tenant: str | None = None,
-              constraint: ConstraintSpec | None = None) -> Generation:
+              constraint: ConstraintSpec | None = None, strategy: str | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
@@ -616,8 +830,12 @@ class Session:
         ``constraint`` (a :class:`~power_core.constraint.ConstraintSpec`: JSON schema, regex or
         grammar, optionally lazy) is what the output must match; it is compiled here, so a schema
         the grammar engine refuses is a :class:`~power_core.errors.ConstraintError` before anything runs.
+        ``strategy``: which of the session's strategies runs it (:meth:`lane`: ``None`` the default,
+        ``auto`` the library's pick among them); the request starts from that lane's configuration,
+        and its receipt names the strategy that ran and the one asked for.
         """
-        config = self.config
+        lane = self.lane(strategy)
+        config = lane.config
         changes: dict[str, Any] = {}
         if tenant is not None and tenant != config.tenant:
             changes["tenant"] = tenant
@@ -643,7 +861,8 @@ class Session:
         tokens = self.encode(prompt)
         compiled = self.compile(constraint) if constraint is not None else None
         return Generation(self, tokens, cancel or CancelToken(), config.max_tokens, config=config,
-                          top_logprobs=logprobs, target_only=target_only, constraint=compiled)
+                          top_logprobs=logprobs, target_only=target_only, constraint=compiled, lane=lane,
+                          requested=strategy)
 
     def compile(self, spec: ConstraintSpec) -> Constraint:
         """``spec`` compiled against this model's vocabulary, at the start of an output."""
@@ -789,6 +1008,10 @@ class Generation:
     target_only: bool = False
     #: what the output must match (compiled by :meth:`Session.start`); its state lives with the transaction
     constraint: Constraint | None = None
+    #: the session's lane it runs in (its strategy, proposer and configuration; ``None``: the default)
+    lane: Lane | None = None
+    #: the strategy the request asked for (:meth:`Session.start`'s ``strategy``; the receipt says it)
+    requested: str | None = None
     #: observer hooks (``power_request_start``/``power_request_end``) that raised for this request:
     #: logged, counted here and in the receipt, never a failure of the request or of anyone else's
     observer_faults: int = attrs.field(default=0, init=False)
@@ -809,15 +1032,17 @@ class Generation:
     _batch: dict[str, Any] | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.lane is None:
+            self.lane = self.session.lane()
         if self.config is None:
-            self.config = attrs.evolve(self.session.config, max_tokens=self.max_tokens)
+            self.config = attrs.evolve(self.lane.config, max_tokens=self.max_tokens)
         tok = self.session.opened.tokenizer
         if tok is not None:
             self._text = TextAssembler(tok.decode, self.config.stop)
 
     def _transaction(self) -> Transaction:
-        s = self.session
-        assert self.config is not None
+        s, lane = self.session, self.lane
+        assert self.config is not None and lane is not None
         check_observers_only(s.plugins.pm)  # also when a host registered a plugin after loading
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
@@ -825,16 +1050,16 @@ class Generation:
         if (caps := target.capabilities).cancel is not None and caps.clear_abort is not None:  # it can stop a decode
             self.cancel.subscribe(caps.cancel, caps.clear_abort)
         caps = s.opened.target.capabilities
-        proposer = None if self.target_only else s.proposer
-        scheduler = Scheduler.for_request(s.config, caps.rollback_window, enabled=proposer is not None,
-                                          costs=caps.verify_cost if s.selection.strategy.cost_aware else None)
+        proposer = None if self.target_only else lane.proposer
+        scheduler = Scheduler.for_request(lane.config, caps.rollback_window, enabled=proposer is not None,
+                                          costs=caps.verify_cost if lane.selection.strategy.cost_aware else None)
         # the transaction's own assembler: it runs on the driver's thread, the request's text on the reader's
         tok = s.opened.tokenizer
         stop_text = TextAssembler(tok.decode, self.config.stop).find_stop if tok is not None and self.config.stop \
             else None
         return Transaction(target=s.opened.target, proposer=proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
-                           cancel=self.cancel, phase_hook=phase_hook, trace=s.config.trace, stop_text=stop_text,
+                           cancel=self.cancel, phase_hook=phase_hook, trace=lane.config.trace, stop_text=stop_text,
                            top_logprobs=self.top_logprobs,
                            sampling_in_graph=self.config.sampling_in_graph, constraint=self.constraint,
                            scope=RequestScope(tenant=self.config.tenant))
@@ -931,15 +1156,16 @@ class Generation:
 
     def begin(self) -> Transaction:
         """Start an attempt on the (claimed) session: make, or keep, the request's transaction."""
-        s = self.session
+        s, lane = self.session, self.lane
+        assert lane is not None
         self.receipt = None
         self._before = runtime_counters(s.opened.target)  # this attempt's counts: the difference at its end
-        self._clock.bind(s.opened.target, s.proposer)
+        self._clock.bind(s.opened.target, lane.proposer)
         if self.txn is None:
             self.txn = self._transaction()
             self._notify(s.plugins.pm.hook.power_request_start, request=RequestInfo(
-                config=self.config or s.config, strategy=s.selection.strategy.name, backend=s.backend.name,
-                prompt_tokens=int(self.prompt.shape[0]), selection=s.selection.reason))
+                config=self.config or lane.config, strategy=lane.name, backend=s.backend.name,
+                prompt_tokens=int(self.prompt.shape[0]), selection=lane.selection.reason))
         return self.txn
 
     def resident_prefix(self) -> np.ndarray | None:
@@ -950,7 +1176,7 @@ class Generation:
         # (a retried prefill has none: its memory may be half-filled; a restored state replaces it whole)
         previous, self._predecessor = self._predecessor, None
         assert self.config is not None
-        return self.session.prepare_memory(previous, self.prompt, self.config.tenant)
+        return self.session.prepare_memory(previous, self.prompt, self.config.tenant, self.lane)
 
     def memory(self) -> tuple[TokenArray, str] | None:
         """What this request left in the target's memory while the target still holds it: its
@@ -1012,7 +1238,7 @@ class Generation:
         if not self._notify(s.plugins.pm.hook.power_request_end, receipt=receipt):
             self.receipt = attrs.evolve(receipt, observer_faults=self.observer_faults)
         if log.isEnabledFor(logging.INFO):
-            log.info("request.end", status=status, strategy=s.selection.strategy.name,
+            log.info("request.end", status=status, strategy=self.lane.name if self.lane else None,
                      tokens=len(self.tokens), **self.receipt.summary())
         return self.receipt
 
@@ -1047,11 +1273,12 @@ class Generation:
         return True
 
     def _receipt(self, status: str, error: str | None) -> Receipt:
-        s = self.session
+        s, lane = self.session, self.lane
+        assert lane is not None
         txn = self.txn
-        st = s.selection.strategy
+        st = lane.selection.strategy
         n_out = len(self.tokens)
-        config = self.config or s.config
+        config = self.config or lane.config
         backend = copy.deepcopy({"name": s.backend.name, "version": s.backend.version, **s.opened.backend_info})
         if self._counts:  # this request's counts (runtime_counters), never the runtime's running totals
             backend["rollback"] = dict(self._counts)
@@ -1068,10 +1295,12 @@ class Generation:
             finish_reason=txn.finished if txn else None,
             config=config.to_dict(),
             config_sha256=config.digest(),
-            strategy={"name": st.name, "version": st.version, "package": st.package, "kind": st.kind},
-            selection=s.selection.reason,
+            strategy={"name": st.name, "version": st.version, "package": st.package, "kind": st.kind,
+                      **({"requested": self.requested} if self.requested is not None else {})},
+            # a request that asked for auto: why auto picked this lane (the lane's own reason when it is auto's)
+            selection=s.auto_reason if self.requested == MODE_AUTO and lane.mode != MODE_AUTO else lane.selection.reason,
             backend=backend,
-            artifacts={**s.opened.artifacts, **s.selection.artifacts},
+            artifacts={**s.opened.artifacts, **lane.selection.artifacts},
             prompt_tokens=int(self.prompt.shape[0]),
             prompt_reused=txn.reused if txn else 0,
             output_tokens=n_out,

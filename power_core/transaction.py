@@ -181,6 +181,8 @@ class PendingRound:
     width: dict[str, Any] | None = None
     cut: int = 0
     proposal: Proposal = attrs.field(factory=Proposal.none)
+    #: what the proposer is asked this round (``None``: nothing, the width is 0 or no proposer)
+    ask: ProposalContext | None = None
 
     @property
     def needs_pass(self) -> bool:
@@ -426,14 +428,15 @@ class Transaction:
         remaining = self.max_tokens - len(self.emitted)
         return max(0, min(planned, remaining - 1, room, max_block - 1))
 
-    def _propose(self, k: int) -> Proposal:
-        """Ask for at most ``k`` ids and check the :class:`Proposal` (the one place a proposal is
-        checked): 1-D integer ids, at most ``k``, inside the vocabulary; a confidence in ``[0, 1]``
-        per id; statistics a mapping. Returns it with ``ids`` as ``int32``."""
-        if k == 0 or self.proposer is None:
+    def _propose(self, ask: ProposalContext | None, given: Proposal | None = None) -> Proposal:
+        """Ask for at most ``ask.k`` ids (or take ``given``, the answer of a batch that asked for
+        them) and check the :class:`Proposal` (the one place a proposal is checked): 1-D integer
+        ids, at most ``k``, inside the vocabulary; a confidence in ``[0, 1]`` per id; statistics a
+        mapping. Returns it with ``ids`` as ``int32``."""
+        if ask is None:
             return Proposal.none()
-        got = self._call("propose", ProposalContext(history=self.history, anchor=self.anchor, k=k,
-                                                    round_index=len(self.rounds)))
+        k = ask.k
+        got = given if given is not None else self._call("propose", ask)
         if not isinstance(got, Proposal):
             self._refuse(f"returned {_described(got)}, not a Proposal; return power_core.Proposal(ids) "
                          "(e.g. Proposal(np.asarray(ids, dtype=np.int32)), Proposal.none() for no proposal)")
@@ -605,9 +608,18 @@ class Transaction:
     def open_round(self, load: PassLoad | None = None) -> PendingRound | None:
         """Steps 1-2 of a round: checkpoint, propose. Returns the verify block to decode (``None``
         when the request has finished). ``load``: what the shared pass already holds, so the
-        cost-aware width weighs this request's block against the whole pass (``None``: a solo pass). A round driver that batches several requests' verify passes
-        decodes ``pending.block`` itself and hands the rows to :meth:`close_round`; the round is then
-        open until :meth:`close_round` or :meth:`abort_round` (on any failure of the shared pass)."""
+        cost-aware width weighs this request's block against the whole pass (``None``: a solo pass). A
+        round driver that batches several requests' verify passes decodes ``pending.block`` itself and
+        hands the rows to :meth:`close_round`; the round is then open until :meth:`close_round` or
+        :meth:`abort_round` (on any failure of the shared pass). It is :meth:`begin_round` then
+        :meth:`offer`, which a driver that asks several proposers together calls apart."""
+        pending = self.begin_round()
+        return None if pending is None else self.offer(pending, None, load)
+
+    def begin_round(self) -> PendingRound | None:
+        """Step 1: checkpoint, and what the proposer is to be asked (``pending.ask``: ``None`` when
+        the round proposes nothing). ``None`` when the request has finished. The round is open from
+        here: :meth:`offer` next, or :meth:`abort_round` on a failure before it."""
         if self.finished is not None:
             return None
         t0 = time.perf_counter()
@@ -622,13 +634,23 @@ class Transaction:
         self._check_cancel()
         cp_target, cp_proposer = self._phase("checkpoint", self._checkpoint)
         decoder = (len(self.emitted), self.anchor, self.finished)  # sampler state is len(emitted)
-        pending = PendingRound(t0=t0, plan=plan, first=first, cp_target=cp_target, cp_proposer=cp_proposer,
-                               decoder=decoder)
+        ask = None if k == 0 or self.proposer is None else ProposalContext(
+            history=self.history, anchor=self.anchor, k=k, round_index=len(self.rounds))
+        return PendingRound(t0=t0, plan=plan, first=first, cp_target=cp_target, cp_proposer=cp_proposer,
+                            decoder=decoder, ask=ask)
+
+    def offer(self, pending: PendingRound, proposal: Proposal | None = None,
+              load: PassLoad | None = None) -> PendingRound:
+        """Step 2: the proposal for ``pending.ask`` — ``proposal`` when a driver asked the proposer
+        together with others (:class:`~power_core.runtime.ProposalBatch`), else the proposer's own
+        ``propose`` — checked, cut to the width worth verifying and at the first token the
+        constraint forbids; ``pending.block`` is then the verify block. On a failure the round
+        restores and the exception propagates."""
         try:
             self._check_cancel()
-            proposal = self._phase("propose", self._propose, k)
-            pending.offered, pending.proposal = proposal.ids, proposal
-            props, pending.width = self._choose_width(proposal, load)
+            got = self._phase("propose", self._propose, pending.ask, proposal)
+            pending.offered, pending.proposal = got.ids, got
+            props, pending.width = self._choose_width(got, load)
             if self.constraint is not None and props.shape[0]:
                 ok = self.constraint.allows(props.tolist())
                 pending.cut = props.shape[0] - ok

@@ -51,7 +51,7 @@ def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, que
     waiting). With ``batch`` and more than one slot, they are sequences of one target whose passes
     the engine shares between requests; when the backend or strategy cannot share passes,
     independent sessions (sharing the weights) and the reason. ``open_kwargs`` are
-    :meth:`Session.open`'s; ``prompt_cache`` (a :class:`~power_core.memory.PromptCache`, ``power serve
+    :meth:`Session.open`'s (``strategies``: every slot runs a request of any of them); ``prompt_cache`` (a :class:`~power_core.memory.PromptCache`, ``power serve
     --cache-ram``) is every slot's store of saved prompt states. Nothing stays open if a step fails."""
     why = "one slot" if parallel == 1 else "--no-batch"
     if batch and parallel > 1:
@@ -73,6 +73,14 @@ def open_sessions(config: PowerConfig, parallel: int, *, batch: bool = True, que
         for s in sessions:
             s.opened.backend_info["batch"] = {"shared_passes": 0, "independent_because": why}
     return Slots(engine=Session.independent_engine(sessions, queue_max=queue), why=why)
+
+
+def _strategies(session: Session) -> str:
+    """The announce line's strategies: ``strategy 'mtp'``, or ``strategies 'mtp' (default), 'suffix', 'off'``."""
+    if len(session.lanes) == 1:
+        return f"strategy {session.selection.strategy.name!r}"
+    names = [repr(lane.name) if lane.mode == lane.name else f"{lane.mode!r} ({lane.name!r})" for lane in session.lanes]
+    return f"strategies {names[0]} (default), {', '.join(names[1:])}"
 
 
 def is_loopback(host: str) -> bool:
@@ -121,8 +129,8 @@ def serve(slots: Slots, options: ServeOptions, host: str = "127.0.0.1", port: in
     (announce or (lambda line: print(line, file=sys.stderr, flush=True)))(
         f"power serve: listening on http://{shown}:{bound[1]} (model {options.model_name!r}, "
         f"{len(sessions)} slot{'s' if len(sessions) != 1 else ''}, "
-        f"{'shared target passes' if slots.shared else 'independent: ' + slots.why}, strategy "
-        f"{sessions[0].selection.strategy.name!r})")
+        f"{'shared target passes' if slots.shared else 'independent: ' + slots.why}, "
+        f"{_strategies(sessions[0])})")
     # uvicorn re-raises the signal that stopped it once it has shut down; the drain already handled it,
     # so the re-raised signal is a no-op here and the process exits normally (status 0)
     drained = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)} \

@@ -3,7 +3,10 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE with ``data: [DONE]``),
 ``GET /v1/models``, ``GET /v1/receipts/{id}``, ``GET /health``, ``GET /metrics``. Every response of a
 request carries the extension object ``power`` (the last chunk when streaming): the receipt's
-summary and the id under which ``/v1/receipts/{id}`` returns the full receipt.
+summary (the strategy that ran included) and the id under which ``/v1/receipts/{id}`` returns the
+full receipt. A request picks one of the server's strategies with its own ``power.strategy``: every
+sequence carries every strategy (:class:`~power_core.session.Lane`), so a request of any strategy
+runs on any free sequence, in the same shared target passes as the others.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from power_core.serve.protocol import (
     finish_reason,
     parse_request,
 )
-from power_core.session import Session
+from power_core.session import Lane, Session
 from power_core.tools import HERMES, ToolCallParser, ToolFormat, ToolPlan, detect_format, template_renders_tools
 
 __all__ = ["ServeOptions", "create_app"]
@@ -299,15 +302,28 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
         raise APIError(400, f"this model's context holds {n_ctx} tokens; the prompt has {ids.size} tokens and at "
                        "least one more is needed to answer. Shorten the prompt (or start the server with a larger "
                        "--n-ctx)", param=param, code="context_length_exceeded")
-    default = session.config.max_tokens
+    strategy = req.power.strategy if req.power is not None else None
+    lane = _lane(session, strategy)
+    default = lane.config.max_tokens
     max_tokens = min(limit if limit is not None else default, room)
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
               target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user),
-              constraint=structure.constraint if structure is not None else None)
+              constraint=structure.constraint if structure is not None else None, strategy=strategy)
     tools = structure.tools if structure is not None and structure.tools is not None and structure.tools.active \
         else None
     return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools)
+
+
+def _lane(session: Session, strategy: str | None) -> Lane:
+    """The lane (strategy) a request asking for ``strategy`` runs in; a 400 naming ``power.strategy``
+    for one the server was not started with."""
+    try:
+        return session.lane(strategy)
+    except ConfigError:
+        raise APIError(400, f"strategy {strategy!r} is not one this server runs; it runs "
+                       f"{', '.join(session.strategy_names)} (power serve --mode a,b,c starts it with several; "
+                       "GET /v1/models lists them)", param="power.strategy", code="strategy_not_available") from None
 
 
 def _tenant(options: ServeOptions, user: str | None) -> str:
@@ -346,8 +362,11 @@ async def _admit(state: ServerState, job: Job) -> Session:
     if state.draining:
         raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
                        code="shutting_down", headers={"Retry-After": "5"})
+    # a request whose strategy reuses no prompt (its proposer reads the target's hidden states) has no
+    # use for the sequence holding most of its prompt: it takes the one freed longest ago, and leaves that
+    reuses = state.sessions[0].lane(job.strategy).reuses_prompts
     try:
-        ticket = state.engine.reserve(prompt=job.prompt, tenant=job.tenant)
+        ticket = state.engine.reserve(prompt=job.prompt if reuses else None, tenant=job.tenant)
     except Overloaded as exc:
         raise APIError(503, f"server busy: {exc} (--queue); retry later", type="server_error",
                        code="server_overloaded", headers={"Retry-After": "1"}) from None
@@ -598,9 +617,14 @@ async def chat_completions(request: Request) -> Response:
 async def models(request: Request) -> Response:
     state = _state(request)
     s = state.sessions[0]
+    strategies = [{"name": lane.mode, "strategy": lane.name, "kind": lane.selection.strategy.kind,
+                   "draft_max": lane.config.draft_max if lane.proposer is not None else 0,
+                   "selection": lane.selection.reason} for lane in s.lanes]
     return JSONResponse({"object": "list", "data": [{
         "id": state.options.model_name, "object": "model", "created": state.created, "owned_by": "power",
         "power": {"strategy": s.selection.strategy.name, "selection": s.selection.reason,
+                  # what a request may ask for (power.strategy): the first is the default
+                  "strategies": strategies, "auto": {"name": s.lane("auto").mode, "selection": s.auto_reason},
                   "numerics": s.config.numerics, "n_ctx": state.n_ctx, "parallel": len(state.sessions),
                   "shared_passes": state.engine.runtime is not None,
                   "model_path": s.opened.model_path}}]})

@@ -112,6 +112,7 @@ class Auditor:
         try:
             gen = session.start(job.prompt, cancel=token, max_tokens=job.max_tokens, stop=job.stop,
                                 sampling=job.sampling, target_only=True, constraint=job.constraint,
+                                strategy=job.strategy,
                                 tenant=job.tenant)  # (the request's tenant: its prompt state stays theirs)
         except BaseException:
             self.engine.release(session)

@@ -65,6 +65,8 @@ class Job:
     tenant: str = ""
     #: what the output must match (``response_format``, ``grammar``, ``json_schema``, tools)
     constraint: ConstraintSpec | None = None
+    #: the strategy the request asked for (its ``power.strategy``; ``None``: the server's default)
+    strategy: str | None = None
 
     def stop_now(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -223,7 +225,7 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                             sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
-                            tenant=job.tenant, constraint=job.constraint)
+                            tenant=job.tenant, constraint=job.constraint, strategy=job.strategy)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise

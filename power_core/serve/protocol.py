@@ -10,6 +10,10 @@ What constrains the output (``response_format``, llama-server's ``grammar`` and 
 tools, a :class:`~power_core.tools.ToolPlan` (:meth:`ChatRequest.structure`,
 :meth:`CompletionRequest.structure`); two that would both constrain it are a 400 naming the second.
 
+Power's own request fields live in one extension object, ``power`` (:class:`PowerOptions`; the
+official clients send it through ``extra_body``), as every response's ``power`` object carries the
+receipt's summary.
+
 Every error body has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -36,8 +40,8 @@ from power_core.tools import (
 )
 from power_core.transaction import TokenLogprob
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "Structure", "constraint_error", "parse_request",
-           "finish_reason"]
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "PowerOptions", "Structure", "constraint_error",
+           "parse_request", "finish_reason"]
 
 #: the stop strings one request may give (OpenAI allows 4; Power's configuration allows 64)
 STOP_MAX = 16
@@ -142,6 +146,15 @@ def constraint_error(exc: ConstraintError) -> APIError:
     return APIError(400, str(exc), param=field, code=code)
 
 
+class PowerOptions(_Strict):
+    """The request's ``power`` extension: what Power decides per request beyond OpenAI's fields."""
+
+    #: which of the server's strategies runs the request (``power serve --mode a,b,c``; ``GET /v1/models``
+    #: lists them): one of their names, or ``auto`` (the library's ``auto`` rules among them); unset: the
+    #: server's default, the first
+    strategy: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
 class _Sampling(_Strict):
     """Fields both endpoints share."""
 
@@ -166,6 +179,8 @@ class _Sampling(_Strict):
     #: llama-server's: a GBNF (or llguidance Lark) grammar, and a JSON schema, the output must match
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    #: Power's extension (:class:`PowerOptions`)
+    power: PowerOptions | None = None
 
     _grammar_size = field_validator("grammar")(_bounded_grammar)
     _schema_size = field_validator("json_schema")(_bounded_schema)

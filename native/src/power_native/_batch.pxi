@@ -4,7 +4,8 @@
 # (power-mtp, the DFlash family) call per token; the def methods fill whole arrays in one call.
 
 cdef class BatchExt:
-    """An extended batch bound to one :class:`Context` (capacity ``n_batch`` entries, sequence 0).
+    """An extended batch bound to one :class:`Context` (capacity ``n_batch`` entries; sequence 0, or any
+    sequence through the ``*_seq_c`` methods).
 
     llama.cpp copies every embedding row into the batch when it is added, so the caller's arrays
     need not outlive the call. ``n_embd`` is the row width the context accepts for token entries
@@ -46,14 +47,20 @@ cdef class BatchExt:
 
     cdef int32_t add_token_c(self, int32_t token, int32_t pos, const float * row, size_t width,
                              bint output) noexcept nogil:
-        """Add ``token`` at ``pos`` (with an embedding row when ``row`` is not NULL). Returns the
-        entry index, or a negative code: -1 full, -2 invalid token, -4 embedding rejected (width),
-        -5 position rejected, -6 more outputs than the context allows."""
+        """Add ``token`` at ``pos`` of sequence 0 (with an embedding row when ``row`` is not NULL).
+        Returns the entry index, or a negative code: -1 full, -2 invalid token, -4 embedding rejected
+        (width), -5 position rejected, -6 more outputs than the context allows."""
+        return self.add_token_seq_c(token, pos, 0, row, width, output)
+
+    cdef int32_t add_token_seq_c(self, int32_t token, int32_t pos, int32_t seq, const float * row, size_t width,
+                                 bint output) noexcept nogil:
+        """:meth:`add_token_c` at ``pos`` of sequence ``seq`` (a draft context shared by the sequences
+        of a batch: each entry is addressed by its own sequence and position, never by its index)."""
         cdef llama_embd e
         cdef llama_pos p = pos
         if output and self.n_outputs >= self.ctx.n_outputs_max:
             return -6
-        cdef int32_t idx = llama_batch_ext_add_token(self.ptr, 0, token)
+        cdef int32_t idx = llama_batch_ext_add_token(self.ptr, seq, token)
         if idx < 0:
             return idx
         if row != NULL:
@@ -70,8 +77,13 @@ cdef class BatchExt:
         return idx
 
     cdef int32_t add_embd_c(self, const float * row, size_t width, int32_t pos, bint output) noexcept nogil:
-        """Add an embedding-only entry at ``pos`` (M-RoPE models get ``{pos, pos, pos, 0}``, as
-        llama.cpp's DFlash injection does). Returns the index or a negative code as above."""
+        """Add an embedding-only entry at ``pos`` of sequence 0 (M-RoPE models get ``{pos, pos, pos,
+        0}``, as llama.cpp's DFlash injection does). Returns the index or a negative code as above."""
+        return self.add_embd_seq_c(row, width, pos, 0, output)
+
+    cdef int32_t add_embd_seq_c(self, const float * row, size_t width, int32_t pos, int32_t seq,
+                                bint output) noexcept nogil:
+        """:meth:`add_embd_c` at ``pos`` of sequence ``seq``."""
         cdef llama_embd e
         cdef llama_pos p[4]
         if output and self.n_outputs >= self.ctx.n_outputs_max:
@@ -79,7 +91,7 @@ cdef class BatchExt:
         e.data = row
         e.n_rows = 1
         e.n_embd = width
-        cdef int32_t idx = llama_batch_ext_add_embd(self.ptr, 0, e)
+        cdef int32_t idx = llama_batch_ext_add_embd(self.ptr, seq, e)
         if idx < 0:
             return idx if idx != -2 else -4
         p[0] = pos

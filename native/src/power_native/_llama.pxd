@@ -111,6 +111,10 @@ cdef class BatchExt:
     cdef void clear_c(self) noexcept nogil
     cdef int32_t add_token_c(self, int32_t token, int32_t pos, const float * row, size_t width,
                              bint output) noexcept nogil
+    cdef int32_t add_token_seq_c(self, int32_t token, int32_t pos, int32_t seq, const float * row, size_t width,
+                                 bint output) noexcept nogil
     cdef int32_t add_embd_c(self, const float * row, size_t width, int32_t pos, bint output) noexcept nogil
+    cdef int32_t add_embd_seq_c(self, const float * row, size_t width, int32_t pos, int32_t seq,
+                                bint output) noexcept nogil
     cdef object _outputs(self, outputs, Py_ssize_t n)
     cdef int _fail(self, int32_t rc, size_t width, int32_t start) except -1

@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -298,6 +298,57 @@ class LlamaTokenizer:
                           lambda text: model.tokenize(text, add_special=False, parse_special=False).tolist())
 
 
+class SharedDraft(Protocol):
+    """What a :class:`DraftPool` holds: a draft context (and its state) that the proposers of several
+    sequences share; closed once, with the pool."""
+
+    def close(self) -> None: ...
+
+
+_D = TypeVar("_D", bound=SharedDraft)
+
+
+class DraftPool:
+    """The draft contexts of one target's sequences: one per kind of draft (``key``), each holding a
+    sequence per target sequence (``n_seq``), so one draft pass decodes every request's draft tokens
+    (:class:`power_core.runtime.ProposalBatch`; llama.cpp's server drafts all its slots in one batch
+    the same way). A target of its own has a pool of one sequence; a :class:`LlamaBatch` shares one
+    pool among its sequences and closes it before its own context."""
+
+    def __init__(self, n_seq: int) -> None:
+        self.n_seq = n_seq
+        self._shared: dict[tuple[object, ...], SharedDraft] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def shared(self, key: tuple[object, ...], make: Callable[[int], _D], kind: type[_D]) -> _D:
+        """The pool's draft for ``key``, made by ``make(n_seq)`` the first time it is asked for; every
+        setting that changes what the draft computes belongs in ``key`` (sequences configured apart
+        get drafts apart)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeFault("the target's draft pool is closed")
+            found = self._shared.get(key)
+            if found is None:
+                found = self._shared[key] = make(self.n_seq)
+        if not isinstance(found, kind):
+            raise RuntimeFault(f"draft pool key {key!r} holds a {type(found).__name__}, not a {kind.__name__}")
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            shared, self._shared = list(self._shared.values()), {}
+        failure: BaseException | None = None
+        for draft in shared:
+            try:
+                draft.close()
+            except BaseException as exc:  # close every one; report the first failure
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+
 class LlamaTarget:
     """The authoritative model on one llama.cpp context: its sequence ``seq_id`` (0 for a context of
     its own; a :class:`LlamaBatch` gives each of its sequences one ``LlamaTarget`` with ``shared``)."""
@@ -308,9 +359,12 @@ class LlamaTarget:
     def __init__(self, model: _llama.Model, ctx: _llama.Context, *, max_block: int, digest: str | None = None,
                  features: frozenset[str] = frozenset(), numerics: str = "stock", seq_id: int = 0,
                  shared: bool = False, n_ctx: int | None = None, verify_capacity: int = 0,
-                 offloaded: bool = False, device_states: bool | None = None, state_format: str | None = None) -> None:
+                 offloaded: bool = False, device_states: bool | None = None, state_format: str | None = None,
+                 drafts: DraftPool | None = None) -> None:
         self.model = model
         self.ctx = ctx
+        #: the draft contexts its proposers share with the other sequences of its context (:class:`DraftPool`)
+        self.drafts = drafts if drafts is not None else DraftPool(1)
         self.numerics = numerics
         self.seq_id = seq_id
         #: the context holds other sequences too: reset trims this one, a cancel never aborts the shared pass
@@ -646,7 +700,10 @@ class LlamaTarget:
     def close(self) -> None:
         if self.shared:
             return  # the batch owns the context
-        self.ctx.close()
+        try:
+            self.drafts.close()
+        finally:
+            self.ctx.close()
         release = getattr(self, "_release", None)
         if release is not None:
             release()
@@ -890,7 +947,10 @@ class LlamaBatch:
         return True
 
     def close(self) -> None:
-        self.ctx.close()
+        try:
+            self.sequences[0].drafts.close()  # the draft contexts first: they refer to this context
+        finally:
+            self.ctx.close()
         release = getattr(self, "_release", None)
         if release is not None:
             release()
@@ -936,8 +996,9 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
         per_seq = ctx.n_ctx // n
         formats = state_format(digest, numerics=cfg.numerics, flash_attn=cfg.flash_attn,
                                n_gpu_layers=placed.n_gpu_layers, devices=placed.devices, rpc_servers=cfg.rpc_servers)
+        drafts = DraftPool(n)
         targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
-                                    numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq,
+                                    numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq, drafts=drafts,
                                     offloaded=is_offloaded(cfg.rpc_servers, placed.n_gpu_layers),
                                     state_format=formats) for i in range(n))
         batch = LlamaBatch(model, ctx, targets, unified=unified)
