@@ -232,6 +232,14 @@ def bench_dflash(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_eagle3(session: nox.Session) -> None:
+    """power-eagle3 vs llama-speculative-simple --spec-type draft-eagle3 with the same draft, K and threads."""
+    install_all(session, models=False)
+    session.run("python", "native/tools/build_llama.py", "--peers")
+    session.run("python", "tests/bench/bench_spec.py", "--suite", "eagle3", *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_suffix(session: nox.Session) -> None:
     """The suffix proposer's own cost per round at 512 and 4096 tokens of history."""
     session.install("-e", ".", "-e", "plugins/suffix")

@@ -12,17 +12,22 @@ import numpy as np
 def make_tiny_eagle3(out_dir: Path, target: Path, *, name: str = "eagle3", layers: tuple[int, int, int] | None = None,
                      borrow: bool = False, d2t: int | None = None, n_embd: int | None = None,
                      norm_before_residual: bool | None = None, norm_before_fc: bool | None = None,
-                     seed: int = 11, echo: bool = False) -> Path:
+                     seed: int = 11, successor: dict[int, int] | None = None) -> Path:
     """An EAGLE3 draft for ``target``: ``layers`` (default ``(0, n/2, n-1)``), ``borrow``: no
     ``token_embd``/``output`` (inherited through ``ctx_other``), ``d2t``: that many output rows
     scattered onto a random permutation of target ids, ``n_embd``: the draft's width (default the
     target's), the two norm flags as the converter writes them.
 
-    ``echo``: a draft that repeats the anchor, so a target that repeats tokens accepts its proposals
-    (random tiny drafts are never accepted, and the kept-rows path needs acceptances): ``fc`` passes the
-    third tap (the target's final hidden state, ``layers[2]`` = its layer count) through as ``g``, the
-    attention output and the FFN are zero, so the pre-norm state is ``g`` and the inherited output
-    (``borrow``) reads the target's own prediction at the anchor's position, the anchor."""
+    ``successor``: a draft that follows the target's own next-token map (a dict ``token -> next``, e.g.
+    read off a ``--mode off`` run), so proposals are accepted, in part or in full (random tiny drafts are
+    never accepted, and the kept-rows path needs acceptances). It taps the target's final hidden state
+    (``layers[2]`` = its layer count; qwen35 publishes it after its output norm, so the target's output
+    rows read the target's own logits from it) and inherits the target's output (``borrow``): ``fc``
+    passes that tap through as ``g``, attention is off, and the FFN turns the logits into the output row
+    of each token's successor (``up`` = the output rows, ``gate`` the same scaled, so the top logit
+    dominates; ``down`` = the successors' output rows, scaled): the pre-norm state points at the
+    successor's row, and feeding it back walks the map on.
+    """
     from power_core.artifacts import synthetic
 
     r = gguf.GGUFReader(str(target))
@@ -56,13 +61,25 @@ def make_tiny_eagle3(out_dir: Path, target: Path, *, name: str = "eagle3", layer
             np_shape = tuple(reversed(shape))
             spec.data[tname] = (np.ones(np_shape) if "norm" in tname
                                 else rng.standard_normal(np_shape) / np.sqrt(shape[0])).astype(np.float32)
-    if echo:
+    if successor is not None:
         n = n_embd or n_embd_t
+        t = {tt.name: tt for tt in r.tensors}
+        w_out = np.array(t["output.weight" if "output.weight" in t else "token_embd.weight"].data,
+                         dtype=np.float32).reshape(n_vocab, n_embd_t)
         fc = np.zeros((n, 3 * n_embd_t), dtype=np.float32)
         fc[:, 2 * n_embd_t:] = np.eye(n, n_embd_t, dtype=np.float32)
         spec.data["fc.weight"] = fc
-        for zero in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
-            spec.data[zero] = np.zeros_like(spec.data[zero])
+        spec.data["blk.0.attn_output.weight"] = np.zeros_like(spec.data["blk.0.attn_output.weight"])
+        n_ff = spec.tensors["blk.0.ffn_up.weight"][0][1]
+        assert n_ff >= n_vocab, "the successor FFN needs a unit per token"
+        up = np.zeros((n_ff, n_embd_t), dtype=np.float32)
+        up[:n_vocab] = w_out
+        down = np.zeros((n_embd_t, n_ff), dtype=np.float32)
+        for tok in range(n_vocab):
+            down[:, tok] = 10.0 * w_out[successor.get(tok, tok)]
+        spec.data["blk.0.ffn_up.weight"] = up
+        spec.data["blk.0.ffn_gate.weight"] = 4.0 * up
+        spec.data["blk.0.ffn_down.weight"] = down
     path = out_dir / f"{name}.gguf"
     spec.write(path)
     return path

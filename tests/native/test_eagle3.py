@@ -5,7 +5,8 @@ Fixtures (written by the tests, ``eagle3_helpers.make_tiny_eagle3``): for a llam
 only) and a qwen35 hybrid target (rollback through ``n_rs_seq``), EAGLE3 drafts with their own
 embeddings, with inherited ``token_embd``/``output``, with a reduced ``d2t`` vocabulary, with both
 norm flags (``norm_before_residual``, ``norm_before_fc`` + ``enc.output_norm``), and on qwen35 one
-tapping the target's final hidden state (id = its layer count); and one for SmolLM2.
+tapping the target's final hidden state (id = its layer count) and one following the target's own
+next-token map, so its drafts are accepted in part or in full; and one for SmolLM2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ KINDS = {  # name -> how its draft is written (both tiny targets have 2 layers)
     "d2t": dict(layers=(0, 1, 0), d2t=96),
     "norms": dict(layers=(0, 1, 1), norm_before_residual=True, norm_before_fc=True),
 }
+# on qwen35 also: "final" (its final hidden state as the third tap) and "succ" (accepted drafts)
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +49,15 @@ def e3_drafts(tiny_dir, tiny_qwen35, tiny_llama) -> dict[tuple[str, str], Path]:
             out[(arch, kind)] = make_tiny_eagle3(tiny_dir, target, name=f"{arch}-eagle3-{kind}", **kw)
     # qwen35's decoder graph publishes its final hidden state: id 2 (= its layer count) taps it
     out[("qwen35", "final")] = make_tiny_eagle3(tiny_dir, tiny_qwen35, name="qwen35-eagle3-final", layers=(0, 1, 2))
+    # a draft that follows the target's next-token map (read off a --mode off run): accepted in part or in full
+    with Session.open(PowerConfig(spec_mode="off", max_tokens=64, n_ctx=256, n_threads=2), model=str(tiny_qwen35)) as s:
+        seen = [int(t) for t in s.encode(TEXT)] + list(s.generate(TEXT).tokens)
+    out[("qwen35", "succ")] = make_tiny_eagle3(tiny_dir, tiny_qwen35, name="qwen35-eagle3-succ", layers=(0, 1, 2),
+                                               borrow=True, successor=dict(zip(seen, seen[1:], strict=False)))
     return out
 
 
-CASES = [(arch, kind) for arch in ("llama", "qwen35") for kind in KINDS] + [("qwen35", "final")]
+CASES = [(arch, kind) for arch in ("llama", "qwen35") for kind in KINDS] + [("qwen35", "final"), ("qwen35", "succ")]
 
 
 def generate(model, mode, prompt, draft=None, **cfg):
@@ -76,7 +83,8 @@ def test_greedy_equals_off(e3_drafts, arch, kind, k):
         assert got.receipt.summary()["proposed"] > 0
 
 
-@pytest.mark.parametrize(("arch", "kind"), [("llama", "own"), ("qwen35", "d2t"), ("qwen35", "final")])
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "own"), ("qwen35", "d2t"), ("qwen35", "final"),
+                                            ("qwen35", "succ")])
 def test_seeded_stochastic_equals_off(e3_drafts, arch, kind):
     target, draft = e3_drafts[("target", arch)], e3_drafts[(arch, kind)]
     for seed in (3, 11):
@@ -102,6 +110,8 @@ def test_same_proposals_as_llama_cpp(peer_bin, e3_drafts, arch, kind, k):
     n_prompt, ours = _ours(target, draft, k, 32)
     theirs = peer_rounds(peer_bin, target, TEXT, k, 32, spec_type="draft-eagle3", draft=draft)
     assert assert_same_rounds(ours.receipt.rounds, theirs, n_prompt, k) >= 3
+    if kind == "succ":  # the kept-rows path: rounds that accept part of the draft, and some that accept more
+        assert len({r["accepted"] for r in ours.receipt.rounds if r["index"] > 0}) >= 3
 
 
 def test_p_min_cuts_where_llama_cpp_does(peer_bin, e3_drafts):
@@ -210,3 +220,46 @@ def test_smollm2_equals_off_and_llama_cpp(peer_bin, smollm2_eagle3):
     seeded = dict(temperature=0.8, top_k=50, top_p=0.9, seed=5, max_tokens=n, n_ctx=512)
     assert generate(target, "eagle3", TEXT, draft, spec_draft_max=k, **seeded).tokens == \
         generate(target, "off", TEXT, **seeded).tokens
+
+
+# -- shared target passes: one draft context, one draft pass per step for every sequence ---------------------
+ENGINE_PROMPTS = [[1, 5, 9, 3, 7, 2, 8, 4], [17], [100, 3, 3, 3, 3, 64, 2, 90, 11, 45, 12, 9, 70], [9, 8, 7]]
+ENGINE_SAMPLING = [{} if i % 2 == 0 else {"temperature": 0.8, "seed": i} for i in range(len(ENGINE_PROMPTS))]
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "d2t"), ("qwen35", "succ")])
+def test_shared_passes_draft_together_and_equal_solo(e3_drafts, monkeypatch, arch, kind):
+    """An engine's sequences share one EAGLE3 draft context (the target's ``DraftPool``) and draft in one
+    pass per step (``ProposalBatch.propose_many``); every request emits, and proposes round by round,
+    exactly what it does in a session of its own."""
+    import threading
+
+    from power_eagle3.proposer import Eagle3Shared
+
+    target, draft = e3_drafts[("target", arch)], e3_drafts[(arch, kind)]
+    cfg = PowerConfig(spec_mode="eagle3", spec_draft_max=4, max_tokens=24, n_ctx=256, n_threads=2, trace=True)
+    with Session.open(cfg, model=str(target), draft=str(draft)) as s:
+        solo = [s.start(p, sampling=kw).run() for p, kw in zip(ENGINE_PROMPTS, ENGINE_SAMPLING, strict=True)]
+    together: list[int] = []
+    real = Eagle3Shared.propose_many
+
+    def counted(self, asks):
+        together.append(len(asks))
+        return real(self, asks)
+
+    monkeypatch.setattr(Eagle3Shared, "propose_many", counted)
+    out: list = [None] * len(ENGINE_PROMPTS)
+    with Session.open_engine(3, cfg, model=str(target), draft=str(draft)) as engine:
+        def go(i: int) -> None:
+            out[i] = engine.run(engine.submit(ENGINE_PROMPTS[i], sampling=ENGINE_SAMPLING[i]))
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(ENGINE_PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    for i, (res, alone) in enumerate(zip(out, solo, strict=True)):
+        assert res is not None and res.receipt.strategy["name"] == "eagle3", i
+        assert res.tokens == alone.tokens, (i, ENGINE_PROMPTS[i])
+        assert [r["proposal"] for r in res.receipt.rounds] == [r["proposal"] for r in alone.receipt.rounds], i
+    assert together and max(together) >= 2, together

@@ -21,14 +21,13 @@ Every entry addresses this object's sequence (``seq``): several drafters may sha
 
 from libc.math cimport expf
 from libc.stdint cimport int32_t, int64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
+from libcpp.vector cimport vector
 
 cimport numpy as cnp
 
-from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_batch_ext_add_embd, llama_batch_ext_add_token,
-                                 llama_batch_ext_set_embd_token, llama_batch_ext_set_output_logits,
-                                 llama_batch_ext_set_pos, llama_embd, llama_get_logits_ith, llama_get_sampled_token_ith,
-                                 llama_memory_seq_rm, llama_pos, llama_process, llama_synchronize)
+from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_get_sampled_token_ith,
+                                 llama_memory_seq_rm, llama_process, llama_synchronize)
 from power_native.llama_ext cimport llama_get_embeddings_nextn, llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt, Context,
                                   clock_ns, rc_raise, rc_status, rc_translate)
@@ -39,46 +38,14 @@ from power_core.errors import CapacityError, RuntimeFault
 
 cnp.import_array()
 
-__all__ = ["Eagle3Draft", "TOP_K"]
+__all__ = ["Eagle3Draft", "TOP_K", "draft_many"]
 
 #: llama.cpp's draft sampler: top-k(10), its first candidate; p_min compares that candidate's softmax
 cdef enum:
     _TOP_K = 10
+
+ctypedef const float * _row_p
 TOP_K = _TOP_K
-
-
-cdef int32_t _add(BatchExt b, int seq, int32_t token, int32_t pos, const float * row, size_t width,
-                  bint output) noexcept nogil:
-    """One entry on sequence ``seq``: a token (with an embedding row when ``row`` is not NULL), or an
-    embedding-only row when ``token`` < 0. Returns the index or BatchExt's negative codes."""
-    cdef llama_embd e
-    cdef llama_pos p[4]
-    cdef int32_t idx
-    if output and b.n_outputs >= b.ctx.n_outputs_max:
-        return -6
-    e.data = row
-    e.n_rows = 1
-    e.n_embd = width
-    if token >= 0:
-        idx = llama_batch_ext_add_token(b.ptr, seq, token)
-        if idx < 0:
-            return idx
-        if row != NULL and not llama_batch_ext_set_embd_token(b.ptr, idx, e):
-            return -4
-    else:
-        idx = llama_batch_ext_add_embd(b.ptr, seq, e)
-        if idx < 0:
-            return idx if idx != -2 else -4
-    p[0] = pos
-    p[1] = pos
-    p[2] = pos
-    p[3] = 0
-    if not llama_batch_ext_set_pos(b.ptr, idx, p):
-        return -5
-    llama_batch_ext_set_output_logits(b.ptr, idx, output)
-    b.n_tokens += 1
-    b.n_outputs += output
-    return idx
 
 
 cdef float _top_p(const float * row, int n) noexcept nogil:
@@ -122,14 +89,18 @@ cdef class Eagle3Draft:
     cdef readonly int n_rows  # rows of the last observed batch
     cdef readonly bint staged  # the last batch is a verify pass, kept rows not committed yet
     cdef readonly long passes  # decoder passes of drafts
+    cdef readonly int64_t compute_ns  # ns inside llama.cpp calls this sequence took part in (shared passes too)
+    cdef readonly int n_cells  # positions this sequence may use
 
-    def __init__(self, Context ctx, int n_taps, int tap_width, int seq=0):
+    def __init__(self, Context ctx, int n_taps, int tap_width, int seq=0, int n_cells=0):
         if ctx is None:
             raise RuntimeFault("Eagle3Draft: no draft context")
         ctx._alive()
         self.ctx = ctx
         self.batch = BatchExt(ctx)
         self.seq = seq
+        self.n_cells = n_cells or ctx.n_ctx
+        self.compute_ns = 0
         self.n_embd = ctx.model.n_embd
         self.n_taps = n_taps
         self.tap_width = tap_width
@@ -171,8 +142,8 @@ cdef class Eagle3Draft:
                 raise RuntimeFault(f"Eagle3Draft.observe: tap rows of shape {v.shape}; expected ({n}, {self.tap_width})")
         if n == 0:
             return
-        if self.n_pos + n > self.ctx.n_ctx:
-            raise CapacityError(f"draft: positions up to {self.n_pos + n} overflow its context of {self.ctx.n_ctx}")
+        if self.n_pos + n > self.n_cells:
+            raise CapacityError(f"draft: positions up to {self.n_pos + n} overflow the sequence's {self.n_cells} cells")
         if n > self.toks.shape[0]:
             self._grow(n)
         cdef const float[:, ::1] src
@@ -190,6 +161,15 @@ cdef class Eagle3Draft:
         if not defer:
             self._commit(<int>n)
 
+    cdef int _process(self, bint encode) except -1:
+        """Run this sequence's batch on the draft context, counted on its own compute clock too."""
+        cdef int64_t t0 = self.ctx.compute_ns
+        try:
+            self.ctx.process_c(self.batch, encode)
+        finally:
+            self.compute_ns += self.ctx.compute_ns - t0
+        return 0
+
     cdef int _encode(self, int m) except -1:
         """``g`` rows of the first ``m`` staged feature rows (the encoder, chunked by ``n_ubatch``)."""
         cdef int off = 0, chunk, j
@@ -201,12 +181,12 @@ cdef class Eagle3Draft:
             self.batch.clear_c()
             with nogil:
                 for j in range(chunk):  # the per-token encoder reads no positions; llama.cpp numbers them on
-                    rc = _add(self.batch, self.seq, -1, self.n_kv + j, &self.feats[off + j, 0], self.width, False)
+                    rc = self.batch.add_embd_seq_c(&self.feats[off + j, 0], self.width, self.n_kv + j, self.seq, False)
                     if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                         break
             if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                 self.batch._fail(rc, self.width, off + j)
-            self.ctx.process_c(self.batch, True)
+            self._process(True)
             out = llama_get_embeddings_nextn(self.ctx.ptr)
             if out == NULL:
                 raise RuntimeFault("EAGLE3 encoder produced no output (h_nextn)")
@@ -226,18 +206,18 @@ cdef class Eagle3Draft:
         self.batch.clear_c()
         with nogil:
             if start > 0 and start - 1 >= self.n_kv:  # the cross-batch bridge
-                rc = _add(self.batch, self.seq, self.toks[0], start - 1, &self.pending[0], w, False)
+                rc = self.batch.add_token_seq_c(self.toks[0], start - 1, self.seq, &self.pending[0], w, False)
                 added += 1
             if rc_translate(RC_OP_BATCH, rc) == RC_OK:
                 for i in range(m - 1):
-                    rc = _add(self.batch, self.seq, self.toks[i + 1], start + i, &self.g[i, 0], w, False)
+                    rc = self.batch.add_token_seq_c(self.toks[i + 1], start + i, self.seq, &self.g[i, 0], w, False)
                     if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                         break
                     added += 1
         if rc_translate(RC_OP_BATCH, rc) != RC_OK:
             self.batch._fail(rc, w, i)
         if added:
-            self.ctx.process_c(self.batch, False)
+            self._process(False)
             self.n_kv = start + m - 1
         with nogil:
             memcpy(&self.pending[0], &self.g[m - 1, 0], w * sizeof(float))
@@ -253,6 +233,15 @@ cdef class Eagle3Draft:
             if not 0 < kept <= self.n_rows:
                 raise RuntimeFault(f"Eagle3Draft.keep: {kept} rows of a {self.n_rows}-row batch")
             self._commit(kept)
+
+    def release(self) -> None:
+        """Free this sequence's KV rows (its proposer is done; the context may live on for the others).
+        A no-op once the context is closed."""
+        if self.ctx.ptr != NULL:
+            llama_memory_seq_rm(self.ctx.mem, self.seq, 0, -1)
+        self.n_kv = 0
+        self.n_pos = 0
+        self.staged = False
 
     def trim(self, int n_kv) -> None:
         """Drop this sequence's KV positions >= ``n_kv``."""
@@ -278,85 +267,146 @@ cdef class Eagle3Draft:
         self.staged = False
 
     def draft(self, int anchor, int k, float p_min=0.0):
-        """At most ``k`` ids after ``anchor``: ``(anchor, pending)`` at ``pending_pos``, then each id with
-        the decoder's own pre-norm row, one pass per id; an id whose top-10 softmax is below ``p_min``
-        ends the draft (not proposed). Each id is the row's first maximum: read on the host, or sampled in
-        the graph (``ctx.set_greedy(True)``, only when ``p_min`` is 0). Afterwards the KV keeps the
-        boundary row and nothing after it."""
-        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(max(k, 0), dtype=np.int32)
-        if k <= 0 or self.n_pos == 0:
-            return out[:0]
-        self.ctx._alive()
-        cdef int pos0 = self.n_pos - 1, i = 0, j, best, n_out = 0, n_pass = 0
-        if pos0 + k > self.ctx.n_ctx:
-            raise CapacityError(f"EAGLE3 draft: positions up to {pos0 + k} overflow the context {self.ctx.n_ctx}")
-        if anchor < 0 or anchor >= self.n_vocab:
-            raise CapacityError(f"EAGLE3 draft: anchor {anchor} outside [0, {self.n_vocab})")
-        cdef int32_t rc = 0, tok = anchor
-        cdef rc_status st
-        cdef bint ok
-        st.op = RC_OP_DECODE
-        st.rc = 0
-        cdef const float * h = &self.pending[0]
-        cdef const float * row
-        cdef float v
-        cdef size_t w = self.n_embd
-        cdef int nv = self.n_vocab
-        cdef int * abort_flag = self.ctx.abort_flag
-        cdef bint in_graph = self.ctx.greedy and p_min <= 0
-        cdef int64_t t0
-        cdef int seq = self.seq
-        llama_memory_seq_rm(self.ctx.mem, seq, pos0, -1)
-        try:
-            with nogil:
-                for i in range(k):
-                    self.batch.clear_c()
-                    rc = _add(self.batch, seq, tok, pos0 + i, h, w, True)
-                    if rc_translate(RC_OP_BATCH, rc) != RC_OK:
-                        st.op = RC_OP_BATCH
-                        st.rc = rc
-                        break
-                    if abort_flag[0]:
-                        st.rc = 2  # as llama.cpp reports an abort
-                        break
-                    t0 = clock_ns()
-                    st.rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
-                    llama_synchronize(self.ctx.ptr)
-                    self.ctx.compute_ns += clock_ns() - t0
-                    if rc_translate(st.op, st.rc) != RC_OK:
-                        break
-                    n_pass += 1
-                    h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
-                    if in_graph:
-                        best = llama_get_sampled_token_ith(self.ctx.ptr, 0)
-                        row = NULL
+        """At most ``k`` ids after ``anchor`` (:func:`draft_many` for this sequence alone)."""
+        return draft_many([self], [anchor], [k], [p_min])[0]
+
+
+def draft_many(list drafts, anchors, ks, p_mins) -> list:
+    """One draft per sequence of a shared draft context, every step one decode of all the sequences
+    still drafting (llama.cpp's ``draft()`` over its slots): for each, ``(anchor, pending)`` at its
+    ``pending_pos``, then each id with the decoder's own pre-norm row; an id whose top-10 softmax is
+    below its ``p_min`` ends that draft (not proposed), as does its ``k``-th id. Each id is the first
+    maximum of its row, read on the host, or sampled in the graph on a context of one sequence with
+    ``ctx.set_greedy(True)`` (only when ``p_min`` is 0). Afterwards each sequence's KV keeps its boundary
+    row and nothing after it, also when a decode fails. Each draft's compute clock counts every pass it
+    took part in. Rows are addressed by sequence and position, so a sequence's ids are its solo ids."""
+    cdef Py_ssize_t n = len(drafts), i
+    if n == 0:
+        return []
+    cdef Eagle3Draft d0 = drafts[0], d
+    cdef Context ctx = d0.ctx
+    ctx._alive()
+    cdef cnp.ndarray[int32_t, ndim=1] pos0 = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1] tok = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1] kk = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1] seq = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1] n_out = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1] n_pass = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1] row = np.zeros(n, dtype=np.int32)
+    cdef cnp.ndarray[cnp.uint8_t, ndim=1] active = np.zeros(n, dtype=np.uint8)
+    cdef cnp.ndarray[float, ndim=1] pm = np.zeros(n, dtype=np.float32)
+    cdef cnp.ndarray[int64_t, ndim=1] comp = np.zeros(n, dtype=np.int64)
+    cdef int max_k = max([int(x) for x in ks] + [0])
+    cdef cnp.ndarray[int32_t, ndim=2] out = np.zeros((n, max(max_k, 1)), dtype=np.int32)
+    cdef vector[_row_p] hp = vector[_row_p](n)
+    cdef int n_active = 0
+    for i in range(n):
+        d = drafts[i]
+        if d.ctx is not ctx:
+            raise RuntimeFault("draft_many: the drafts do not share one draft context")
+        kk[i] = int(ks[i])
+        pm[i] = float(p_mins[i])
+        tok[i] = int(anchors[i])
+        seq[i] = d.seq
+        pos0[i] = d.n_pos - 1
+        if kk[i] <= 0 or d.n_pos == 0:
+            continue
+        if pos0[i] + kk[i] > d.n_cells:
+            raise CapacityError(f"EAGLE3 draft: positions up to {pos0[i] + kk[i]} overflow the sequence's "
+                                f"{d.n_cells} cells")
+        if tok[i] < 0 or tok[i] >= d.n_vocab:
+            raise CapacityError(f"EAGLE3 draft: anchor {tok[i]} outside [0, {d.n_vocab})")
+        hp[i] = &d.pending[0]
+        active[i] = 1
+        n_active += 1
+    cdef BatchExt batch = d0.batch
+    cdef int32_t rc = 0, best
+    cdef rc_status st
+    st.op = RC_OP_DECODE
+    st.rc = 0
+    cdef const float * h
+    cdef const float * lrow
+    cdef float v
+    cdef size_t w = d0.n_embd
+    cdef int nv = d0.n_vocab, j
+    cdef int * abort_flag = ctx.abort_flag
+    cdef bint greedy = ctx.greedy
+    cdef int64_t t0, dt
+    for i in range(n):
+        if active[i]:
+            llama_memory_seq_rm(ctx.mem, seq[i], pos0[i], -1)
+    try:
+        with nogil:
+            while n_active > 0:
+                batch.clear_c()
+                for i in range(n):
+                    if active[i]:
+                        rc = batch.add_token_seq_c(tok[i], pos0[i] + n_pass[i], seq[i], hp[i], w, True)
+                        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                            break
+                        row[i] = rc
+                if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                    st.op = RC_OP_BATCH
+                    st.rc = rc
+                    break
+                if abort_flag[0]:
+                    st.rc = 2  # as llama.cpp reports an abort
+                    break
+                t0 = clock_ns()
+                st.rc = llama_process(ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
+                llama_synchronize(ctx.ptr)
+                dt = clock_ns() - t0
+                ctx.compute_ns += dt
+                if rc_translate(st.op, st.rc) != RC_OK:
+                    break
+                for i in range(n):
+                    if not active[i]:
+                        continue
+                    n_pass[i] += 1
+                    comp[i] += dt
+                    h = llama_get_embeddings_nextn_ith(ctx.ptr, row[i])
+                    if greedy and pm[i] <= 0:
+                        best = llama_get_sampled_token_ith(ctx.ptr, row[i])
+                        lrow = NULL
                     else:
                         best = 0
-                        row = llama_get_logits_ith(self.ctx.ptr, 0)
-                    if (row == NULL and not in_graph) or h == NULL or best < 0:
+                        lrow = llama_get_logits_ith(ctx.ptr, row[i])
+                    if h == NULL or best < 0 or (lrow == NULL and not (greedy and pm[i] <= 0)):
                         st.op = RC_OP_OUTPUT
                         st.rc = -1
                         break
-                    if not in_graph:
-                        v = row[0]
+                    hp[i] = h
+                    if lrow != NULL:
+                        v = lrow[0]
                         for j in range(1, nv):
-                            if row[j] > v:
-                                v = row[j]
+                            if lrow[j] > v:
+                                v = lrow[j]
                                 best = j
-                        if p_min > 0 and _top_p(row, nv) < p_min:
-                            break  # the pass ran; its id is not proposed
-                    tok = best
-                    out[n_out] = tok
-                    n_out += 1
-            ok = rc_translate(st.op, st.rc) == RC_OK
-            if not ok:
-                if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
-                    abort_flag[0] = 0
-                rc_raise(st.op, st.rc, f"EAGLE3 draft pass {i}")
-        finally:
-            self.batch.clear_c()
-            self.passes += n_pass
+                        if pm[i] > 0 and _top_p(lrow, nv) < pm[i]:
+                            active[i] = 0  # the pass ran; its id is not proposed
+                            n_active -= 1
+                            continue
+                    tok[i] = best
+                    out[i, n_out[i]] = best
+                    n_out[i] += 1
+                    if n_out[i] == kk[i]:
+                        active[i] = 0
+                        n_active -= 1
+                if st.rc != 0:
+                    break
+        if rc_translate(st.op, st.rc) != RC_OK:
+            if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
+                abort_flag[0] = 0
+            rc_raise(st.op, st.rc, "EAGLE3 draft pass")
+    finally:
+        batch.clear_c()
+        for i in range(n):
+            d = drafts[i]
+            if kk[i] <= 0 or d.n_pos == 0:
+                continue
+            d.passes += n_pass[i]
+            d.compute_ns += comp[i]
             # the boundary row stays (llama-speculative-simple trims the draft to the target's length)
-            llama_memory_seq_rm(self.ctx.mem, seq, pos0 + 1 if n_pass else pos0, -1)
-            self.n_kv = pos0 + 1 if n_pass else min(self.n_kv, pos0)
-        return out[:n_out]
+            llama_memory_seq_rm(ctx.mem, seq[i], pos0[i] + 1 if n_pass[i] else pos0[i], -1)
+            d.n_kv = pos0[i] + 1 if n_pass[i] else min(d.n_kv, pos0[i])
+    return [out[i, :n_out[i]].copy() for i in range(n)]

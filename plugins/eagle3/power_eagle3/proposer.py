@@ -21,16 +21,17 @@ hidden state (``h_nextn``), as llama.cpp reads them. The draft runs in a context
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from power_core.errors import ArtifactMismatch
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, Proposer, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 from power_eagle3.validate import N_TAPS, Eagle3Head, Eagle3Verified
 
-__all__ = ["Eagle3Proposer", "open_eagle3", "target_features", "tap_names"]
+__all__ = ["Eagle3Proposer", "Eagle3Shared", "open_eagle3", "target_features", "tap_names"]
 
 #: the target's final hidden state (llama.cpp: an id equal to the target's layer count)
 FINAL_TAP = "h_nextn"
@@ -53,16 +54,51 @@ def target_features(verified: Any) -> frozenset[str]:
     return frozenset(tap_names(head))
 
 
-class Eagle3Proposer:
-    """Greedy EAGLE3 drafting on one draft context (one sequence of it)."""
+class Eagle3Shared:
+    """The EAGLE3 draft context of one target's sequences (a :class:`power_native.target.DraftPool`
+    entry): a sequence per target sequence, and the :class:`~power_core.runtime.ProposalBatch` that
+    drafts for all of them in one decode per step (llama.cpp's ``draft()`` over its slots)."""
 
-    def __init__(self, draft: Any, taps: tuple[str, ...], *, p_min: float = 0.0, in_graph: bool = False) -> None:
+    def __init__(self, ctx: Any, n_seq: int) -> None:
+        self.ctx = ctx
+        self.n_seq = n_seq
+
+    def propose_many(self, asks: Sequence[tuple[Proposer, ProposalContext]]) -> list[Proposal]:
+        """One :class:`Proposal` per ask: this context's EAGLE3 proposers draft together; any other
+        proposer that declared this batch (a wrapper forwarding its inner proposer's capabilities, as
+        the conformance kit's recorders do) proposes alone through its own ``propose``."""
+        from power_eagle3._eagle3 import draft_many
+
+        mine = [(i, p, c) for i, (p, c) in enumerate(asks) if isinstance(p, Eagle3Proposer) and p.shared is self]
+        ids = draft_many([p.draft for _, p, _ in mine], [c.anchor for _, _, c in mine], [c.k for _, _, c in mine],
+                         [p.p_min for _, p, _ in mine])
+        out: list[Proposal | None] = [None] * len(asks)
+        for (i, _, _), x in zip(mine, ids, strict=True):
+            out[i] = Proposal(x) if x.size else Proposal.none()
+        for i, (p, c) in enumerate(asks):
+            if out[i] is None:
+                out[i] = p.propose(c)
+        return [p for p in out if p is not None]
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class Eagle3Proposer:
+    """Greedy EAGLE3 drafting on one sequence of a draft context (its own, or one the target's
+    sequences share: then :attr:`ProposerCapabilities.batch` drafts them together)."""
+
+    def __init__(self, draft: Any, taps: tuple[str, ...], *, shared: Eagle3Shared, p_min: float = 0.0,
+                 in_graph: bool = False) -> None:
         self.draft = draft
+        self.shared = shared
         self.taps = taps
         self.features = frozenset(taps)
         self.p_min = float(p_min)
-        #: the ids from the draft's graph (Power's first-maximum sampler); p_min reads the rows instead
-        self.samples_in_graph = bool(in_graph and self.p_min <= 0 and draft.ctx.set_greedy(True))
+        #: the ids from the draft's graph (Power's first-maximum sampler; a context of one sequence only);
+        #: p_min reads the rows instead
+        self.samples_in_graph = bool(in_graph and self.p_min <= 0 and shared.n_seq == 1
+                                     and draft.ctx.set_greedy(True))
 
     def begin(self, prompt: TokenArray) -> None:
         self.draft.reset()
@@ -93,17 +129,19 @@ class Eagle3Proposer:
         self.draft.set_state(*checkpoint)
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's encode/decode calls on the draft context."""
-        return float(self.draft.ctx.compute_ns) * 1e-9
+        """Seconds inside llama.cpp's encode/decode calls this sequence took part in (shared passes too)."""
+        return float(self.draft.compute_ns) * 1e-9
 
     @property
     def capabilities(self) -> ProposerCapabilities:
-        """Argmax drafts (from the draft context's graph or its rows), its compute clock, and a close."""
+        """Argmax drafts (from the graph or the rows), the sequence's compute clock, a close, and the
+        shared draft passes when the target's sequences share the draft context."""
         return ProposerCapabilities(samples_in_graph=self.samples_in_graph, compute_seconds=self.compute_seconds,
-                                    close=self.close)
+                                    close=self.close, batch=self.shared if self.shared.n_seq > 1 else None)
 
     def close(self) -> None:
-        self.draft.ctx.close()
+        """Free this sequence's rows; the context itself closes with the target's draft pool."""
+        self.draft.release()
 
 
 def open_eagle3(req: ProposerRequest) -> Eagle3Proposer:
@@ -125,20 +163,32 @@ def open_eagle3(req: ProposerRequest) -> Eagle3Proposer:
                                f"validator read {head.target_n_layer}", evidence="block_count")
     cfg = req.config
     placed = offload(cfg)
-    model = load_model(req.draft, role="draft", n_gpu_layers=placed.draft_gpu_layers, devices=placed.draft_devices)
-    if model.arch != "eagle3" or tuple(model.target_layer_ids()) != head.target_layers:
-        raise ArtifactMismatch(f"{req.draft}: llama.cpp loaded arch {model.arch!r} with target layers "
-                               f"{tuple(model.target_layer_ids())}; the validator proved 'eagle3' with "
-                               f"{head.target_layers}", evidence="eagle3.target_layers")
-    ctx = _llama.Context(model, n_ctx=target.cells, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
-                         n_outputs_max=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count(),
-                         flash_attn=cfg.flash_attn)
-    try:
-        # masked: a decoder pass yields its output row's pre-norm state; the encoder yields every row's g
-        ctx.set_embeddings_nextn(True, True)
-        draft = Eagle3Draft(ctx, N_TAPS, head.target_n_embd)
-        return Eagle3Proposer(draft, tap_names(head), p_min=cfg.spec_draft_p_min,
-                              in_graph=draft_graph_sampling(cfg, placed.draft_gpu_layers != 0))
-    except BaseException:
-        ctx.close()
-        raise
+    # every setting that changes what the shared draft computes is in the key; p_min is per sequence
+    key = ("eagle3", os.path.realpath(req.draft), placed.draft_gpu_layers, tuple(placed.draft_devices),
+           cfg.n_threads, cfg.flash_attn)
+
+    def make(n_seq: int) -> Eagle3Shared:
+        model = load_model(req.draft, role="draft", n_gpu_layers=placed.draft_gpu_layers,
+                           devices=placed.draft_devices)
+        if model.arch != "eagle3" or tuple(model.target_layer_ids()) != head.target_layers:
+            raise ArtifactMismatch(f"{req.draft}: llama.cpp loaded arch {model.arch!r} with target layers "
+                                   f"{tuple(model.target_layer_ids())}; the validator proved 'eagle3' with "
+                                   f"{head.target_layers}", evidence="eagle3.target_layers")
+        # one KV stream for all sequences with flash attention, as the target's batch does (batch-invariant
+        # kernels keep each sequence's cells in position order, so its rows are its solo rows)
+        ctx = _llama.Context(model, n_ctx=target.cells * n_seq, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch,
+                             n_rs_seq=0, n_outputs_max=n_seq, ctx_other=tctx, n_seq_max=n_seq,
+                             kv_unified=cfg.flash_attn != "off" if n_seq > 1 else None,
+                             n_threads=cfg.n_threads or os.cpu_count(), flash_attn=cfg.flash_attn)
+        try:
+            # masked: a decoder pass yields its output rows' pre-norm state; the encoder yields every row's g
+            ctx.set_embeddings_nextn(True, True)
+        except BaseException:
+            ctx.close()
+            raise
+        return Eagle3Shared(ctx, n_seq)
+
+    shared = target.drafts.shared(key, make, Eagle3Shared)
+    draft = Eagle3Draft(shared.ctx, N_TAPS, head.target_n_embd, seq=target.seq_id, n_cells=target.cells)
+    return Eagle3Proposer(draft, tap_names(head), shared=shared, p_min=cfg.spec_draft_p_min,
+                          in_graph=draft_graph_sampling(cfg, placed.draft_gpu_layers != 0))
