@@ -151,11 +151,11 @@ class _Kit(AdapterConformance):
 
 
 class TestEagle3Conformance(_Kit):
-    pass
+    kind = "succ"  # accepted drafts, the final-state tap, inherited embeddings
 
 
-class TestEagle3FinalTapConformance(_Kit):
-    kind = "final"
+class TestEagle3OwnEmbeddingsConformance(_Kit):
+    kind = "own"
 
 
 # -- selection ----------------------------------------------------------------------------------------------

@@ -161,17 +161,16 @@ def open_eagle3(req: ProposerRequest) -> Eagle3Proposer:
     if target.model.n_layer != head.target_n_layer:
         raise ArtifactMismatch(f"{target.model.path}: llama.cpp counts {target.model.n_layer} target layers; the "
                                f"validator read {head.target_n_layer}", evidence="block_count")
-    cfg = req.config
+    cfg, path = req.config, req.draft
     placed = offload(cfg)
     # every setting that changes what the shared draft computes is in the key; p_min is per sequence
-    key = ("eagle3", os.path.realpath(req.draft), placed.draft_gpu_layers, tuple(placed.draft_devices),
+    key = ("eagle3", os.path.realpath(path), placed.draft_gpu_layers, tuple(placed.draft_devices),
            cfg.n_threads, cfg.flash_attn)
 
     def make(n_seq: int) -> Eagle3Shared:
-        model = load_model(req.draft, role="draft", n_gpu_layers=placed.draft_gpu_layers,
-                           devices=placed.draft_devices)
+        model = load_model(path, role="draft", n_gpu_layers=placed.draft_gpu_layers, devices=placed.draft_devices)
         if model.arch != "eagle3" or tuple(model.target_layer_ids()) != head.target_layers:
-            raise ArtifactMismatch(f"{req.draft}: llama.cpp loaded arch {model.arch!r} with target layers "
+            raise ArtifactMismatch(f"{path}: llama.cpp loaded arch {model.arch!r} with target layers "
                                    f"{tuple(model.target_layer_ids())}; the validator proved 'eagle3' with "
                                    f"{head.target_layers}", evidence="eagle3.target_layers")
         # one KV stream for all sequences with flash attention, as the target's batch does (batch-invariant

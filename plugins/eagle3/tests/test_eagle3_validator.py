@@ -239,3 +239,23 @@ def test_mtp_layers_in_the_draft(target, tmp_path):
     s = synthetic.eagle3_spec()
     s.kv["eagle3.nextn_predict_layers"] = ("u32", 1)
     assert reject(target, s, tmp_path) == ("draft_mixed_mechanisms", "eagle3.nextn_predict_layers")
+
+
+def test_accepts_what_the_converter_writes(target, tmp_path):
+    """convert_hf_to_gguf.py (EAGLE3 and speculators checkpoints alike): vocab_size, rope keys, an explicit
+    head size other than n_embd / n_head (key_length = value_length), llama3 rope_freqs, a d2t table."""
+    s = synthetic.eagle3_spec(d2t=96, norm_before_residual=False, norm_before_fc=False)
+    n = synthetic.N_EMBD
+    s.kv["eagle3.rope.dimension_count"] = ("u32", 48)
+    s.kv["eagle3.rope.freq_base"] = ("f32", 500000.0)
+    s.kv["eagle3.attention.key_length"] = ("u32", 48)
+    s.kv["eagle3.attention.value_length"] = ("u32", 48)
+    s.tensors["rope_freqs.weight"] = ((24,), "F32")
+    s.tensors["blk.0.attn_q.weight"] = ((2 * n, 2 * 48), "F32")
+    s.tensors["blk.0.attn_k.weight"] = ((2 * n, 48), "F32")
+    s.tensors["blk.0.attn_v.weight"] = ((2 * n, 48), "F32")
+    s.tensors["blk.0.attn_output.weight"] = ((2 * 48, n), "F32")
+    v = validate_eagle3(target, view(s, tmp_path), None)
+    assert v.head.d2t and not v.head.norm_before_fc
+    s.kv["eagle3.attention.value_length"] = ("u32", 32)
+    assert reject(target, s, tmp_path) == ("eagle3_key_invalid", "eagle3.attention.key_length")
