@@ -260,18 +260,17 @@ cdef class Eagle3Draft:
         cdef const float[::1] src = np.ascontiguousarray(pending, dtype=np.float32)
         if src.shape[0] != self.n_embd:
             raise RuntimeFault(f"Eagle3Draft.set_state: a boundary row of {src.shape[0]} values; expected {self.n_embd}")
-        self.trim(n_kv)
-        self.n_kv = n_kv
+        self.trim(n_kv)  # rows the KV lost since (a failed draft's boundary row) stay lost: the bridge rewrites them
         self.n_pos = n_pos
         self.pending[:] = src
         self.staged = False
 
     def draft(self, int anchor, int k, float p_min=0.0):
         """At most ``k`` ids after ``anchor`` (:func:`draft_many` for this sequence alone)."""
-        return draft_many([self], [anchor], [k], [p_min])[0]
+        return draft_many([self], [anchor], [k], [p_min])[0][0]
 
 
-def draft_many(list drafts, anchors, ks, p_mins) -> list:
+def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
     """One draft per sequence of a shared draft context, every step one decode of all the sequences
     still drafting (llama.cpp's ``draft()`` over its slots): for each, ``(anchor, pending)`` at its
     ``pending_pos``, then each id with the decoder's own pre-norm row; an id whose top-10 softmax is
@@ -279,10 +278,11 @@ def draft_many(list drafts, anchors, ks, p_mins) -> list:
     maximum of its row, read on the host, or sampled in the graph on a context of one sequence with
     ``ctx.set_greedy(True)`` (only when ``p_min`` is 0). Afterwards each sequence's KV keeps its boundary
     row and nothing after it, also when a decode fails. Each draft's compute clock counts every pass it
-    took part in. Rows are addressed by sequence and position, so a sequence's ids are its solo ids."""
+    took part in. Rows are addressed by sequence and position, so a sequence's ids are its solo ids.
+    Returns (ids per draft, decode passes run)."""
     cdef Py_ssize_t n = len(drafts), i
     if n == 0:
-        return []
+        return [], 0
     cdef Eagle3Draft d0 = drafts[0], d
     cdef Context ctx = d0.ctx
     ctx._alive()
@@ -409,4 +409,4 @@ def draft_many(list drafts, anchors, ks, p_mins) -> list:
             # the boundary row stays (llama-speculative-simple trims the draft to the target's length)
             llama_memory_seq_rm(ctx.mem, seq[i], pos0[i] + 1 if n_pass[i] else pos0[i], -1)
             d.n_kv = pos0[i] + 1 if n_pass[i] else min(d.n_kv, pos0[i])
-    return [out[i, :n_out[i]].copy() for i in range(n)]
+    return [out[i, :n_out[i]].copy() for i in range(n)], int(n_pass.max())

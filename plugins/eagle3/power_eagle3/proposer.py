@@ -70,11 +70,12 @@ class Eagle3Shared:
         from power_eagle3._eagle3 import draft_many
 
         mine = [(i, p, c) for i, (p, c) in enumerate(asks) if isinstance(p, Eagle3Proposer) and p.shared is self]
-        ids = draft_many([p.draft for _, p, _ in mine], [c.anchor for _, _, c in mine], [c.k for _, _, c in mine],
-                         [p.p_min for _, p, _ in mine])
+        ids, passes = draft_many([p.draft for _, p, _ in mine], [c.anchor for _, _, c in mine],
+                                 [c.k for _, _, c in mine], [p.p_min for _, p, _ in mine])
+        stats = {"draft_passes": float(passes), "draft_batch": float(len(mine))}
         out: list[Proposal | None] = [None] * len(asks)
         for (i, _, _), x in zip(mine, ids, strict=True):
-            out[i] = Proposal(x) if x.size else Proposal.none()
+            out[i] = Proposal(x, stats=stats)
         for i, (p, c) in enumerate(asks):
             if out[i] is None:
                 out[i] = p.propose(c)
@@ -109,7 +110,9 @@ class Eagle3Proposer:
     def propose(self, ctx: ProposalContext) -> Proposal:
         if ctx.k <= 0:
             return Proposal.none()
-        return Proposal(self.draft.draft(ctx.anchor, ctx.k, self.p_min))
+        before = self.draft.passes
+        ids = self.draft.draft(ctx.anchor, ctx.k, self.p_min)
+        return Proposal(ids, stats={"draft_passes": float(self.draft.passes - before), "draft_batch": 1.0})
 
     def observe(self, result: DecodeResult) -> None:
         try:
