@@ -3,9 +3,11 @@
 The target publishes, for every token of every batch (prompt chunks and verify passes), the rows of
 the draft's three taps: the input of target layer ``L`` (``layer_inp:L``, power-native's layer-tap
 driver, as the DFlash family reads it) or, for an id equal to the target's layer count, its final
-hidden state (``h_nextn``), as llama.cpp reads them. The draft runs in a context of its own with
-``ctx_other`` = the target's (a draft without ``token_embd``/``output`` borrows them). Per round
-(:class:`power_eagle3._eagle3.Eagle3Draft`, Cython, GIL-free per token):
+hidden state (``h_nextn``), as llama.cpp reads them. The draft runs in a draft context with
+``ctx_other`` = the target's (a draft without ``token_embd``/``output`` borrows them), one sequence
+per target sequence (:class:`Eagle3Shared`, from the target's ``DraftPool``: the requests of a
+shared-pass batch draft in one decode per step, :class:`~power_core.runtime.ProposalBatch`). Per
+round (:class:`power_eagle3._eagle3.Eagle3Draft`, Cython, GIL-free per token):
 
 * ``observe``: a prompt chunk is encoded (three taps -> ``g``) and its decoder pairs
   ``(token P+1, g P)`` written at once, the last row deferred as the boundary; a verify pass is only
