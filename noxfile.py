@@ -187,6 +187,17 @@ def bench_structured(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_drafts(session: nox.Session) -> None:
+    """Batched draft passes: power serve --parallel 4 vs llama-server -np 4 with the same drafter (draft-mtp,
+    draft-dflash, draft-dspark) at 1 and 4 clients: aggregate tok/s, p50/p99 latency, acceptance; paired, exact
+    numerics on both sides."""
+    install_all(session, models=False)
+    session.run("python", "native/tools/build_llama.py", "--peers")  # llama-server of the pinned build
+    session.run("python", "tests/bench/bench_drafts.py", "--out", str(ROOT / "docs" / "evidence" / "bench_drafts"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_memory(session: nox.Session) -> None:
     """Multi-turn chats and an agent loop (histories resent): power serve --mode suffix with its memories
     (prompt cache, cross-request suffix index) vs without them, vs --mode off, vs llama-server's best n-gram

@@ -29,6 +29,7 @@ from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
     DecodeResult,
     Proposal,
+    ProposalBatch,
     ProposalContext,
     Proposer,
     ProposerCapabilities,
@@ -69,6 +70,7 @@ __all__ = [
     "PromptCache",
     "PromptCacheStats",
     "Proposal",
+    "ProposalBatch",
     "ProposalContext",
     "Proposer",
     "ProposerCapabilities",

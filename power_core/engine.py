@@ -51,7 +51,7 @@ import attrs
 import numpy as np
 
 from power_core.constraint import ConstraintSpec
-from power_core.errors import AdapterFault, Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
+from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
 from power_core.receipt import Receipt
@@ -69,6 +69,11 @@ class Slot(Protocol):
 
     @property
     def strategy_name(self) -> str: ...
+
+    @property
+    def strategy_names(self) -> tuple[str, ...]:
+        """The strategies a request on it may ask for (its lanes', and ``auto``)."""
+        ...
 
     @property
     def max_block(self) -> int:
@@ -99,7 +104,7 @@ class Slot(Protocol):
     def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
               stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
               logprobs: int | None = None, tenant: str | None = None,
-              constraint: ConstraintSpec | None = None) -> Request[Any]: ...
+              constraint: ConstraintSpec | None = None, strategy: str | None = None) -> Request[Any]: ...
 
 
 SlotT = TypeVar("SlotT", bound=Slot)
@@ -280,7 +285,7 @@ class Engine(Generic[SlotT]):
 
     # -- admission ------------------------------------------------------------------------------------------
     def _fits(self, session: SlotT, strategy: str | None) -> bool:
-        return session.lost is None and not session.closed and (strategy is None or session.strategy_name == strategy)
+        return session.lost is None and not session.closed and (strategy is None or strategy in session.strategy_names)
 
     def reserve(self, *, strategy: str | None = None, prompt: np.ndarray | None = None,
                 tenant: str = "") -> Ticket[SlotT]:
@@ -294,7 +299,7 @@ class Engine(Generic[SlotT]):
         used most recently stay in their sequences longest. A waiting ticket gets the first
         sequence freed (first come, first served)."""
         if strategy is not None and not any(self._fits(s, strategy) for s in self.sessions):
-            have = sorted({s.strategy_name for s in self.sessions})
+            have = sorted({name for s in self.sessions for name in s.strategy_names})
             raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
         ticket: Ticket[SlotT] = Ticket(self, strategy)
         with self._cv:
@@ -433,7 +438,7 @@ class Engine(Generic[SlotT]):
         session = self.acquire(strategy=strategy, prompt=ids, tenant=tenant or "")
         try:
             return session.start(ids, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                                 logprobs=logprobs, tenant=tenant, constraint=constraint)
+                                 logprobs=logprobs, tenant=tenant, constraint=constraint, strategy=strategy)
         except BaseException:
             self.release(session)
             raise
@@ -770,8 +775,9 @@ class Engine(Generic[SlotT]):
     def _ask_together(self, opened: list[tuple[_Active, PendingRound]]) -> tuple[dict[int, Proposal], set[int]]:
         """Ask the proposers that share a :class:`~power_core.runtime.ProposalBatch` (two or more
         rounds of this pass) together: one draft pass per step for all of them. Returns each round's
-        proposal by ``id(pending)``, and the rounds (``id(pending)``) whose batch failed: those have
-        restored and their requests left. A lone asker proposes alone."""
+        proposal by ``id(pending)``, and the rounds (``id(pending)``) whose batch was interrupted
+        (``KeyboardInterrupt``): those have restored and their requests left. When a batch fails, each
+        of its requests proposes alone (its own ``propose``), as does a lone asker."""
         groups: dict[int, list[tuple[_Active, PendingRound]]] = {}
         for a, pending in opened:
             if pending.ask is not None and self._asked(a) and not a.gen.cancel.cancelled:
@@ -793,18 +799,23 @@ class Engine(Generic[SlotT]):
             try:
                 got = batch.propose_many(asks)
                 if not isinstance(got, list) or len(got) != len(members):
-                    raise AdapterFault(f"draft batch {type(batch).__name__}.propose_many returned "
-                                       f"{type(got).__name__} for {len(members)} asks; expected a list of one "
-                                       "Proposal per ask", proposer=type(batch).__name__, method="propose_many")
-            except BaseException as exc:  # the shared draft failed: every round of it restores
-                fault = exc if isinstance(exc, PowerError) or not isinstance(exc, Exception) else AdapterFault(
-                    f"draft batch {type(batch).__name__}.propose_many raised {type(exc).__name__}: {exc}; every "
-                    "round it drafted for restores", proposer=type(batch).__name__, method="propose_many")
+                    raise TypeError(f"propose_many returned {type(got).__name__} for {len(members)} asks; expected a "
+                                    "list of one Proposal per ask")
+            except Exception as exc:  # noqa: BLE001 - the shared draft failed: each of its requests drafts alone
+                # (a batch leaves its proposers as they were when it raises), so a fault of one request's
+                # draft ends that request only, and the others propose what they would have
+                log.warning("engine.draft_batch_failed", batch=type(batch).__name__, requests=len(members),
+                            error=f"{type(exc).__name__}: {exc}")
+                seconds = time.perf_counter() - t0
+                for (a, _), c0 in zip(members, clocks, strict=True):
+                    a.gen.charge(c0, seconds, 0)
+                continue
+            except BaseException as exc:  # interrupted: every round of it restores
                 seconds = time.perf_counter() - t0
                 for (a, pending), c0 in zip(members, clocks, strict=True):
                     a.gen.charge(c0, seconds, 0)
                     failed.add(id(pending))
-                    self._abort(a, pending, fault)
+                    self._abort(a, pending, exc)
                 continue
             seconds = time.perf_counter() - t0
             for (a, pending), c0, proposal in zip(members, clocks, got, strict=True):

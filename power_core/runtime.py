@@ -354,9 +354,9 @@ class ProposalBatch(Protocol):
     proposer's ``propose(ctx)`` returns alone (rows are addressed by each sequence's own positions,
     never by where its tokens sit in the pass); a request that asks for fewer tokens leaves the
     pass early. Each proposer's ``compute_seconds`` counts every shared draft pass it took part in,
-    as a shared target pass counts for every request in it. When it raises, every round it was
-    asked for restores (as after a failed shared target pass); the proposers' own state must then
-    be what it was before the call.
+    as a shared target pass counts for every request in it. When it raises, the proposers' own
+    state must be what it was before the call: the engine logs the failure and asks each of them
+    alone (its ``propose``), so a fault of one request's draft ends that request only.
     """
 
     def propose_many(self, asks: Sequence[tuple[Proposer, ProposalContext]]) -> list[Proposal]: ...

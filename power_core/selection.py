@@ -142,7 +142,15 @@ def _select_auto(plugins: Any, config: Any, target: ArtifactView, model: str, dr
     def allowed(name: str) -> bool:
         return only is None or name in only
 
-    contract, evidence = classify_draft(ArtifactView.from_gguf(draft)) if draft is not None else ("", "")
+    contract, evidence = "", ""
+    if draft is not None:
+        try:
+            contract, evidence = classify_draft(ArtifactView.from_gguf(draft))
+        except ArtifactError:
+            if only is None:
+                raise
+            # several strategies: the draft is for one that reads it as it is (draft-model's); auto goes on without it
+            draft = None
     if draft is not None and allowed(contract):
         strategy = plugins.strategy(contract)  # the user gave a draft: a missing package fails closed
         sv = verify_artifacts(strategy, model, draft, config, require_binding=require_binding, target_view=target,

@@ -275,6 +275,12 @@ class _LanePlans:
             raise ConfigError("strategies", modes, "each strategy once")
         base = PowerConfig.from_mapping(config.to_dict() if config else {}, **overrides)
         plugins = plugins or get_plugins()
+        for name, value in base.options:  # a key no listed strategy reads is a mistake, as with one spec_mode
+            owners = key_owners(name)
+            if MODE_AUTO not in modes and not set(owners) & set(modes):
+                raise ConfigError(name, value, f"unset unless strategies include {' or '.join(map(repr, owners))}",
+                                  f"the key configures the {', '.join(owners)} strateg"
+                                  f"{'y' if len(owners) == 1 else 'ies'} only")
         takes = [m == MODE_AUTO or (m != MODE_OFF and plugins.strategy(m).needs_draft) for m in modes]
         if draft is not None and not any(takes):
             raise ConfigError("draft", draft, "no draft, or a strategy among strategies that reads one (auto, or "
@@ -283,8 +289,10 @@ class _LanePlans:
                       for m, t in zip(modes, takes, strict=True))
         names = [str(p.strategy.name) for p in plans]
         if MODE_AUTO in modes:
+            # a listed strategy that auto picked runs in auto's lane: one proposer per strategy on a sequence
             auto = modes.index(MODE_AUTO)
-            return cls(plans=plans, auto=auto, auto_reason=plans[auto].selection.reason)
+            kept = tuple(p for i, p in enumerate(plans) if i == auto or modes[i] != names[auto])
+            return cls(plans=kept, auto=kept.index(plans[auto]), auto_reason=plans[auto].selection.reason)
         first = plans[0]
         chosen = select(plugins, PowerConfig.from_mapping(base.to_dict(), spec_mode=MODE_AUTO),
                         model=first.request.model, draft=draft, only=frozenset(names))
@@ -449,7 +457,8 @@ class Session:
         ``cache_prompt`` on). ``strategies`` (``spec_mode`` values, e.g. ``["mtp", "suffix", "off"]``):
         one lane per strategy on the one target, the first the default, instead of ``spec_mode``'s
         one; a request picks its own (:meth:`start`'s ``strategy``). ``draft`` goes to the strategies
-        that need one (and ``auto``); strategy keys go to the strategies that own them."""
+        that need one (and ``auto``); strategy keys go to the strategies that own them. A listed
+        strategy that a listed ``auto`` picks runs in auto's lane (no second proposer of one kind)."""
         lanes = cls._plans(config, model, draft, backend, plugins, _with_cache(overrides, prompt_cache), strategies)
         plan = lanes.plans[0]
         request = _target_request(lanes.plans)

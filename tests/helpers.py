@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import attrs
 import pytest
 
 from power_core.config import PowerConfig
@@ -83,6 +84,11 @@ class Flaky:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    @property
+    def capabilities(self) -> Any:
+        """The inner proposer's, but it drafts alone: a draft batch knows its own proposers, not a wrapper."""
+        return attrs.evolve(self.inner.capabilities, batch=None)
 
     def propose(self, ctx: Any) -> Any:
         self.calls += 1

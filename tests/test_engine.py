@@ -129,6 +129,18 @@ def test_sequence_specs_are_validated():
             engine.submit([1, 2], strategy="suffix")
 
 
+def test_a_request_picks_any_strategy_of_an_engine_whose_sequences_run_several():
+    """``Engine.submit(strategy=)`` on sequences that each carry several strategies (lanes): any free
+    sequence takes it, and the request runs (and its receipt names) the strategy it asked for."""
+    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins(),
+                             strategies=["ref-draft", "off"]) as engine:
+        for name in ("off", "ref-draft", "auto"):
+            res = engine.run(engine.submit([1, 2, 3], max_tokens=8, strategy=name))
+            assert res.receipt.strategy["requested"] == name
+            assert res.receipt.strategy["name"] == name if name != "auto" else res.receipt.strategy["name"] in ("off",
+                                                                                                             "ref-draft")
+
+
 class _Slow:
     def __init__(self, inner) -> None:
         self.inner = inner

@@ -166,6 +166,18 @@ def test_a_strategy_the_server_was_not_started_with_is_a_400_naming_it(server, c
     assert ok.choices[0].finish_reason == "length"
 
 
+def test_metrics_count_requests_by_strategy(server, client, model_name):
+    def count(strategy: str) -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        line = f'power:requests_by_strategy_total{{strategy="{strategy}"}} '
+        return next((float(x.removeprefix(line)) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+    before = {m: count(m) for m in MODES.split(",")}
+    for m in ("suffix", "suffix", "off"):
+        client.completions.create(model=model_name, prompt="x", max_tokens=4, extra_body={"power": {"strategy": m}})
+    assert {m: count(m) - before[m] for m in before} == {"ref-draft": 0, "suffix": 2, "off": 1}
+
+
 def test_one_mode_serves_as_it_always_did():
     with served(*BASE, "--mode", "ref-draft") as s:
         assert "strategy 'ref-draft')" in s.stderr()
@@ -183,13 +195,14 @@ def test_one_mode_serves_as_it_always_did():
         assert info_.value.body["param"] == "power.strategy"
 
 
-@pytest.mark.parametrize("mode, needle", [
-    ("ref-draft,,off", "an empty name"),
-    ("off,off", "named twice"),
-    ("ref-draft,no-such-mode", "no-such-mode"),
+@pytest.mark.parametrize("args, needle", [
+    (["--mode", "ref-draft,,off"], "an empty name"),
+    (["--mode", "off,off"], "named twice"),
+    (["--mode", "ref-draft,no-such-mode"], "no-such-mode"),
+    (["--mode", "ref-draft,off", "--suffix-memory", "1000"], "spec_suffix_memory_tokens"),  # no listed one reads it
+    (["--mode", "ref-draft,off", "--draft", "/some/draft.gguf"], "draft"),
 ])
-def test_a_bad_mode_list_exits_2_before_binding(mode, needle):
-    out = subprocess.run(power_cmd("serve", *BASE, "--port", "0", "--mode", mode), capture_output=True, text=True,
-                         timeout=120)
+def test_a_bad_mode_list_exits_2_before_binding(args, needle):
+    out = subprocess.run(power_cmd("serve", *BASE, "--port", "0", *args), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr and "listening" not in out.stderr and "Traceback" not in out.stderr

@@ -50,6 +50,10 @@ def test_lanes_the_default_and_the_names_a_request_may_ask_for():
         with pytest.raises(ConfigError) as info:
             s.start([1, 2], strategy="suffix")
         assert info.value.key == "strategy" and "ref-draft, off, auto" in str(info.value)
+    with _open(("auto", "ref-draft", "off")) as s:  # auto picks off here: off runs in auto's lane
+        assert [(lane.mode, lane.name) for lane in s.lanes] == [("auto", "off"), ("ref-draft", "ref-draft")]
+        assert s.lane("off") is s.lane("auto") is s.lane() is s.lanes[0] and s.auto == 0
+        assert s.strategy_names == ("auto", "off", "ref-draft")
     with Session.open(_config("ref-draft"), model=MODEL, plugins=core_plugins()) as one:
         assert len(one.lanes) == 1 and one.strategy_names == ("ref-draft", "auto")
         assert one.lane("auto") is one.lane("ref-draft") is one.lanes[0]

@@ -116,6 +116,8 @@ class Metrics:
                                               registry=r)
         self.requests = Counter("power:request_success", "Finished requests by finish reason "
                                 "(stop, length, abort: cancelled, error: failed)", ["finished_reason"], registry=r)
+        self.by_strategy = Counter("power:requests_by_strategy", "Finished requests by the strategy that ran them "
+                                   "(power serve --mode a,b,c: each request's power.strategy)", ["strategy"], registry=r)
         self.prompt_tokens = Counter("power:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("power:generation_tokens", "Emitted tokens", registry=r)
         self.running = Gauge("power:num_requests_running", "Requests decoding in a slot", registry=r)
@@ -281,4 +283,5 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     if reason is None:
         reason = "stop" if receipt.finish_reason == "stop" else "length"
     metrics.requests.labels(finished_reason=reason).inc()
+    metrics.by_strategy.labels(strategy=str(receipt.strategy["name"])).inc()
     return Outcome(tokens=gen.tokens, text=gen.text() or "", receipt=receipt, logprobs=gen.logprobs, error=error)

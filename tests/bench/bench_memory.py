@@ -179,9 +179,10 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) 
     screened: dict[str, float] = {}
     for clients in args.clients:
         parallel = max(clients, 1)
-        sides = {"power-memory": (power_side(model, "suffix", True, parallel, args.threads, args.n_ctx), None, False),
-                 "power-no-memory": (power_side(model, "suffix", False, parallel, args.threads, args.n_ctx), None,
-                                     False)}
+        sides = {"power-memory": (power_side(model, "suffix", True, parallel, args.threads, args.n_ctx), None, False)}
+        if "power-no-memory" not in args.skip:
+            sides["power-no-memory"] = (power_side(model, "suffix", False, parallel, args.threads, args.n_ctx), None,
+                                        False)
         if clients == 1:
             sides["power-off"] = (power_side(model, "off", True, parallel, args.threads, args.n_ctx), None, False)
         # every llama-server type once (at the first concurrency); the best one is paired with Power's sides
@@ -217,6 +218,8 @@ def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], bes
                            "aggregate_tok_s": {k: stats(v) for k, v in agg.items()}}
     mem = raw["power-memory"]
     for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory")):
+        if other not in raw:
+            continue
         ratios = [a / b for a, b in zip(agg["power-memory"], agg[other], strict=True)]
         out[key] = stats(ratios)
         out[f"identical_texts_vs_{other}"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw[other], strict=True))
@@ -255,9 +258,10 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"{t} {v:.1f}" for t, v in c["llama_server_types"].items()),
                 f"- Power with memories / llama-server {c['llama_server_best']}: x{c['over_llama_server']['median']:.3f} "
                 f"(goal ≥ {GOAL_PEER}); identical texts: {c['identical_texts_vs_llama-server']}",
-                f"- with / without memories: x{c['over_no_memory']['median']:.3f} (goal ≥ {GOAL_SELF}); identical "
-                f"texts: {c['identical_texts_vs_power-no-memory']}",
                 f"- median prompt tokens reused per request (first run): {c['prompt_reused_median']}"]
+            if "over_no_memory" in c:
+                lines.append(f"- with / without memories: x{c['over_no_memory']['median']:.3f} (goal ≥ {GOAL_SELF}); "
+                             f"identical texts: {c['identical_texts_vs_power-no-memory']}")
             if "per_request_over_off" in c:
                 p = c["per_request_over_off"]
                 lines.append(f"- per request, latency with memories / `--mode off` (median over runs): worst "
@@ -279,6 +283,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--types", default=",".join(NGRAM_TYPES))
+    ap.add_argument("--skip", default="", help="sides left out, comma-separated (power-no-memory: the slowest side, "
+                                               "for a shorter run)")
     ap.add_argument("--max-foreign", type=float, default=0.15)
     ap.add_argument("--quiet-wait", type=float, default=60.0)
     ap.add_argument("--retries", type=int, default=1)
@@ -286,13 +292,14 @@ def main() -> int:
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",") if c]
     args.types = [t for t in args.types.split(",") if t]
+    args.skip = {t for t in args.skip.split(",") if t}
     from power_native.models import resolve_model
 
     quiet = Quiet(args.max_foreign, args.quiet_wait, args.retries)
     report: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
                               "runs": args.runs, "conversations": args.conversations, "turns": args.turns,
-                              "tokens": args.tokens, "models": {}}
+                              "tokens": args.tokens, "skipped": sorted(args.skip), "models": {}}
     for alias in [m for m in args.models.split(",") if m]:
         report["models"][alias] = bench_model(alias, str(resolve_model(alias)), args, quiet)
     args.out.mkdir(parents=True, exist_ok=True)

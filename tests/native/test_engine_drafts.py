@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 
 pytest.importorskip("power_native._llama")
@@ -172,3 +173,71 @@ def test_a_cancelled_and_a_faulted_mtp_request_leave_the_others_unchanged(mtp_ta
     assert isinstance(results[2], AdapterFault) and faulty.receipt.status == "failed"
     for i in (0, 3):
         assert results[i].tokens == solo[i], i
+
+
+def _batched_rounds(shared: list, k: int) -> list:
+    """The rounds whose draft ran in a batch of several requests: each ran at most K draft passes (one
+    per step for all of them), never one per request and step."""
+    batched = [r for res in shared for r in res.receipt.to_dict()["rounds"]
+               if (r.get("stats") or {}).get("draft_batch", 1) > 1]
+    for r in batched:
+        assert r["stats"]["draft_passes"] <= k, r
+    return batched
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
+def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, arch):
+    """Four requests of mixed widths (their own ``spec_draft_max``) arriving at different rounds: each
+    draft step is one pass over every drafting request (draft passes per round <= K, not 4K), and every
+    request's tokens and per-round proposals equal its solo run."""
+    model = mtp_targets[arch]
+    widths = [7, 3, 5, 1]
+    base = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    prompts = PROMPTS[:4]
+    layout = [SequenceSpec("mtp", config={"spec_draft_max": w}) for w in widths]
+    with Session.open_engine(4, base, model=str(model), sequences=layout) as engine:
+        assert engine.probe is not None and engine.probe.identical
+        out: list = [None] * 4
+
+        def go(i: int) -> None:
+            time.sleep(0.02 * i)
+            gen = engine.submit(prompts[i], strategy="mtp")
+            out[i] = (gen.session.config.spec_draft_max, engine.run(gen))
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert sorted(w for w, _ in out) == sorted(widths)  # every width ran
+    for i, (width, res) in enumerate(out):
+        with Session.open(attrs.evolve(base, spec_draft_max=width), model=str(model)) as s:
+            alone = s.start(prompts[i]).run()
+        assert res.tokens == alone.tokens, (i, width)
+        assert _proposals(res) == _proposals(alone), (i, width)
+    out = [res for _, res in out]
+    assert max(r["stats"]["draft_batch"] for r in _batched_rounds(out, max(widths))) >= 3
+
+
+def test_a_failed_mtp_draft_batch_lets_each_request_draft_alone(mtp_targets, monkeypatch):
+    """A shared draft pass that fails leaves every proposer as it was; each request of it drafts alone
+    that round, and every output (and proposal) equals its solo run."""
+    from power_mtp.proposer import MtpDraft
+
+    cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    model = mtp_targets["qwen35"]
+    solo = _solo(cfg, model)
+    real = MtpDraft.propose_many
+    calls = {"n": 0}
+
+    def flaky(self, asks):
+        calls["n"] += 1
+        if calls["n"] in (2, 5):
+            real(self, asks)  # the native passes run, then the batch fails: the draft chains must be gone
+            raise ValueError("boom")
+        return real(self, asks)
+
+    monkeypatch.setattr(MtpDraft, "propose_many", flaky)
+    shared = _shared(cfg, model)
+    assert calls["n"] >= 5
+    _check(shared, solo, "mtp")

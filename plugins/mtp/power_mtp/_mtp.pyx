@@ -7,10 +7,15 @@ block. Its KV is filled from every target batch with pairs ``(token_k, h_{k-1})`
 unmasked ``h_nextn`` row of the previous token; the first token of a batch pairs with the row
 carried over from the previous batch, ``pending``). A draft decodes ``(anchor, pending)`` and then
 feeds back the head's own hidden row, greedily, one token per pass.
+
+The context may hold several sequences (one per request of a shared-pass batch, llama.cpp's
+``n_seq = n_parallel``): each :class:`MtpHead` is one sequence's state and addresses only its own
+sequence and positions; :func:`draft_many` runs the draft steps of several heads in one pass each.
 """
 
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
+from libcpp.vector cimport vector
 
 cimport numpy as cnp
 
@@ -26,29 +31,37 @@ from power_core.errors import CapacityError, RuntimeFault
 
 cnp.import_array()
 
-__all__ = ["MtpHead"]
+__all__ = ["MtpHead", "draft_many"]
 
 
 cdef class MtpHead:
-    """Draft state of one request: the MTP context, the boundary row and the last batch's rows."""
+    """Draft state of one request: its sequence of the MTP context, the boundary row and the last batch's rows."""
 
     cdef readonly Context ctx
     cdef BatchExt batch
+    cdef readonly int seq  # its sequence in the context
+    cdef readonly int cells  # the positions its sequence may hold
+    cdef readonly int64_t compute_ns  # this sequence's compute: its own passes and its share of draft_many's
     cdef readonly int n_embd, n_vocab, fr
     cdef float[::1] pending
     cdef object pending_array  # the ndarray behind ``pending`` (its copy is a checkpoint's boundary row)
     cdef float[:, ::1] rows
     cdef int32_t[::1] toks
     cdef readonly bint staged  # the last observed batch is copied but not yet in the KV
+    cdef readonly int deferred  # kept rows of the staged batch whose pairs the next draft pass decodes first
     cdef readonly int n_rows  # rows of the last observed batch
     cdef readonly int start  # position of that batch's first token
     cdef readonly int n_kv  # positions filled in the MTP KV (0..n_kv-1)
     cdef readonly long passes  # draft passes run
 
-    def __init__(self, Context ctx, int fr):
+    def __init__(self, Context ctx, int fr, int seq=0, int cells=0):
         if ctx.ctx_type != 1:
             raise RuntimeFault("MtpHead: the context is not an MTP context (ctx_type=LLAMA_CONTEXT_TYPE_MTP)")
         self.ctx = ctx
+        self.seq = seq
+        self.cells = cells or ctx.n_ctx
+        if self.cells > ctx.n_ctx:
+            raise CapacityError(f"MtpHead: {self.cells} positions per sequence in a context of {ctx.n_ctx}")
         self.batch = BatchExt(ctx)
         self.n_embd = ctx.model.n_embd_out
         self.n_vocab = ctx.n_vocab
@@ -62,13 +75,15 @@ cdef class MtpHead:
         self.reset()
 
     def reset(self) -> None:
-        """A new request: empty KV, zero boundary row (as llama.cpp starts a sequence)."""
-        self.ctx.clear(False)
+        """A new request: its sequence emptied, zero boundary row (as llama.cpp starts a sequence)."""
+        if not self.ctx.seq_rm(self.seq, 0, -1):
+            raise RuntimeFault(f"MTP: llama_memory_seq_rm refused to empty sequence {self.seq}")
         self.pending[:] = 0
         self.n_rows = 0
         self.start = 0
         self.n_kv = 0
         self.staged = False
+        self.deferred = 0
 
     def observe(self, tokens, h, bint defer=False) -> None:
         """One target batch (``tokens`` and their ``h_nextn`` rows) at positions ``n_kv..``.
@@ -87,8 +102,9 @@ cdef class MtpHead:
                                f"{n}x{self.n_embd}")
         if n > self.rows.shape[0]:
             raise CapacityError(f"MTP observe: a batch of {n} tokens exceeds the MTP context batch {self.rows.shape[0]}")
-        if self.n_kv + n > self.ctx.n_ctx:
-            raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.ctx.n_ctx}")
+        self.flush()  # a round that drafted nothing: the kept pairs of the last one go in first
+        if self.n_kv + n > self.cells:
+            raise CapacityError(f"MTP observe: positions up to {self.n_kv + n} overflow the context {self.cells}")
         cdef size_t w = self.n_embd
         with nogil:
             memcpy(&self.rows[0, 0], &hv[0, 0], n * w * sizeof(float))
@@ -99,64 +115,102 @@ cdef class MtpHead:
         if not defer:
             self._fill(n)
 
-    cdef int _fill(self, int m) except -1:
-        """Decode the pairs ``(token_i, h_{i-1})`` of the first ``m`` staged rows at ``start..``; the
-        first pairs with the boundary row; the last row becomes the new boundary."""
+    cdef int _add_fill(self, BatchExt batch, int m) except -1:
+        """Add the pairs ``(token_i, h_{i-1})`` of the first ``m`` staged rows at ``start..`` of its
+        sequence to ``batch`` (no outputs); the first pairs with the boundary row."""
         cdef int32_t rc = 0
         cdef int k = 0
         cdef size_t w = self.n_embd
         cdef const float * src
-        self.batch.clear_c()
         with nogil:
             for k in range(m):
                 if k == 0:
                     src = &self.pending[0]
                 else:
                     src = &self.rows[k - 1, 0]
-                rc = self.batch.add_token_c(self.toks[k], self.start + k, src, w, False)
+                rc = batch.add_token_seq_c(self.toks[k], self.start + k, self.seq, src, w, False)
                 if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                     break
         if rc_translate(RC_OP_BATCH, rc) != RC_OK:
-            self.batch._fail(rc, w, k)
-        self.ctx.process_c(self.batch, False)
-        self.n_kv = self.start + m
-        with nogil:
-            memcpy(&self.pending[0], &self.rows[m - 1, 0], w * sizeof(float))
-        self.staged = False
+            batch._fail(rc, w, k)
         return 0
 
+    cdef void _filled(self, int m) noexcept:
+        """The first ``m`` staged pairs are in the KV: the last row becomes the new boundary."""
+        self.n_kv = self.start + m
+        memcpy(&self.pending[0], &self.rows[m - 1, 0], self.n_embd * sizeof(float))
+        self.staged = False
+        self.deferred = 0
+
+    cdef int _fill(self, int m) except -1:
+        """Decode the first ``m`` staged pairs (:meth:`_add_fill`) in a pass of their own."""
+        self.batch.clear_c()
+        self._add_fill(self.batch, m)
+        cdef int64_t before = self.ctx.compute_ns
+        try:
+            self.ctx.process_c(self.batch, False)
+        except BaseException:
+            llama_memory_seq_rm(self.ctx.mem, self.seq, self.start, -1)  # nothing half-decoded stays
+            raise
+        finally:
+            self.compute_ns += self.ctx.compute_ns - before
+        self._filled(m)
+        return 0
+
+    def flush(self) -> None:
+        """Decode the deferred kept pairs now (they go first into whatever the head decodes next)."""
+        if self.deferred:
+            self._fill(self.deferred)
+
     def keep(self, int kept) -> None:
-        """Keep the first ``kept`` tokens of the last observed batch: their pairs are in the MTP KV
-        (decoded now when staged), nothing after them, and the boundary row is the last kept row."""
+        """Keep the first ``kept`` tokens of the last observed batch and nothing after them; the
+        boundary row becomes the last kept row. A staged verify pass's kept pairs are deferred: the
+        next draft decodes them first (for the heads of a batch, all in one pass), or :meth:`flush`."""
         if not 0 < kept <= self.n_rows:
             raise RuntimeFault(f"MTP keep: {kept} rows of a {self.n_rows}-row batch")
         if self.staged:
-            self._fill(kept)
+            self.staged = False
+            self.deferred = kept
         else:
             self.pending[:] = self.rows[kept - 1]
             self.trim(self.start + kept)
 
     def trim(self, int n_kv) -> None:
         """Drop MTP KV positions >= ``n_kv``."""
-        if not self.ctx.seq_rm(0, n_kv, -1):
+        if not self.ctx.seq_rm(self.seq, n_kv, -1):
             raise RuntimeFault(f"MTP: llama_memory_seq_rm refused to trim the draft KV to {n_kv}")
         self.n_kv = n_kv
 
     def state(self):
-        """What a checkpoint needs: (n_kv, boundary row)."""
-        return self.n_kv, self.pending_array.copy()  # ndarray.copy: np.array over the memoryview costs more
+        """What a checkpoint needs: (n_kv, boundary row, the deferred pairs' tokens and rows or None)."""
+        # ndarray.copy: np.array over the memoryview costs more
+        if not self.deferred:
+            return self.n_kv, self.pending_array.copy(), None, None
+        m = self.deferred
+        return (self.n_kv, self.pending_array.copy(), np.asarray(self.toks)[:m].copy(),
+                np.asarray(self.rows)[:m].copy())
 
-    def set_state(self, int n_kv, pending) -> None:
-        """Back to a :meth:`state`: the KV is trimmed (the draft chain and any observed rows after
-        ``n_kv`` go) and the boundary row restored. The last batch's rows stay readable: the next
-        :meth:`keep` always follows a new :meth:`observe`, except in the prefill round, whose rows
-        no later batch has replaced."""
+    def set_state(self, state) -> None:
+        """Back to a :meth:`state`: the KV is trimmed (the draft chain, any observed rows after
+        ``n_kv`` and deferred pairs decoded since go), the boundary row restored, and the pairs that
+        were deferred then are deferred again. The last batch's rows stay readable otherwise: the
+        next :meth:`keep` always follows a new :meth:`observe`, except in the prefill round, whose
+        rows no later batch has replaced."""
+        n_kv, pending, toks, rows = state
         cdef const float[::1] src = np.ascontiguousarray(pending, dtype=np.float32)
         if src.shape[0] != self.n_embd:
             raise RuntimeFault(f"MTP set_state: a boundary row of {src.shape[0]} values; expected {self.n_embd}")
         self.trim(n_kv)
         self.pending[:] = src
         self.staged = False
+        self.deferred = 0
+        if toks is not None:
+            m = len(toks)
+            np.asarray(self.toks)[:m] = toks
+            np.asarray(self.rows)[:m] = rows
+            self.start = n_kv
+            self.n_rows = max(self.n_rows, m)
+            self.deferred = m
 
     def draft(self, int anchor, int k):
         """Greedy ``k`` tokens after ``anchor`` (at position ``n_kv``), each pass feeding back the
@@ -166,10 +220,11 @@ cdef class MtpHead:
         cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(max(k, 0), dtype=np.int32)
         if k <= 0:
             return out
+        self.flush()
         cdef int pos0 = self.n_kv, i = 0, j, best
         self.ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
-        if pos0 + k > self.ctx.n_ctx:
-            raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.ctx.n_ctx}")
+        if pos0 + k > self.cells:
+            raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.cells}")
         if anchor < 0 or anchor >= self.n_vocab:
             raise CapacityError(f"MTP draft: anchor {anchor} outside [0, {self.n_vocab})")
         cdef int32_t rc = 0, tok = anchor, fr = self.fr
@@ -188,7 +243,7 @@ cdef class MtpHead:
             with nogil:
                 for i in range(k):
                     self.batch.clear_c()
-                    rc = self.batch.add_token_c(tok, pos0 + i, h, w, True)
+                    rc = self.batch.add_token_seq_c(tok, pos0 + i, self.seq, h, w, True)
                     if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                         st.op = RC_OP_BATCH
                         st.rc = rc
@@ -199,7 +254,9 @@ cdef class MtpHead:
                     t0 = clock_ns()
                     st.rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
                     llama_synchronize(self.ctx.ptr)
-                    self.ctx.compute_ns += clock_ns() - t0
+                    t0 = clock_ns() - t0
+                    self.ctx.compute_ns += t0
+                    self.compute_ns += t0
                     if rc_translate(st.op, st.rc) != RC_OK:
                         break
                     h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
@@ -229,5 +286,161 @@ cdef class MtpHead:
                 rc_raise(st.op, st.rc, f"MTP draft pass {i}")
         finally:
             self.batch.clear_c()
-            llama_memory_seq_rm(self.ctx.mem, 0, pos0, -1)  # the draft chain never stays in the KV
+            llama_memory_seq_rm(self.ctx.mem, self.seq, pos0, -1)  # the draft chain never stays in the KV
         return out
+
+
+cdef int _flush_many(list heads) except -1:
+    """The deferred kept pairs of every head, decoded in one pass (a KV stream per sequence: each
+    sequence's rows are what its own pass gives); on a failure none of them stays in any KV."""
+    cdef MtpHead head, first = heads[0]
+    cdef list waiting = [h for h in heads if (<MtpHead>h).deferred]
+    if not waiting:
+        return 0
+    if len(waiting) == 1:
+        (<MtpHead>waiting[0]).flush()
+        return 0
+    cdef BatchExt batch = first.batch
+    cdef Context ctx = first.ctx
+    batch.clear_c()
+    cdef int64_t before = ctx.compute_ns, spent
+    try:
+        for head in waiting:
+            head._add_fill(batch, head.deferred)
+        ctx.process_c(batch, False)
+    except BaseException:
+        batch.clear_c()
+        for head in waiting:
+            llama_memory_seq_rm(ctx.mem, head.seq, head.start, -1)
+        raise
+    finally:
+        spent = ctx.compute_ns - before
+        for head in waiting:
+            head.compute_ns += spent
+    for head in waiting:
+        head._filled(head.deferred)
+    return 0
+
+
+def draft_many(list heads, anchors, ks):
+    """:meth:`MtpHead.draft` for several heads of one context at once: draft step ``i`` decodes, in
+    one pass, token ``i`` of every head that drafts more than ``i`` tokens (a head asking for fewer
+    leaves early), each at its own sequence and position with its own hidden row, and reads each
+    head's rows by the index its entry got in that pass. Returns one id array per head, each what its
+    own :meth:`MtpHead.draft` returns (the same rows: one KV stream per sequence and batch-invariant
+    kernels), and the number of passes run. Every head's draft chain leaves its KV again, also on a
+    failure; each head's ``compute_ns`` gains the compute of every pass it took part in."""
+    cdef Py_ssize_t n = len(heads), j
+    if n == 0:
+        return [], 0
+    cdef MtpHead head, first = heads[0]
+    cdef Context ctx = first.ctx
+    ctx._alive()
+    _flush_many(heads)
+    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, at
+    cdef vector[const float *] h
+    cdef vector[int32_t *] out
+    cdef vector[int64_t] spent
+    cdef list result = []
+    cdef cnp.ndarray[int32_t, ndim=1] arr
+    cdef int kmax = 0
+    cdef set seen = set()
+    for j in range(n):
+        head = heads[j]
+        if head.ctx is not ctx:
+            raise RuntimeFault("MTP draft_many: the heads belong to different contexts")
+        if head.seq in seen:
+            raise RuntimeFault(f"MTP draft_many: sequence {head.seq} asked twice in one draft pass")
+        seen.add(head.seq)
+        a, k = int(anchors[j]), int(ks[j])
+        if k < 1:
+            raise CapacityError(f"MTP draft_many: head {j} asks for {k} tokens; ask only heads that draft")
+        if head.n_kv + k > head.cells:
+            raise CapacityError(f"MTP draft: positions up to {head.n_kv + k} overflow the context {head.cells}")
+        if a < 0 or a >= head.n_vocab:
+            raise CapacityError(f"MTP draft: anchor {a} outside [0, {head.n_vocab})")
+        arr = np.empty(k, dtype=np.int32)
+        result.append(arr)
+        out.push_back(&arr[0])
+        tok.push_back(a)
+        kk.push_back(k)
+        pos0.push_back(head.n_kv)
+        seqs.push_back(head.seq)
+        fr.push_back(head.fr)
+        h.push_back(&head.pending[0])
+        idx.push_back(-1)
+        at.push_back(0)
+        spent.push_back(0)
+        kmax = max(kmax, k)
+    cdef BatchExt batch = first.batch
+    cdef size_t w = first.n_embd
+    cdef int i = 0, m, r, c, best
+    cdef int32_t rc = 0
+    cdef rc_status st
+    st.op = RC_OP_DECODE
+    st.rc = 0
+    cdef const float * row
+    cdef float v
+    cdef int * abort_flag = ctx.abort_flag
+    cdef int64_t t0
+    cdef int passes = 0
+    try:
+        with nogil:
+            for i in range(kmax):
+                batch.clear_c()
+                for j in range(n):
+                    idx[j] = -1
+                    if kk[j] > i:
+                        rc = batch.add_token_seq_c(tok[j], pos0[j] + i, seqs[j], h[j], w, True)
+                        if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                            st.op = RC_OP_BATCH
+                            st.rc = rc
+                            break
+                        idx[j] = rc
+                if st.op == RC_OP_BATCH:
+                    break
+                if abort_flag[0]:
+                    st.rc = 2  # as llama.cpp reports an abort
+                    break
+                t0 = clock_ns()
+                st.rc = llama_process(ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
+                llama_synchronize(ctx.ptr)
+                t0 = clock_ns() - t0
+                ctx.compute_ns += t0
+                passes += 1
+                for j in range(n):
+                    if idx[j] >= 0:
+                        spent[j] += t0
+                if rc_translate(st.op, st.rc) != RC_OK:
+                    break
+                for j in range(n):
+                    if idx[j] < 0:
+                        continue
+                    h[j] = llama_get_embeddings_nextn_ith(ctx.ptr, idx[j])
+                    row = llama_get_logits_ith(ctx.ptr, idx[j])
+                    if row == NULL or h[j] == NULL:
+                        st.op = RC_OP_OUTPUT
+                        st.rc = -1
+                        break
+                    best = 0
+                    v = row[0]
+                    for c in range(1, fr[j]):
+                        if row[c] > v:
+                            v = row[c]
+                            best = c
+                    tok[j] = best
+                    out[j][i] = best
+                if st.op == RC_OP_OUTPUT:
+                    break
+        if rc_translate(st.op, st.rc) != RC_OK:
+            if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
+                abort_flag[0] = 0
+            rc_raise(st.op, st.rc, f"MTP batched draft pass {i}")
+    finally:
+        batch.clear_c()
+        for j in range(n):
+            head = heads[j]
+            head.compute_ns += spent[j]
+            head.passes += min(passes, kk[j])
+            llama_memory_seq_rm(ctx.mem, seqs[j], pos0[j], -1)  # no draft chain stays in any KV
+    return result, passes

@@ -10,51 +10,97 @@ loaded model (:class:`power_mtp._mtp.MtpHead`, Cython). Per round, exactly as ll
   hidden row; the draft chain is removed from the MTP KV again;
 * ``observe``: prompt chunks fill the MTP KV with ``(token_k, h_{k-1})`` pairs; a verify pass is
   staged (its rows copied);
-* ``commit``: the pairs of the kept tokens (anchor + accepted) go into the MTP KV and the
+* ``commit``: the pairs of the kept tokens (anchor + accepted) are due in the MTP KV and the
   boundary row becomes the last kept token's (``verify_h[n_accepted]``). llama.cpp decodes the
-  whole verify batch and trims the rejected rows; Power decodes only what stays;
+  whole verify batch and trims the rejected rows; Power decodes only what stays, right before the
+  next draft (for the requests of a batch, all of them in one pass);
 * ``restore``: KV length and boundary row of the checkpoint.
+
+The sequences of a shared-pass batch share one MTP context (:class:`MtpDraft`, one KV stream per
+sequence, from the target's :class:`~power_native.target.DraftPool`), and it drafts for all of
+them at once (:class:`~power_core.runtime.ProposalBatch`): each draft step is one pass over every
+drafting request's token, as llama.cpp's server drafts its slots.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from power_core.errors import ArtifactMismatch, StrategyNotFound
-from power_core.runtime import DecodeResult, Proposal, ProposalContext, ProposerCapabilities, TokenArray
+from power_core.errors import ArtifactMismatch, RuntimeFault, StrategyNotFound
+from power_core.runtime import DecodeResult, Proposal, ProposalContext, Proposer, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 
-__all__ = ["MtpProposer", "make_mtp_proposer", "TARGET_FEATURES"]
+__all__ = ["MtpDraft", "MtpProposer", "make_mtp_proposer", "TARGET_FEATURES"]
 
 #: what the target must provide: its MTP blocks loaded, and the unmasked h_nextn rows
 TARGET_FEATURES = frozenset({"mtp_head", "h_nextn"})
 
 
+class MtpDraft:
+    """The MTP context of one target's sequences (a :class:`~power_native.target.DraftPool` entry):
+    a KV stream per sequence, and the :class:`~power_core.runtime.ProposalBatch` that drafts for
+    several of them in one pass per step. Closed by the last of its proposers, or with the pool."""
+
+    def __init__(self, ctx: Any, n_seq: int) -> None:
+        self.ctx = ctx
+        self.n_seq = n_seq
+        self.members = 0
+
+    def propose_many(self, asks: Sequence[tuple[Proposer, ProposalContext]]) -> list[Proposal]:
+        from power_mtp._mtp import draft_many
+
+        heads = []
+        for proposer, _ in asks:
+            if not isinstance(proposer, MtpProposer) or proposer.head.ctx is not self.ctx:
+                raise RuntimeFault(f"MtpDraft.propose_many: {type(proposer).__name__} is not a proposer of this MTP "
+                                   "context")
+            heads.append(proposer.head)
+        ids, passes = draft_many(heads, [ctx.anchor for _, ctx in asks], [ctx.k for _, ctx in asks])
+        stats = {"draft_passes": float(passes), "draft_batch": float(len(asks))}
+        return [Proposal(x, stats=stats) for x in ids]
+
+    def release(self) -> None:
+        """One proposer of it closed; the last one closes the context."""
+        self.members -= 1
+        if self.members <= 0:
+            self.close()
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
 class MtpProposer:
-    """Greedy MTP drafting on the target's own nextn head (single head, qwen35 style)."""
+    """Greedy MTP drafting on the target's own nextn head (single head, qwen35 style): one sequence
+    of an :class:`MtpDraft`."""
 
     features: frozenset[str] = frozenset({"h_nextn"})
 
-    def __init__(self, head: Any, *, in_graph: bool = False) -> None:
+    def __init__(self, head: Any, draft: MtpDraft, *, in_graph: bool = False) -> None:
         self.head = head
-        #: each draft id from the head's graph (Power's first-maximum sampler) instead of its logits row
-        self.samples_in_graph = bool(in_graph and head.ctx.set_greedy(True))
+        self.draft = draft
+        #: each draft id from the head's graph (Power's first-maximum sampler) instead of its logits row;
+        #: a context of one sequence only (llama.cpp attaches the sampler to a sequence)
+        self.samples_in_graph = bool(in_graph and draft.n_seq == 1 and head.ctx.set_greedy(True))
         self._prefill = True  # the last observed batch was a prompt chunk, not a verify pass
+        self._caps = ProposerCapabilities(samples_in_graph=self.samples_in_graph,
+                                          compute_seconds=self.compute_seconds, close=self.close,
+                                          batch=draft if draft.n_seq > 1 else None)
 
     def begin(self, prompt: TokenArray) -> None:
         self.head.reset()
         self._prefill = True
 
-    def checkpoint(self) -> tuple[int, np.ndarray]:
+    def checkpoint(self) -> tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]:
         return self.head.state()
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         if ctx.k <= 0:
             return Proposal.none()
-        return Proposal(self.head.draft(ctx.anchor, ctx.k))
+        return Proposal(self.head.draft(ctx.anchor, ctx.k), stats={"draft_passes": float(ctx.k), "draft_batch": 1.0})
 
     def observe(self, result: DecodeResult) -> None:
         try:
@@ -71,22 +117,22 @@ class MtpProposer:
         # round (round 0, no verify pass of its own) keeps the whole last prompt chunk
         self.head.keep(self.head.n_rows if self._prefill else n_accepted + 1)
 
-    def restore(self, checkpoint: tuple[int, np.ndarray]) -> None:
-        n_kv, pending = checkpoint
-        self.head.set_state(n_kv, pending)
+    def restore(self, checkpoint: tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]) -> None:
+        self.head.set_state(checkpoint)
 
     def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the MTP context (``ProposerCapabilities.compute_seconds``)."""
-        return float(self.head.ctx.compute_ns) * 1e-9
+        """Seconds inside llama.cpp's decode calls for this sequence (its own passes and every shared
+        draft pass it took part in; ``ProposerCapabilities.compute_seconds``)."""
+        return float(self.head.compute_ns) * 1e-9
 
     @property
     def capabilities(self) -> ProposerCapabilities:
-        """Argmax drafts (from the MTP context's graph or its rows), the MTP context's compute clock, and a close."""
-        return ProposerCapabilities(samples_in_graph=self.samples_in_graph, compute_seconds=self.compute_seconds,
-                                    close=self.close)
+        """Argmax drafts (from the MTP context's graph or its rows), its compute clock, a close, and the
+        batch of the context's sequences (when it has several)."""
+        return self._caps
 
     def close(self) -> None:
-        self.head.ctx.close()
+        self.draft.release()
 
 
 def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
@@ -106,20 +152,32 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
                                "single-head MTP target or another spec_mode")
     cfg = req.config
     fr = cfg.spec_mtp_fr_vocab_size or model.n_vocab
-    ctx = _llama.Context(model, n_ctx=target.cells, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
-                         n_outputs_max=1, ctx_type=1, ctx_other=tctx, n_threads=cfg.n_threads or os.cpu_count(),
-                         flash_attn=cfg.flash_attn)
+    cells = target.cells
+
+    def make(n_seq: int) -> MtpDraft:
+        # a KV stream per sequence (a sequence's rows never depend on its neighbours'), sized as the target's
+        ctx = _llama.Context(model, n_ctx=cells * n_seq, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch, n_rs_seq=0,
+                             n_outputs_max=n_seq, ctx_type=1, ctx_other=tctx, n_seq_max=n_seq, kv_unified=False,
+                             n_threads=cfg.n_threads or os.cpu_count(), flash_attn=cfg.flash_attn)
+        try:
+            ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
+            if fr < model.n_vocab:
+                ctx.set_fr_vocab(fr)  # the head's matmul covers ids < fr only; the draft reads no other
+        except BaseException:
+            ctx.close()
+            raise
+        return MtpDraft(ctx, n_seq)
+
+    draft = target.drafts.shared(("mtp", fr), make, MtpDraft)
+    draft.members += 1
     try:
-        ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
-        if fr < model.n_vocab:
-            ctx.set_fr_vocab(fr)  # the head's matmul covers ids < fr only; the draft reads no other
         # the head runs on the target's weights: its rows leave a device where the target's do
-        head = MtpHead(ctx, fr)
-        proposer = MtpProposer(head, in_graph=draft_graph_sampling(cfg, target.offloaded))
+        head = MtpHead(draft.ctx, fr, target.seq_id, cells)
+        proposer = MtpProposer(head, draft, in_graph=draft_graph_sampling(cfg, target.offloaded))
         if cfg.warmup:  # one draft pass from the zero boundary row, as a round's first draft step runs it
             head.draft(0, 1)
             head.reset()
         return proposer
     except BaseException:
-        ctx.close()
+        draft.release()
         raise

@@ -157,7 +157,7 @@ class SuffixMemory:
         segments go when the budget would be exceeded. A document longer than the budget keeps its
         last ``budget_tokens`` tokens. A segment takes documents up to ``segment_tokens`` (one
         longer document has a segment of its own), so what eviction drops is never the newest."""
-        doc = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).ravel())
+        doc = np.array(tokens, dtype=np.int32).ravel()  # a copy: the caller may reuse its buffer (a proposer's index)
         if self.budget_tokens == 0 or doc.shape[0] < 2:
             return
         if doc.shape[0] > self.budget_tokens:
@@ -220,9 +220,10 @@ class SuffixMemory:
         return added
 
     # -- queries -------------------------------------------------------------------------------------
-    def find(self, tenant: str, history: np.ndarray, max_tokens: int) -> Found | None:
+    def find(self, tenant: str, history: np.ndarray, max_tokens: int, beat: tuple[int, int] = (0, 0)) -> Found | None:
         """The best continuation of ``history`` in what ``tenant`` may read: the longest match, then
-        the most occurrences, then the newest segment (the corpus after every segment)."""
+        the most occurrences, then the newest segment (the corpus after every segment); ``None`` when
+        nothing here has a ``(length, occurrences)`` above ``beat`` (the caller's own match)."""
         best: Found | None = None
         query = np.asarray(history)[-MAX_MATCH:]
         hashes = suffix_hashes(query, SHARED_LENGTHS)  # the same for every index here
@@ -230,12 +231,13 @@ class SuffixMemory:
             for seg in reversed(self._segments):  # newest first: a tie keeps the newer
                 if seg.tenant != tenant and not self.share_tenants:
                     continue
-                m = seg.index.find(query, max_tokens, hashes)
-                if m is not None and m.tokens.size and _better(m, best):
+                m = seg.index.find(query, max_tokens, hashes, beat)
+                if m is not None and m.tokens.size:
                     best = Found(match=m, source="shared")
+                    beat = (m.length, m.occurrences)
             if self._corpus is not None:
-                m = self._corpus.find(query, max_tokens, hashes)
-                if m is not None and m.tokens.size and _better(m, best):
+                m = self._corpus.find(query, max_tokens, hashes, beat)
+                if m is not None and m.tokens.size:
                     best = Found(match=m, source="corpus")
         return best
 
@@ -356,10 +358,6 @@ def _parse_store(path: Path, blob: bytes, vocab: str) -> list[tuple[str, np.ndar
     if at != len(body):
         raise _corrupt(path, f"{len(body) - at} bytes after the last document")
     return docs
-
-
-def _better(m: Match, best: Found | None) -> bool:
-    return best is None or (m.length, m.occurrences) > (best.match.length, best.match.occurrences)
 
 
 class _progress:

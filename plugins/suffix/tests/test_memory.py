@@ -64,6 +64,25 @@ def test_find_is_the_longest_occurrence_in_other_text(docs, query):
     assert m.tokens.size == 0 or int(m.tokens[0]) in follow
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=3),
+       st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 14), st.integers(0, 4))
+def test_find_with_a_match_to_beat_answers_only_a_better_one(docs, query, length, occurrences):
+    """``beat``: the caller's own match. A match that would lose to it is not voted on; one that wins is
+    the one found without it."""
+    ix = SuffixIndex(SHARED_LENGTHS, truncatable=False)
+    for d in docs:
+        ix.extend(d)
+        ix.extend([SEPARATOR])
+    plain = ix.find(np.asarray(query), 8)
+    got = ix.find(np.asarray(query), 8, beat=(length, occurrences))
+    if plain is None or (plain.length, plain.occurrences) <= (length, occurrences):
+        assert got is None
+    else:
+        assert got is not None and (got.length, got.occurrences, got.tokens.tolist()) == \
+            (plain.length, plain.occurrences, plain.tokens.tolist())
+
+
 def test_a_separated_document_is_never_continued_past_its_end():
     ix = SuffixIndex(SHARED_LENGTHS, truncatable=False)
     for d in ([1, 2, 3, 4], [9, 9, 9, 9, 9]):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from power_suffix.index import SuffixIndex, _vote
+from power_suffix.index import LENGTHS, SuffixIndex, _vote
+from power_suffix.memory import SHARED_LENGTHS
 from power_suffix.proposer import ALPHA, SuffixProposer
 
 from power_core import PowerConfig, Session
@@ -92,6 +93,55 @@ def test_truncate_is_exact(tokens, data):
     assert (a is None) == (b is None)
     if a is not None:
         assert a.length == b.length and a.tokens.tolist() == b.tokens.tolist()
+
+
+def _same_index(a: SuffixIndex, b: SuffixIndex) -> None:
+    assert a.n == b.n and list(a._pre) == list(b._pre) and a.tokens.tolist() == b.tokens.tolist()
+    assert a._head == b._head
+    assert {L: list(v) for L, v in a._keys.items()} == {L: list(v) for L, v in b._keys.items()}
+    assert {L: list(v) for L, v in a._prev.items()} == {L: list(v) for L, v in b._prev.items()}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=300), st.data(), st.booleans())
+def test_chunked_extends_index_as_token_by_token(tokens, data, truncatable):
+    """Many tokens at once take the vectorized path; the hashes and chains are the token-by-token ones."""
+    lengths = LENGTHS if truncatable else SHARED_LENGTHS
+    one = SuffixIndex(lengths, truncatable=truncatable)
+    for t in tokens:
+        one.extend([t])
+    chunked = SuffixIndex(lengths, truncatable=truncatable)
+    at = 0
+    while at < len(tokens):
+        k = data.draw(st.integers(1, 90))
+        chunked.extend(tokens[at:at + k])
+        at += k
+    _same_index(one, chunked)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=2, max_size=120), st.lists(st.integers(0, 4), max_size=60), st.data())
+def test_a_new_request_reuses_the_shared_prefix_exactly(first, tail, data):
+    """``begin`` cuts the index back to what the new prompt shares with the previous request and indexes
+    the rest: the same index as a fresh one's."""
+    p = SuffixProposer()
+    p.begin(np.asarray(first, dtype=np.int32))
+    keep = data.draw(st.integers(0, len(first)))
+    second = np.asarray(first[:keep] + tail + [9], dtype=np.int32)
+    p.begin(second)
+    fresh = SuffixIndex()
+    fresh.extend(second)
+    _same_index(p.index, fresh)
+
+
+def test_a_repeating_history_proposes_its_period_on():
+    """A match that overlaps itself (the history repeats with a period shorter than the match) goes on
+    repeating past the present, instead of stopping where the history ends."""
+    p = SuffixProposer()
+    text = [40, 41, 42, 43] + [7, 8, 9] * 5
+    p.begin(np.asarray(text, dtype=np.int32))
+    ids = p.propose(ctx(text, k=10)).ids.tolist()
+    assert ids == ([7, 8, 9] * 4)[:10]
 
 
 def ctx(history, k=32):

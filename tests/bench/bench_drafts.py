@@ -1,0 +1,215 @@
+"""bench_drafts: batched draft passes under concurrency, ``power serve --parallel 4`` against
+``llama-server -np 4`` with the same drafter, paired and interleaved.
+
+For each drafter (``mtp``: ``--spec-type draft-mtp`` on a tiny qwen35 + MTP fixture; ``dflash`` /
+``dspark``: ``--spec-type draft-dflash`` / ``draft-dspark`` with a tiny draft of a qwen35 target;
+random weights written by the tests' helpers), both servers run side by side with four sequences
+(slots), K = ``--k`` and the same threads; then, ``--runs`` times with the order alternating:
+1 client sending the four prompts one after the other, and 4 clients each sending one prompt at the
+same time (so every slot drafts). Reported per side: aggregate tok/s (completion tokens / makespan),
+p50 and p99 request latency, and the per-request draft acceptance at 1 and at 4 clients; the paired
+ratio Power / llama-server per run and its median. Every text is checked against ``power run --mode
+off`` (``same_text``). Both sides run the same kernels (``power_core.bench.peer_launch``: exact =
+``GGML_CPU_BATCH_INVARIANT=1 --no-repack``).
+
+    python tests/bench/bench_drafts.py --out docs/evidence/bench_drafts [--runs 5] [--tokens 192] [--suites mtp,dflash]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(ROOT / "tests" / "native"))
+from bench_serve import LLAMA_ANNOUNCE, Quiet, _llama_result, _power_result, peer_bin_dir, percentile, power_run, stats  # noqa: E402
+
+from power_core.bench import peer_launch  # noqa: E402
+from tests.serve_helpers import listening, power_cmd  # noqa: E402
+
+PROMPTS = ("hello world, this is a test prompt for the speculative decoding benchmark",
+           "the quick brown fox jumps over the lazy dog and then the dog sleeps",
+           "once upon a time there was a small model that proposed tokens to a large one",
+           "def add(a, b): return a + b  # a tiny function that adds two numbers together")
+SUITES = {"mtp": ("mtp", "draft-mtp"), "dflash": ("dflash", "draft-dflash"), "dspark": ("dspark", "draft-dspark")}
+
+
+def _fixtures(suite: str, tmp: Path) -> tuple[Path, Path | None]:
+    from native_helpers import make_tiny, make_tiny_draft, make_tiny_mtp
+
+    if suite == "mtp":
+        return make_tiny_mtp(tmp, "qwen35"), None
+    target = make_tiny(tmp, "qwen35")
+    kw = {"dflash": dict(kind="dflash"), "dspark": dict(kind="dspark", block_size=16)}[suite]
+    return target, make_tiny_draft(tmp, target, name=f"bench-{suite}", **kw)
+
+
+def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -> dict[str, Any]:
+    """1 client: every body in turn; N clients: body k on client k, released together."""
+    per_client = [bodies] if clients == 1 else [[b] for b in bodies[:clients]]
+    gate = threading.Barrier(len(per_client))
+    results: list[list[dict[str, Any]]] = [[] for _ in per_client]
+    spans: list[tuple[float, float]] = []
+    errors: list[BaseException] = []
+
+    def client(k: int) -> None:
+        try:
+            with httpx.Client(timeout=1800) as c:
+                gate.wait()
+                t0 = time.perf_counter()
+                for body in per_client[k]:
+                    t1 = time.perf_counter()
+                    r = c.post(url + "/v1/completions", json=body)
+                    r.raise_for_status()
+                    out = parse(r.json(), time.perf_counter() - t1)
+                    out["prompt"] = PROMPTS.index(body["prompt"])
+                    results[k].append(out)
+                spans.append((t0, time.perf_counter()))
+        except BaseException as exc:  # reported after every thread ended
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(len(per_client))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    flat = [r for rs in results for r in rs]
+    makespan = max(e for _, e in spans) - min(s for s, _ in spans)
+    return {"makespan_s": makespan, "aggregate_tok_s": sum(r["n"] for r in flat) / makespan, "results": flat}
+
+
+def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path, quiet: Quiet) -> dict[str, Any]:
+    mode, spec_type = SUITES[suite]
+    target, draft = _fixtures(suite, tmp)
+    refs = [power_run(str(target), "off", p, args.tokens, args.threads, args.n_ctx) for p in PROMPTS]
+    extra = ["--draft", str(draft)] if draft else []
+    power = power_cmd("serve", "--port", "0", "--model", str(target), "--mode", mode, *extra, "--threads",
+                      str(args.threads), "--n-ctx", str(args.n_ctx), "--parallel", "4", "--draft-max", str(args.k),
+                      "--numerics", args.numerics)
+    env, numerics_args = peer_launch(args.numerics)
+    peer = [str(peer_bin / "llama-server"), "-m", str(target), *(["-md", str(draft)] if draft else []),
+            "--host", "127.0.0.1", "--port", "0", "-t", str(args.threads), "-tb", str(args.threads),
+            "-c", str(args.n_ctx * 4), "-np", "4", "--spec-type", spec_type, "--spec-draft-n-max", str(args.k),
+            "--no-webui", *numerics_args]
+    raw: dict[str, dict[int, list[dict[str, Any]]]] = {"power": {1: [], 4: []}, "llama": {1: [], 4: []}}
+    with listening(power) as ps, listening(peer, env=env, announce=LLAMA_ANNOUNCE) as ls:
+        name = httpx.get(ps.base_url + "/models", timeout=60).json()["data"][0]["id"]
+        sides = {
+            "power": (ps.url, [{"model": name, "prompt": p, "max_tokens": args.tokens} for p in PROMPTS], _power_result),
+            "llama": (ls.url, [{"model": "peer", "prompt": p, "max_tokens": args.tokens, "temperature": 0, "top_k": 1,
+                                "seed": 0} for p in PROMPTS], _llama_result)}
+        for url, bodies, parse in sides.values():  # warm-up: one request each
+            _clients(url, bodies[:1], 1, parse)
+        for i in range(args.runs):
+            for clients in (1, 4):
+                order = ["power", "llama"] if i % 2 == 0 else ["llama", "power"]
+                for side in order:
+                    url, bodies, parse = sides[side]
+                    res = quiet.measure(lambda url=url, bodies=bodies, parse=parse, c=clients: _clients(url, bodies, c,
+                                                                                                        parse))
+                    for r in res["results"]:
+                        ref = refs[r["prompt"]]
+                        r["same_text"] = r["n"] == ref["n"] and r["text"] == ref["text"]
+                    raw[side][clients].append(res)
+                print(f"  {suite} run {i + 1}/{args.runs} c={clients}: power {raw['power'][clients][-1]['aggregate_tok_s']:.1f}"
+                      f" vs llama-server {raw['llama'][clients][-1]['aggregate_tok_s']:.1f} tok/s", flush=True)
+    out: dict[str, Any] = {"mode": mode, "llama_server_spec_type": spec_type}
+    for clients in (1, 4):
+        cell: dict[str, Any] = {}
+        for side in ("power", "llama"):
+            runs = raw[side][clients]
+            flat = [r for run in runs for r in run["results"]]
+            lat = [r["latency_s"] for r in flat]
+            acc = [r["acceptance"] for r in flat if r["acceptance"] is not None]
+            cell[side] = {"aggregate_tok_s": stats([r["aggregate_tok_s"] for r in runs]),
+                          "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
+                          "acceptance_median": statistics.median(acc) if acc else None,
+                          "acceptance_by_prompt": {PROMPTS.index(p): statistics.median(
+                              [r["acceptance"] for r in flat if PROMPTS[r["prompt"]] == p and r["acceptance"] is not None]
+                              or [float("nan")]) for p in PROMPTS},
+                          "same_text": all(r["same_text"] for r in flat), "requests": len(flat),
+                          "foreign_cpu": stats([r["foreign_cpu"] for r in runs])}
+        cell["power_over_llama"] = stats([a["aggregate_tok_s"] / b["aggregate_tok_s"] for a, b in
+                                          zip(raw["power"][clients], raw["llama"][clients], strict=True)])
+        cell["per_run_ratios"] = [round(a["aggregate_tok_s"] / b["aggregate_tok_s"], 3) for a, b in
+                                  zip(raw["power"][clients], raw["llama"][clients], strict=True)]
+        out[f"c{clients}"] = cell
+    for side in ("power", "llama"):
+        a1, a4 = out["c1"][side]["acceptance_median"], out["c4"][side]["acceptance_median"]
+        out[f"{side}_acceptance_points_c4_minus_c1"] = None if a1 is None or a4 is None else 100 * (a4 - a1)
+    return out
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = [f"# bench_drafts: `power serve --parallel 4` vs `llama-server -np 4`, same drafter, K={report['k']}",
+             "", f"`{report['command']}`, {report['date']}, {report['threads']} threads, {report['tokens']} tokens per "
+             f"request, numerics {report['numerics']}, {report['runs']} paired runs (order alternating).", "",
+             "| drafter | clients | Power tok/s | llama-server tok/s | Power / llama (median of paired) | per-run | "
+             "p50 / p99 s Power | llama | acceptance Power | llama | texts = off |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for suite, r in report["suites"].items():
+        for c in (1, 4):
+            cell = r[f"c{c}"]
+            p, q = cell["power"], cell["llama"]
+            lines.append(
+                f"| {suite} ({r['llama_server_spec_type']}) | {c} | {p['aggregate_tok_s']['median']:.1f} | "
+                f"{q['aggregate_tok_s']['median']:.1f} | **{cell['power_over_llama']['median']:.3f}** | "
+                f"{' '.join(str(x) for x in cell['per_run_ratios'])} | {p['latency_p50_s']:.2f} / {p['latency_p99_s']:.2f} | "
+                f"{q['latency_p50_s']:.2f} / {q['latency_p99_s']:.2f} | {p['acceptance_median']:.3f} | "
+                f"{q['acceptance_median'] if q['acceptance_median'] is None else round(q['acceptance_median'], 3)} | "
+                f"{'yes' if p['same_text'] and q['same_text'] else 'NO'} |")
+    lines.append("")
+    for suite, r in report["suites"].items():
+        lines.append(f"- {suite}: acceptance at 4 clients minus 1 client: Power "
+                     f"{r['power_acceptance_points_c4_minus_c1']} points, llama-server "
+                     f"{r['llama_acceptance_points_c4_minus_c1']} points.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suites", default="mtp,dflash,dspark")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=192)
+    ap.add_argument("--k", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--numerics", choices=("exact", "stock"), default="exact")
+    ap.add_argument("--max-foreign", type=float, default=0.25)
+    ap.add_argument("--quiet-wait", type=float, default=20.0)
+    ap.add_argument("--retries", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "evidence" / "bench_drafts")
+    args = ap.parse_args()
+    peer_bin, _ = peer_bin_dir()
+    quiet = Quiet(args.max_foreign, args.quiet_wait, args.retries)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-drafts-"))
+    report: dict[str, Any] = {"bench": "drafts", "command": " ".join(["python", *sys.argv]),
+                              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": args.runs,
+                              "tokens": args.tokens, "k": args.k, "threads": args.threads, "numerics": args.numerics,
+                              "suites": {}}
+    for suite in args.suites.split(","):
+        report["suites"][suite] = bench_suite(args, suite, peer_bin, tmp, quiet)
+    report["retaken"] = quiet.retaken
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(report, indent=2, default=float))
+    (args.out / "report.md").write_text(_markdown(report))
+    print(_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
