@@ -286,20 +286,17 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
     cdef Eagle3Draft d0 = drafts[0], d
     cdef Context ctx = d0.ctx
     ctx._alive()
-    cdef cnp.ndarray[int32_t, ndim=1] pos0 = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[int32_t, ndim=1] tok = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[int32_t, ndim=1] kk = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[int32_t, ndim=1] seq = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[int32_t, ndim=1] n_out = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[int32_t, ndim=1] n_pass = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[int32_t, ndim=1] row = np.zeros(n, dtype=np.int32)
-    cdef cnp.ndarray[cnp.uint8_t, ndim=1] active = np.zeros(n, dtype=np.uint8)
-    cdef cnp.ndarray[float, ndim=1] pm = np.zeros(n, dtype=np.float32)
-    cdef cnp.ndarray[int64_t, ndim=1] comp = np.zeros(n, dtype=np.int64)
-    cdef int max_k = max([int(x) for x in ks] + [0])
-    cdef cnp.ndarray[int32_t, ndim=2] out = np.zeros((n, max(max_k, 1)), dtype=np.int32)
+    # per-ask state in C vectors (a solo draft's host cost is a few of these, not numpy arrays)
+    cdef vector[int32_t] pos0 = vector[int32_t](n), tok = vector[int32_t](n), kk = vector[int32_t](n)
+    cdef vector[int32_t] seq = vector[int32_t](n), n_out = vector[int32_t](n), n_pass = vector[int32_t](n)
+    cdef vector[int32_t] row = vector[int32_t](n), active = vector[int32_t](n)
+    cdef vector[float] pm = vector[float](n)
+    cdef vector[int64_t] comp = vector[int64_t](n)
     cdef vector[_row_p] hp = vector[_row_p](n)
-    cdef int n_active = 0
+    cdef int max_k = 1, n_active = 0
+    for i in range(n):
+        max_k = max(max_k, <int>ks[i])
+    cdef cnp.ndarray[int32_t, ndim=2] out = np.empty((n, max_k), dtype=np.int32)
     for i in range(n):
         d = drafts[i]
         if d.ctx is not ctx:
@@ -409,4 +406,7 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
             # the boundary row stays (llama-speculative-simple trims the draft to the target's length)
             llama_memory_seq_rm(ctx.mem, seq[i], pos0[i] + 1 if n_pass[i] else pos0[i], -1)
             d.n_kv = pos0[i] + 1 if n_pass[i] else min(d.n_kv, pos0[i])
-    return [out[i, :n_out[i]].copy() for i in range(n)], int(n_pass.max())
+    cdef int passes = 0
+    for i in range(n):
+        passes = max(passes, n_pass[i])
+    return [out[i, :n_out[i]] for i in range(n)], passes
