@@ -181,7 +181,8 @@ cdef class Eagle3Draft:
             self.batch.clear_c()
             with nogil:
                 for j in range(chunk):  # the per-token encoder reads no positions; llama.cpp numbers them on
-                    rc = self.batch.add_embd_seq_c(&self.feats[off + j, 0], self.width, self.n_kv + j, self.seq, False)
+                    # every row is an output (an encode outputs all; a row not marked so logs a warning)
+                    rc = self.batch.add_embd_seq_c(&self.feats[off + j, 0], self.width, self.n_kv + j, self.seq, True)
                     if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                         break
             if rc_translate(RC_OP_BATCH, rc) != RC_OK:

@@ -179,9 +179,10 @@ def open_eagle3(req: ProposerRequest) -> Eagle3Proposer:
                                    f"{tuple(model.target_layer_ids())}; the validator proved 'eagle3' with "
                                    f"{head.target_layers}", evidence="eagle3.target_layers")
         # one KV stream for all sequences with flash attention, as the target's batch does (batch-invariant
-        # kernels keep each sequence's cells in position order, so its rows are its solo rows)
+        # kernels keep each sequence's cells in position order, so its rows are its solo rows); an encoder
+        # pass outputs every row (llama.cpp sizes an encoder model's outputs by n_batch)
         ctx = _llama.Context(model, n_ctx=target.cells * n_seq, n_batch=tctx.n_batch, n_ubatch=tctx.n_ubatch,
-                             n_rs_seq=0, n_outputs_max=n_seq, ctx_other=tctx, n_seq_max=n_seq,
+                             n_rs_seq=0, n_outputs_max=tctx.n_batch, ctx_other=tctx, n_seq_max=n_seq,
                              kv_unified=cfg.flash_attn != "off" if n_seq > 1 else None,
                              n_threads=cfg.n_threads or os.cpu_count(), flash_attn=cfg.flash_attn)
         try:
