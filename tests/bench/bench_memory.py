@@ -38,6 +38,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,10 @@ def measure_side(cmd: list[str], env: dict[str, str] | None, llama: bool, args: 
     return quiet.measure(once)
 
 
-def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
+def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet,
+                save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every concurrency of one model; ``save`` gets the report so far after every paired run (a run
+    cut short still leaves what it measured)."""
     peer_bin, _ = peer_bin_dir()
     env, extra = peer_launch("exact")
     report: dict[str, Any] = {}
@@ -186,8 +190,8 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) 
         if clients == 1:
             sides["power-off"] = (power_side(model, "off", True, parallel, args.threads, args.n_ctx), None, False)
         # every llama-server type once (at the first concurrency); the best one is paired with Power's sides
-        screen = dict(screened)
-        for t in ([] if screened else args.types):
+        screen = dict(screened or args.screened or {})
+        for t in ([] if screen else args.types):
             r = measure_side(llama_side(peer_bin, model, t, parallel, args.threads, args.n_ctx, extra), env, True,
                              args, clients, quiet)
             screen[t] = r["aggregate_tok_s"]
@@ -204,7 +208,8 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet) 
                 raw[name].append(measure_side(cmd, side_env, llama, args, clients, quiet))
             print(f"  {alias} c={clients} run {i + 1}/{args.runs}: " + ", ".join(
                 f"{k} {v[-1]['aggregate_tok_s']:.1f}" for k, v in raw.items()), flush=True)
-        report[f"clients={clients}"] = _summary(raw, screen, best)
+            report[f"clients={clients}"] = _summary(raw, screen, best)
+            save(report)
     return report
 
 
@@ -215,7 +220,10 @@ def _texts(run: dict[str, Any]) -> list[str]:
 def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], best: str) -> dict[str, Any]:
     agg = {k: [r["aggregate_tok_s"] for r in v] for k, v in raw.items()}
     out: dict[str, Any] = {"llama_server_types": screen, "llama_server_best": best,
-                           "aggregate_tok_s": {k: stats(v) for k, v in agg.items()}}
+                           "aggregate_tok_s": {k: stats(v) for k, v in agg.items()},
+                           # per run: each side's tok/s, and the share of the CPU other processes took meanwhile
+                           "runs": {k: [round(x, 2) for x in v] for k, v in agg.items()},
+                           "foreign_cpu": {k: [round(r.get("foreign_cpu", 0.0), 3) for r in v] for k, v in raw.items()}}
     mem = raw["power-memory"]
     for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory")):
         if other not in raw:
@@ -247,7 +255,8 @@ def _markdown(report: dict[str, Any]) -> str:
     lines = ["# bench_memory: a server with memory on multi-request traffic", "",
              f"{report['when']} · {report['machine']} · {report['runs']} paired runs · "
              f"{report['conversations']} conversations x {report['turns']} turns per workload (chat, agent), "
-             f"{report['tokens']} tokens max per request · exact numerics both sides", ""]
+             f"{report['tokens']} tokens max per request · exact numerics both sides"
+             + ("" if report.get("complete", True) else " · **cut short: the runs that finished**"), ""]
     for alias, m in report["models"].items():
         for conc, c in m.items():
             lines += [f"## {alias}, {conc}", "", "| side | aggregate tok/s (median [min, max]) |", "|---|---|"]
@@ -258,7 +267,9 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"{t} {v:.1f}" for t, v in c["llama_server_types"].items()),
                 f"- Power with memories / llama-server {c['llama_server_best']}: x{c['over_llama_server']['median']:.3f} "
                 f"(goal ≥ {GOAL_PEER}); identical texts: {c['identical_texts_vs_llama-server']}",
-                f"- median prompt tokens reused per request (first run): {c['prompt_reused_median']}"]
+                f"- median prompt tokens reused per request (first run): {c['prompt_reused_median']}",
+                "- CPU taken by other processes during each run (share, per side): " + "; ".join(
+                    f"{k} {v}" for k, v in c["foreign_cpu"].items())]
             if "over_no_memory" in c:
                 lines.append(f"- with / without memories: x{c['over_no_memory']['median']:.3f} (goal ≥ {GOAL_SELF}); "
                              f"identical texts: {c['identical_texts_vs_power-no-memory']}")
@@ -283,6 +294,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--types", default=",".join(NGRAM_TYPES))
+    ap.add_argument("--screened", default="", help="llama-server types already screened, as type=tok/s,... (they "
+                                                   "are not measured again; the best is paired)")
     ap.add_argument("--skip", default="", help="sides left out, comma-separated (power-no-memory: the slowest side, "
                                                "for a shorter run)")
     ap.add_argument("--max-foreign", type=float, default=0.15)
@@ -300,11 +313,21 @@ def main() -> int:
                               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
                               "runs": args.runs, "conversations": args.conversations, "turns": args.turns,
                               "tokens": args.tokens, "skipped": sorted(args.skip), "models": {}}
+    if args.screened:  # llama-server types measured before (name=tok/s): not screened again
+        args.screened = {t: float(v) for t, v in (x.split("=") for x in args.screened.split(",") if x)}
+
+    def save(partial: dict[str, Any] | None = None, alias: str = "") -> None:
+        if partial is not None:
+            report["models"][alias] = partial
+        report["complete"] = partial is None
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "report.md").write_text(_markdown(report))
+
     for alias in [m for m in args.models.split(",") if m]:
-        report["models"][alias] = bench_model(alias, str(resolve_model(alias)), args, quiet)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "report.md").write_text(_markdown(report))
+        report["models"][alias] = bench_model(alias, str(resolve_model(alias)), args, quiet,
+                                              lambda r, a=alias: save(r, a))
+    save()
     print(_markdown(report))
     return 0
 
