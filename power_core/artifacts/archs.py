@@ -23,7 +23,9 @@ hand-kept copy drifted (``hunyuan-vl`` in one, ``hunyuan_vl`` in the other). An 
 ``res->t_layer_inp[il]`` in ``src/models/*.cpp``; tapping any other architecture trips
 ``GGML_ASSERT(t_layer_inp[il] != nullptr)`` in ``llm_graph_result::set_outputs`` (an abort). It is
 also in :data:`FINAL_TAP_ARCHS` when that graph assigns ``res->t_layer_inp[n_layer]`` (the output
-of the last layer). Both hold ``general.architecture`` names (``LLM_ARCH_NAMES``), never the
+of the last layer). :data:`NEXTN_TAP_ARCHS` holds the archs whose decoder graph assigns
+``res->t_h_nextn`` (the final hidden state that ``llama_get_embeddings_nextn`` reads, EAGLE3's tap
+of the layer count itself). All hold ``general.architecture`` names (``LLM_ARCH_NAMES``), never the
 ``src/models/*.cpp`` file names (``openai-moe.cpp`` builds ``gpt-oss``, ``hunyuan-vl.cpp``
 ``hunyuan_vl``).
 
@@ -38,8 +40,9 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["LLAMA_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "PINNED_SDIST_SHA256", "PINNED_LLAMA_CPP_COMMIT",
-           "archs_from_source", "tap_archs_from_source", "render", "render_tables"]
+__all__ = ["LLAMA_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "NEXTN_TAP_ARCHS", "PINNED_SDIST_SHA256",
+           "PINNED_LLAMA_CPP_COMMIT", "archs_from_source", "tap_archs_from_source", "nextn_archs_from_source", "render",
+           "render_tables"]
 
 #: sha256 of the llama-cpp-python sdist whose vendored llama.cpp this table was generated from
 PINNED_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -75,6 +78,12 @@ LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
 FINAL_TAP_ARCHS: frozenset[str] = frozenset({
     "deepseek4", "mimo2", "nemotron_h", "nemotron_h_moe",
 })
+#: archs whose decoder graph sets ``t_h_nextn`` (the final hidden state; EAGLE3's last tap)
+NEXTN_TAP_ARCHS: frozenset[str] = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek2-ocr", "deepseek32", "deepseek4", "dflash", "eagle3",
+    "gemma4", "gemma4-assistant", "glm-dsa", "glm4moe", "glm5-next", "gpt-oss", "hy_v3", "mimo2", "mistral4",
+    "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+})
 # -- end of generated tables -----------------------------------------------------------------------
 
 _NAMES_RE = re.compile(r"LLM_ARCH_NAMES\s*=\s*\{(.*?)\n\};", re.S)
@@ -109,6 +118,7 @@ _BUILD_RE = re.compile(r"\b(llama_model_\w+)::build_arch_graph\s*\([^)]*\)\s*con
 _MAKE_RE = re.compile(r"make_unique\s*<\s*(?:(llama_model_\w+)::)?(graph\w*)\b")
 _GRAPH_DEF_RE = re.compile(r"\b(llama_model_\w+)::(graph\w*)\s*(?:<[^<>]*>)?\s*::")
 _TAP_SET_RE = re.compile(r"\bt_layer_inp\s*\[\s*([^\]]+?)\s*\]\s*=(?!=)")
+_NEXTN_SET_RE = re.compile(r"\bres->t_h_nextn\s*=(?!=)")
 
 
 def tap_archs_from_source(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[str]]:
@@ -118,6 +128,20 @@ def tap_archs_from_source(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[
     graph that records a layer input, or a ``t_layer_inp`` assignment this parser cannot place
     (outside a ``llama_model_*::graph*`` member, or at an index other than ``il`` / ``n_layer``).
     """
+    taps, final, _ = _scan_graphs(llama_cpp)
+    return taps, final
+
+
+def nextn_archs_from_source(llama_cpp: str | os.PathLike[str]) -> frozenset[str]:
+    """:data:`NEXTN_TAP_ARCHS` of the llama.cpp tree at ``llama_cpp``: the archs whose decoder graph
+    (a ``graph*`` struct made by ``build_arch_graph`` whose name does not say ``mtp``) assigns
+    ``res->t_h_nextn``, the final hidden state ``llama_get_embeddings_nextn`` reads (EAGLE3's
+    ``target_layers`` entry equal to the target's layer count)."""
+    return _scan_graphs(llama_cpp)[2]
+
+
+def _scan_graphs(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """(layer-input archs, final-tap archs, nextn archs) of the tree; see the two public readers."""
     root = Path(llama_cpp)
     src, models = root / "src", root / "src" / "models"
     names = _NAMES_RE.search((src / "llama-arch.cpp").read_text(encoding="utf-8"))
@@ -158,6 +182,7 @@ def tap_archs_from_source(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[
     builds: dict[str, set[tuple[str, str]]] = {}  # class -> the graph structs its build_arch_graph makes
     records: set[tuple[str, str]] = set()
     final: set[tuple[str, str]] = set()
+    nextn: set[tuple[str, str]] = set()
     for path, text in texts.items():
         for m in _BUILD_RE.finditer(text):
             builds[m.group(1)] = {resolve(owner or m.group(1), g) for owner, g in _MAKE_RE.findall(m.group(2))}
@@ -171,6 +196,10 @@ def tap_archs_from_source(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[
             records.add(resolve(*owner[-1]))
             if m.group(1) == "n_layer":
                 final.add(resolve(*owner[-1]))
+        for m in _NEXTN_SET_RE.finditer(text):
+            owner = [g for at, g in defs if at < m.start()]
+            if owner and "mtp" not in owner[-1][1]:
+                nextn.add(resolve(*owner[-1]))
     if not model_of or not builds or not records:
         raise ValueError(f"{root}: no model classes, graph builders or layer-input graphs parsed; "
                          "has the llama.cpp layout changed?")
@@ -183,7 +212,8 @@ def tap_archs_from_source(llama_cpp: str | os.PathLike[str]) -> tuple[frozenset[
 
     taps = {arch_name[e]: graphs(cls) for e, cls in model_of.items() if e in arch_name}
     return (frozenset(a for a, g in taps.items() if g & records),
-            frozenset(a for a, g in taps.items() if g & final))
+            frozenset(a for a, g in taps.items() if g & final),
+            frozenset(a for a, g in taps.items() if g & nextn))
 
 
 def render(archs: frozenset[str], width: int = 118, *, name: str = "LLAMA_ARCHS") -> str:
@@ -201,12 +231,14 @@ def render(archs: frozenset[str], width: int = 118, *, name: str = "LLAMA_ARCHS"
 
 def render_tables(llama_cpp: str | os.PathLike[str]) -> str:
     """Every generated table of this module from the tree at ``llama_cpp``, as they appear here."""
-    taps, final = tap_archs_from_source(llama_cpp)
+    taps, final, nextn = _scan_graphs(llama_cpp)
     return (render(archs_from_source(llama_cpp))
             + "#: archs whose graph records ``t_layer_inp[il]`` (DFlash/DSpark layer taps); tapping others aborts\n"
             + render(taps, name="LAYER_INPUT_ARCHS")
             + "#: archs whose graph also records ``t_layer_inp[n_layer]`` (the output of the last layer)\n"
-            + render(final, name="FINAL_TAP_ARCHS"))
+            + render(final, name="FINAL_TAP_ARCHS")
+            + "#: archs whose decoder graph sets ``t_h_nextn`` (the final hidden state; EAGLE3's last tap)\n"
+            + render(nextn, name="NEXTN_TAP_ARCHS"))
 
 
 if __name__ == "__main__":  # pragma: no cover - maintenance tool

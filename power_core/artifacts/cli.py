@@ -59,23 +59,36 @@ def _require_file(path: str) -> None:
 
 
 def _describe(view: Any) -> dict[str, Any]:
-    from power_core.artifacts.contracts import classify_draft, mtp_evidence
+    from power_core.artifacts.contracts import DFLASH_ARCH, EAGLE3_ARCH, classify_draft, mtp_evidence
     from power_core.artifacts.identity import vocab_digest
     from power_core.errors import ArtifactError
 
     info = view.summary()
     mech: dict[str, Any] = {}
-    if view.architecture == "dflash":
+    if view.architecture in (DFLASH_ARCH, EAGLE3_ARCH):
         try:
             contract, found = classify_draft(view)
             mech = {"draft_contract": contract, "evidence": found}
         except ArtifactError as exc:
             mech = {"draft_contract": None, "code": exc.code, "evidence": exc.evidence}
+        if view.architecture == EAGLE3_ARCH:
+            mech.update(_eagle3_facts(view))
     elif (ev := mtp_evidence(view)) is not None:
         mech = {"mtp": True, "evidence": ev}
     info["mechanism"] = mech
     info["vocab_sha256"] = vocab_digest(view.vocab) if view.vocab is not None else None
     return info
+
+
+def _eagle3_facts(view: Any) -> dict[str, Any]:
+    """What ``power inspect`` shows of an EAGLE3 draft: the tapped target layers as the file declares
+    them (the validator checks them against a target) and its draft vocabulary (the ``d2t`` table's
+    rows onto the target's ids, or the whole vocabulary)."""
+    layers = view.metadata.get("eagle3.target_layers")
+    n_tokens = len(view.vocab.tokens) if view.vocab is not None else None
+    d2t = view.shape("d2t")
+    return {"target_layers": list(layers) if isinstance(layers, tuple) else None,
+            "draft_vocab": int(d2t[0]) if d2t else n_tokens, "vocab_mapping": "d2t" if d2t else "identity"}
 
 
 @_guard
@@ -106,6 +119,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if "draft_contract" in mech:
         lines.append(f"draft:         {mech['draft_contract'] or 'invalid (' + mech['code'] + ')'} "
                      f"(evidence: {mech['evidence']})")
+    if "target_layers" in mech:
+        lines.append(f"target layers: {mech['target_layers']}")
+        lines.append(f"draft vocabulary: {mech['draft_vocab']} of {v['n_tokens'] if v else '?'} "
+                     f"({mech['vocab_mapping']})")
     elif mech.get("mtp"):
         lines.append(f"mtp:           yes (evidence: {mech['evidence']})")
     if "sha256" in info:

@@ -17,12 +17,12 @@ from typing import Any
 
 import attrs
 
-from power_core.artifacts.archs import FINAL_TAP_ARCHS, LAYER_INPUT_ARCHS
+from power_core.artifacts.archs import FINAL_TAP_ARCHS, LAYER_INPUT_ARCHS, NEXTN_TAP_ARCHS
 from power_core.artifacts.view import ArtifactView
 from power_core.errors import ArtifactError, ArtifactMismatch
 
 __all__ = [
-    "Verified", "MTP_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "DFLASH_ARCH",
+    "Verified", "MTP_ARCHS", "LAYER_INPUT_ARCHS", "FINAL_TAP_ARCHS", "NEXTN_TAP_ARCHS", "DFLASH_ARCH", "EAGLE3_ARCH",
     "DSPARK_MARKER", "DFLASH2_MARKER", "BLOCK_CONTRACTS", "dflash2_evidence", "dspark_evidence", "classify_draft",
     "classify_target", "discriminate_draft",
     "mtp_evidence", "reject", "need_int", "need_tensor", "opt_bool", "trunk_layers", "DFlashBackbone",
@@ -57,6 +57,8 @@ MTP_CHAINED_ARCHS = frozenset({"step35"})
 # FINAL_TAP_ARCHS (those that also record the output of the last layer, ``lid == n_layer``) are
 # generated from the pinned llama.cpp source in ``archs`` and shared with power-native's tap call.
 DFLASH_ARCH = "dflash"
+#: EAGLE3 drafts (power-eagle3): one architecture, one contract; ``auto`` names it only for a given draft
+EAGLE3_ARCH = "eagle3"
 DSPARK_MARKER = "markov_w1.weight"
 DFLASH2_MARKER = "selector_hidden.weight"
 _DSPARK_TENSORS = ("markov_w1.weight", "markov_w2.weight", "markov_w2.scale", "conf_proj.weight", "conf_proj.bias")
@@ -182,7 +184,7 @@ def discriminate_draft(view: ArtifactView | None, expect: str | None = None) -> 
                      "draft", mismatch=True)
     if expect is None and view.architecture != DFLASH_ARCH:
         raise reject(view, f"general.architecture is {view.architecture!r}; draft files must be 'dflash' "
-                     "(DFlash v1, DFlash2, DSpark)", "draft_unknown_contract", "general.architecture")
+                     "(DFlash v1, DFlash2, DSpark) or 'eagle3'", "draft_unknown_contract", "general.architecture")
     sp, d2 = dspark_evidence(view), dflash2_evidence(view)
     found, ev = ("dspark", sp) if sp else ("dflash2", d2) if d2 else ("dflash", "general.architecture")
     if expect is not None:
@@ -223,8 +225,11 @@ def _check_expected(view: ArtifactView, expect: str, found: str, ev: str, d2: st
 
 
 def classify_draft(view: ArtifactView) -> tuple[str, str]:
-    """(contract, evidence) of a draft file: ``dspark``, ``dflash2`` or ``dflash``; mixed files are rejected
-    (:func:`discriminate_draft` without an expected contract)."""
+    """(contract, evidence) of a draft file: ``eagle3`` for the ``eagle3`` architecture, else ``dspark``,
+    ``dflash2`` or ``dflash``; mixed files are rejected (:func:`discriminate_draft` without an expected
+    contract)."""
+    if view.architecture == EAGLE3_ARCH:
+        return EAGLE3_ARCH, "general.architecture"
     return discriminate_draft(view)
 
 

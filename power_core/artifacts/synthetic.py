@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 __all__ = [
     "GGUFSpec", "N_VOCAB", "N_EMBD", "MASK_ID",
-    "target_spec", "dflash_spec", "dflash2_spec", "dspark_spec",
+    "target_spec", "dflash_spec", "dflash2_spec", "dspark_spec", "eagle3_spec",
     "write_target", "write_dflash", "write_dflash2", "write_dspark", "write_fixture_set",
     "encode_gguf", "malformed_corpus", "TRUNCATION", "make_sparse_lie", "tensor_entry_offset",
 ]
@@ -220,6 +220,55 @@ def dspark_spec(*, rank: int = 16, confidence: bool = False, **kw: Any) -> GGUFS
         s.tensors["conf_proj.bias"] = ((1,), "F32")
     s.seed = 3
     return s
+
+
+def eagle3_spec(*, target_layers: Iterable[int] = (0, 1, 1), n_vocab: int = N_VOCAB, n_embd: int = N_EMBD,
+                target_n_embd: int = N_EMBD, own_embeddings: bool = True, d2t: int | None = None,
+                norm_before_residual: bool | None = None, norm_before_fc: bool | None = None) -> GGUFSpec:
+    """An EAGLE3 draft as llama.cpp's converter writes one (``eagle3`` arch, one decoder layer over
+    ``[embed, g]``, ``fc`` fusing three target layers). ``own_embeddings=False`` drops
+    ``token_embd``/``output`` (inherited from the target); ``d2t``: that many output rows scattered
+    onto target ids 0.. by a ``d2t`` tensor (I64); the norm flags are written when not ``None``
+    (``norm_before_fc`` adds ``enc.output_norm``)."""
+    tl = list(target_layers)
+    a = "eagle3"
+    kv: dict[str, tuple[str, Any]] = {
+        **_hparams(a, 1, n_embd),
+        f"{a}.target_layers": ("arr:i32", tl),
+        f"{a}.target_hidden_size": ("u32", target_n_embd),
+        f"{a}.vocab_size": ("u32", n_vocab),
+    }
+    if norm_before_residual is not None:
+        kv[f"{a}.norm_before_residual"] = ("bool", norm_before_residual)
+    if norm_before_fc is not None:
+        kv[f"{a}.norm_before_fc"] = ("bool", norm_before_fc)
+    kv.update(_tokenizer(n_vocab, mask=False))
+    hd = n_embd // 2
+    t: dict[str, tuple[tuple[int, ...], str]] = {
+        "fc.weight": ((len(tl) * target_n_embd, n_embd), "F32"),
+        "output_norm.weight": ((n_embd,), "F32"),
+    }
+    if norm_before_fc:
+        t["enc.output_norm.weight"] = ((len(tl) * target_n_embd,), "F32")
+    if own_embeddings:
+        t["token_embd.weight"] = ((n_embd, n_vocab), "F32")
+        t["output.weight"] = ((n_embd, d2t or n_vocab), "F32")
+    data: dict[str, np.ndarray] = {}
+    if d2t is not None:
+        t["d2t"] = ((d2t,), "I64")
+        data["d2t"] = np.arange(d2t, dtype=np.int64)
+    p = "blk.0."
+    t[p + "attn_norm.weight"] = ((n_embd,), "F32")
+    t[p + "attn_norm_2.weight"] = ((n_embd,), "F32")
+    t[p + "attn_q.weight"] = ((2 * n_embd, 2 * hd), "F32")
+    t[p + "attn_k.weight"] = ((2 * n_embd, hd), "F32")
+    t[p + "attn_v.weight"] = ((2 * n_embd, hd), "F32")
+    t[p + "attn_output.weight"] = ((2 * hd, n_embd), "F32")
+    t[p + "ffn_norm.weight"] = ((n_embd,), "F32")
+    t[p + "ffn_gate.weight"] = ((n_embd, N_FF), "F32")
+    t[p + "ffn_up.weight"] = ((n_embd, N_FF), "F32")
+    t[p + "ffn_down.weight"] = ((N_FF, n_embd), "F32")
+    return GGUFSpec(arch=a, kv=kv, tensors=t, data=data, seed=4)
 
 
 def write_target(path: str | os.PathLike[str], **kw: Any) -> Path:

@@ -9,6 +9,10 @@ head on a fixture with a large vocabulary.
 ``--suite dflash``: ``power run --mode dflash|dflash2|dspark`` vs ``llama-speculative-simple -md DRAFT
 --spec-type draft-dflash|draft-dspark`` with the same draft, K and threads.
 
+``--suite eagle3``: ``power run --mode eagle3`` vs ``llama-speculative-simple -md DRAFT --spec-type
+draft-eagle3`` on the tiny qwen35 target with an EAGLE3 draft of its own embeddings (random weights) and
+one that inherits the target's and taps its final hidden state.
+
 Fixtures are written by the tests' helpers (random weights). Each pair runs ``--runs`` times with the
 order alternating (A,B then B,A); figures are decode tok/s (llama.cpp's "decoded N tokens in T s"
 vs the receipt's ``decode_tok_s``, both excluding the prompt), reported as median/min/max with the
@@ -153,7 +157,7 @@ def fr_pass_ratio(model: Path, n_fr: int, passes: int, threads: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", choices=("mtp", "dflash"), required=True)
+    ap.add_argument("--suite", choices=("mtp", "dflash", "eagle3"), required=True)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=5)
@@ -170,6 +174,7 @@ def main() -> int:
         build_llama.build(peers=True)
     power = shutil.which("power") or "power"
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{args.suite}-"))
+    from eagle3_helpers import make_tiny_eagle3
     from native_helpers import make_tiny, make_tiny_draft, make_tiny_mtp
 
     from power_core.bench import peer_launch
@@ -207,6 +212,17 @@ def main() -> int:
         results["fr_vocab_pass_time"] = fr
         print(f"FR: MTP draft pass {fr['fr']['median'] * 1e3:.3f} ms (N=1024) vs {fr['full']['median'] * 1e3:.3f} ms "
               f"(full 32768): x{fr['ratio_fr_over_full']:.3f}")
+    elif args.suite == "eagle3":
+        target = make_tiny(tmp, "qwen35")
+        off = off_tokens(target)
+        for name, kw in (("own", dict(layers=(0, 1, 1))), ("final_tap", dict(layers=(0, 1, 2), borrow=True))):
+            if args.only and name not in args.only:
+                continue
+            draft = make_tiny_eagle3(tmp, target, name=f"bench-eagle3-{name}", **kw)
+            results[f"eagle3_{name}_vs_llama"] = paired(
+                f"eagle3/{name}", power_cmd(target, "eagle3", "--draft", str(draft), "--draft-max", str(args.k)),
+                [str(spec_exe), "-m", str(target), "-md", str(draft), "--spec-type", "draft-eagle3", *common_peer],
+                off, args.runs, peer_env=peer_env)
     else:
         target = make_tiny(tmp, "qwen35")
         off = off_tokens(target)

@@ -295,7 +295,8 @@ def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spe
            "-t", "2", "-lv", "5", "--spec-draft-p-min", str(p_min), *numerics_args]
     if draft is not None:
         cmd[3:3] = ["-md", str(draft)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    # a real tokenizer's pieces in the -lv 5 log may split a UTF-8 character
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rounds, ids = [], []
     for line in proc.stderr.splitlines():

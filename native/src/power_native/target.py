@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from power_core.artifacts import ArtifactView, check_architecture, file_digest
+from power_core.artifacts.archs import NEXTN_TAP_ARCHS
 from power_core.config import NUMERICS, PowerConfig
 from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault, StateLost, StrategyNotFound
 from power_core.logs import get_logger
@@ -423,8 +424,11 @@ class LlamaTarget:
                               "the strategy asks for a hidden-state tap power-native does not provide")
         self._nextn = "h_nextn" in self._caps.features
         if self._nextn:
-            if model.n_layer_nextn == 0:  # only MTP graphs set the nextn hidden state
-                raise ArtifactError(f"{model.path}: the h_nextn tap needs a target with MTP (nextn) layers",
+            # MTP graphs set the nextn hidden state, and so do the decoder graphs of NEXTN_TAP_ARCHS
+            # (the final hidden state an EAGLE3 draft taps as layer n_layer)
+            if model.n_layer_nextn == 0 and model.arch not in NEXTN_TAP_ARCHS:
+                raise ArtifactError(f"{model.path}: the h_nextn tap needs a target with MTP (nextn) layers or one "
+                                    f"whose graph publishes its final hidden state ({model.arch} does not)",
                                     reason="tap_unsupported", evidence="nextn_predict_layers")
             ctx.set_embeddings_nextn(True, False)  # unmasked: one row per batch token
         for lid in self._layers:
