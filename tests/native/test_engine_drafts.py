@@ -187,7 +187,7 @@ def _batched_rounds(shared: list, k: int) -> list:
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
 def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, arch):
-    """Four requests of mixed widths (their own ``spec_draft_max``) arriving at different rounds: each
+    """Four requests of mixed widths (their own ``spec_draft_max``), leaving at different rounds: each
     draft step is one pass over every drafting request (draft passes per round <= K, not 4K), and every
     request's tokens and per-round proposals equal its solo run."""
     model = mtp_targets[arch]
@@ -199,14 +199,18 @@ def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, 
         assert engine.probe is not None and engine.probe.identical
         out: list = [None] * 4
 
+        gens = [engine.submit(p, strategy="mtp") for p in prompts]
+
         def go(i: int) -> None:
-            time.sleep(0.02 * i)
-            gen = engine.submit(prompts[i], strategy="mtp")
-            out[i] = (gen.session.config.spec_draft_max, engine.run(gen))
+            out[i] = (gens[i].session.config.spec_draft_max, engine.run(gens[i]))
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
+        with engine.held():  # all four join the same first pass, whatever the machine's load
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while engine.running < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
         for t in threads:
             t.join(120)
     assert sorted(w for w, _ in out) == sorted(widths)  # every width ran
