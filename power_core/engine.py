@@ -229,6 +229,8 @@ class _Active:
     events: queue.Queue[Any]
     remaining: np.ndarray  # prompt tokens still to prefill (empty once decoding)
     t0: float
+    #: its reader wants the end only (:meth:`Engine.run`): rounds are not handed to its thread one by one
+    quiet: bool = False
     passes: int = 0
     pass_tokens: int = 0
     peak: int = 0
@@ -444,9 +446,13 @@ class Engine(Generic[SlotT]):
             raise
 
     def run(self, gen: Request[ResultT]) -> ResultT:
-        """Run ``gen`` to its end; its result (tokens, text and receipt)."""
-        for _ in self.rounds(gen):
-            pass
+        """Run ``gen`` to its end; its result (tokens, text and receipt). Under the shared driver the
+        calling thread sleeps until the request ends (no hand-over per round, as :meth:`rounds` makes)."""
+        if gen.session not in self.sessions:
+            raise SessionBusy("this request's session does not belong to the engine")
+        if gen.txn is None or gen.txn.finished is None:
+            for _ in self._solo(gen) if self.runtime is None else self._shared(gen, quiet=True):
+                pass
         return gen.result()
 
     def rounds(self, gen: Request[Any]) -> Generator[Commit, None, None]:
@@ -505,10 +511,11 @@ class Engine(Generic[SlotT]):
             self._end(gen, failure)
 
     # -- the shared driver: one thread runs every request's rounds in shared passes -------------------------
-    def _shared(self, gen: Request[Any]) -> Generator[Commit, None, None]:
+    def _shared(self, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:
         self._begin(gen)
         events: queue.Queue[Any] = queue.Queue()
-        active = _Active(gen=gen, events=events, remaining=np.zeros(0, dtype=np.int32), t0=time.perf_counter())
+        active = _Active(gen=gen, events=events, remaining=np.zeros(0, dtype=np.int32), t0=time.perf_counter(),
+                         quiet=quiet)
         with self._cv:
             closed = self._closed
             if not closed:
@@ -834,7 +841,8 @@ class Engine(Generic[SlotT]):
             self._leave(a, exc)
             return
         a.gen.charge(c0, seconds + time.perf_counter() - t0, 1)
-        a.events.put(_commit(a.gen, record))
+        if not a.quiet:
+            a.events.put(_commit(a.gen, record))
         if txn.finished is not None:
             self._leave(a, None)
 

@@ -64,6 +64,16 @@ def proposer_stats(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "sources": dict(sorted(sources.items())), "stats": dict(sorted(stats.items()))}
 
 
+def _plain(o: Any) -> Any:
+    """A value JSON cannot encode, as :func:`attrs.asdict` gives it: an attrs instance is its dict, a set
+    its list."""
+    if attrs.has(type(o)):
+        return attrs.asdict(o)
+    if isinstance(o, (set, frozenset)):
+        return list(o)
+    raise TypeError(f"a receipt holds a {type(o).__name__}, which JSON cannot encode")
+
+
 @attrs.frozen
 class Receipt:
     """The frozen record of one request."""
@@ -94,6 +104,7 @@ class Receipt:
     #: cuts, cut_tokens, cuts_per_round, masks; ``None`` when the output was unconstrained
     constraint: dict[str, Any] | None = None
     schema: str = SCHEMA
+    _digest: str | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     @property
     def proposed(self) -> int:
@@ -134,22 +145,27 @@ class Receipt:
         }
 
     def _body(self, with_timings: bool) -> dict[str, Any]:
-        body = attrs.asdict(self)
+        """The fields (not copied) with the derived ``proposer`` and ``summary``; without timings, the
+        canonical form the digest hashes."""
+        body = {a.name: getattr(self, a.name) for a in attrs.fields(Receipt) if not a.name.startswith("_")}
         body["proposer"] = self.proposer
         body["summary"] = self.summary()
         if not with_timings:
-            body.pop("timings")
-            for r in body["rounds"]:
-                r.pop("seconds", None)
+            del body["timings"]
+            body["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in self.rounds]
         return body
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON without timings."""
-        blob = json.dumps(self._body(False), sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
+        """sha256 of the canonical JSON without timings (computed once: a receipt is frozen)."""
+        if self._digest is None:
+            blob = json.dumps(self._body(False), sort_keys=True, separators=(",", ":"), default=_plain).encode()
+            object.__setattr__(self, "_digest", hashlib.sha256(blob).hexdigest())
+        assert self._digest is not None
+        return self._digest
 
     def to_dict(self) -> dict[str, Any]:
-        body = self._body(True)
+        """The receipt as plain JSON values (a copy: changing it leaves the receipt as it is)."""
+        body: dict[str, Any] = json.loads(json.dumps(self._body(True), default=_plain))
         body["receipt_sha256"] = self.digest()
         return body
 

@@ -24,6 +24,7 @@ import contextvars
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -1028,6 +1029,8 @@ class Generation:
     _prefilled: bool = attrs.field(default=False, init=False)
     _told_end: bool = attrs.field(default=False, init=False)  # its proposer heard that it finished
     _decode_s: float = attrs.field(default=0.0, init=False)
+    #: when (``time.perf_counter``) its first round committed; ``None`` before
+    first_commit_at: float | None = attrs.field(default=None, init=False)
     #: the compute/host split of ``_decode_s`` (receipt ``timings``)
     _clock: DecodeClock = attrs.field(factory=DecodeClock, init=False, repr=False)
     _text: TextAssembler | None = attrs.field(default=None, init=False)
@@ -1089,9 +1092,7 @@ class Generation:
 
     def run(self) -> Result:
         """Run (or resume) the request to its end and return its tokens, text and receipt."""
-        for _ in self.rounds():
-            pass
-        return self.result()
+        return self.session.driver().run(self)
 
     def result(self) -> Result:
         """Tokens, text (cut before a stop string) and receipt of the request as it stands."""
@@ -1211,6 +1212,8 @@ class Generation:
         :meth:`clock` snapshot), in which ``rounds`` rounds committed."""
         self._decode_s += seconds
         self._clock.lap(before, self._clock.read(), rounds)
+        if rounds and self.first_commit_at is None:
+            self.first_commit_at = time.perf_counter()
 
     def charge_shared_pass(self, compute: float | None) -> None:
         """A shared pass that decoded this request's block took ``compute`` seconds of target compute

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -120,6 +121,15 @@ def test_receipt_fields_and_hash_stability():
     assert s["verified_tokens_per_pass"] == pytest.approx(25 / len(d["rounds"]))
     assert a.receipt.digest() == b.receipt.digest()  # timings excluded
     assert json.loads(a.receipt.to_json())["receipt_sha256"] == a.receipt.digest()
+    # the digest is sha256 of the canonical JSON: the receipt's dict without timings and round seconds
+    canonical = {k: v for k, v in d.items() if k not in ("timings", "receipt_sha256")}
+    canonical["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in d["rounds"]]
+    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
+    assert a.receipt.digest() == hashlib.sha256(blob).hexdigest()
+    d["rounds"][0]["proposed"] = -1  # to_dict is a copy: changing it leaves the receipt as it was
+    d["backend"]["name"] = "changed"
+    assert a.receipt.rounds[0]["proposed"] != -1 and a.receipt.backend["name"] != "changed"
+    assert a.receipt.to_dict()["receipt_sha256"] == b.receipt.digest()
 
 
 def test_receipt_rollback_counts_are_the_requests_own():

@@ -419,7 +419,7 @@ def _launch(state: ServerState, session: Session, job: Job,
         if not f.cancelled() and f.exception() is None:
             out = f.result()
             state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
-                                        "receipt": out.receipt.to_dict()})
+                                        "receipt": out.receipt})  # rendered when asked for
             state.auditor.consider(job, out)
 
     fut.add_done_callback(done)
@@ -441,11 +441,12 @@ def _raise_failure(outcome: Outcome) -> None:
 
 
 async def _watch_disconnect(request: Request, job: Job, fut: asyncio.Future[Outcome]) -> None:
+    """Stop the job when its client goes away: the body is read, so the server's next message for this
+    request is ``http.disconnect`` (awaited, not polled; cancelled once the outcome is there)."""
     while not fut.done():
-        if await request.is_disconnected():
+        if (await request.receive())["type"] == "http.disconnect":
             job.stop_now("disconnected")
             return
-        await asyncio.sleep(0.05)
 
 
 async def _respond(request: Request, state: ServerState, prepared: Prepared) -> Response:
@@ -637,7 +638,7 @@ async def receipt(request: Request) -> Response:
     if found is None:
         raise APIError(404, f"no receipt {request.path_params['rid']!r}: unknown, or older than the "
                        f"{state.options.receipts} most recent requests", param="id", code="receipt_not_found")
-    return JSONResponse(found)
+    return JSONResponse({**found, "receipt": found["receipt"].to_dict()})
 
 
 async def health(request: Request) -> Response:

@@ -30,7 +30,7 @@ from power_core.errors import Cancelled, PowerError
 from power_core.logs import get_logger
 from power_core.memory import PromptCache
 from power_core.receipt import Receipt
-from power_core.session import Session
+from power_core.session import Generation, Session
 from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob
 
@@ -196,7 +196,8 @@ class Metrics:
 
 @attrs.define(eq=False)
 class ReceiptStore:
-    """The full receipts of the most recent requests, by request id (oldest dropped first)."""
+    """The full receipts of the most recent requests, by request id (oldest dropped first): an envelope
+    per request whose ``receipt`` is the :class:`~power_core.receipt.Receipt` (rendered when asked for)."""
 
     capacity: int = 256
     _items: collections.OrderedDict[str, dict[str, Any]] = attrs.field(factory=collections.OrderedDict)
@@ -219,6 +220,20 @@ class ReceiptStore:
             return self._items.get(rid)
 
 
+def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
+    """A request that ran without handing over its rounds: its rounds' metrics once it ended (time to
+    the first commit as the driver stamped it; per-token latency from each later round's seconds)."""
+    if gen.first_commit_at is not None:
+        metrics.ttft.observe(gen.first_commit_at - job.arrived)
+    rounds = gen.txn.rounds if gen.txn is not None else []
+    for i, record in enumerate(rounds):
+        if i and record.emitted:
+            per_token = record.seconds / record.emitted
+            for _ in range(record.emitted):
+                metrics.itl.observe(per_token)
+        metrics.round(record)
+
+
 def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metrics,
             emit: Callable[[Delta], None] | None) -> Outcome:
     """Decode ``job`` on ``session``, a sequence of ``engine`` admitted for it (in a worker thread).
@@ -238,18 +253,24 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     last: float | None = None
     error: BaseException | None = None
     try:
-        for commit in engine.rounds(gen):
-            now = time.perf_counter()
-            record = commit.record
-            if last is None:
-                metrics.ttft.observe(now - job.arrived)
-            elif record.emitted:
-                per_token = (now - last) / record.emitted
-                for _ in range(record.emitted):
-                    metrics.itl.observe(per_token)
-            last = now
-            metrics.round(record)
-            if text is not None and emit is not None:
+        if emit is None:  # nothing to send before the end: the driver does not hand over each round
+            try:
+                engine.run(gen)
+            finally:
+                _round_metrics(metrics, job, gen)
+        else:
+            assert text is not None
+            for commit in engine.rounds(gen):
+                now = time.perf_counter()
+                record = commit.record
+                if last is None:
+                    metrics.ttft.observe(now - job.arrived)
+                elif record.emitted:
+                    per_token = (now - last) / record.emitted
+                    for _ in range(record.emitted):
+                        metrics.itl.observe(per_token)
+                last = now
+                metrics.round(record)
                 tokens.extend(commit.tokens)
                 text.sync(tokens)
                 delta = text.take(final=commit.finished)

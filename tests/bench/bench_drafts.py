@@ -44,7 +44,10 @@ PROMPTS = ("hello world, this is a test prompt for the speculative decoding benc
            "once upon a time there was a small model that proposed tokens to a large one",
            "def add(a, b): return a + b  # a tiny function that adds two numbers together")
 WARMUP = "a warm-up request that is not measured"
-SUITES = {"mtp": ("mtp", "draft-mtp"), "dflash": ("dflash", "draft-dflash"), "dspark": ("dspark", "draft-dspark")}
+#: suite -> (Power's mode, llama-server's --spec-type). ``mtp``: the random MTP head (accepts nothing: what
+#: drafting costs); ``mtp-predictable``: an MTP head that reproduces the target (accepts ~all: what it wins)
+SUITES = {"mtp": ("mtp", "draft-mtp"), "mtp-predictable": ("mtp", "draft-mtp"), "dflash": ("dflash", "draft-dflash"),
+          "dspark": ("dspark", "draft-dspark")}
 
 
 def _fixtures(suite: str, tmp: Path) -> tuple[Path, Path | None]:
@@ -52,6 +55,8 @@ def _fixtures(suite: str, tmp: Path) -> tuple[Path, Path | None]:
 
     if suite == "mtp":
         return make_tiny_mtp(tmp, "qwen35"), None
+    if suite == "mtp-predictable":
+        return make_tiny_mtp(tmp, "qwen35", predictable=True, name="qwen35-mtp-predictable"), None
     target = make_tiny(tmp, "qwen35")
     kw = {"dflash": dict(kind="dflash"), "dspark": dict(kind="dspark", block_size=16)}[suite]
     return target, make_tiny_draft(tmp, target, name=f"bench-{suite}", **kw)
@@ -189,7 +194,7 @@ def _markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suites", default="mtp,dflash,dspark")
+    ap.add_argument("--suites", default="mtp,mtp-predictable,dflash,dspark")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--k", type=int, default=7)

@@ -138,6 +138,21 @@ def test_a_client_that_disconnects_cancels_its_request_at_once(suffix_server, na
     assert _metrics(url)['power:request_success_total{finished_reason="abort"}'] == before + 1
 
 
+def test_a_client_that_abandons_a_non_streamed_request_cancels_it(suffix_server, name):
+    """No stream to write into: the server learns of the disconnect from the connection itself."""
+    url = suffix_server.url
+    before = _metrics(url).get('power:request_success_total{finished_reason="abort"}', 0.0)
+    body = {"model": name, "prompt": "Count from one to one thousand: one, two,", "max_tokens": 1500}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    t0 = time.monotonic()
+    while httpx.get(f"{url}/health").json()["slots_processing"] and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert httpx.get(f"{url}/health").json()["slots_processing"] == 0
+    assert time.monotonic() - t0 < 10
+    assert _metrics(url)['power:request_success_total{finished_reason="abort"}'] == before + 1
+
+
 def test_timeout_and_a_full_queue():
     with served("--mode", "off", "--threads", "2", "--parallel", "1", "--queue", "0", "--timeout", "4") as s:
         client = openai.OpenAI(base_url=s.base_url, api_key="x", max_retries=0, timeout=120)
