@@ -105,7 +105,7 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     extra = ["--draft", str(draft)] if draft else []
     power = power_cmd("serve", "--port", "0", "--model", str(target), "--mode", mode, *extra, "--threads",
                       str(args.threads), "--n-ctx", str(args.n_ctx), "--parallel", "4", "--draft-max", str(args.k),
-                      "--numerics", args.numerics)
+                      "--numerics", args.numerics, *args.power_args.split())
     env, numerics_args = peer_launch(args.numerics)
     peer = [str(peer_bin / "llama-server"), "-m", str(target), *(["-md", str(draft)] if draft else []),
             "--host", "127.0.0.1", "--port", "0", "-t", str(args.threads), "-tb", str(args.threads),
@@ -201,6 +201,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--numerics", choices=("exact", "stock"), default="exact")
+    ap.add_argument("--power-args", default="", help="more `power serve` flags, e.g. --adaptive (llama-server has "
+                    "no counterpart: its drafters propose K every round)")
     ap.add_argument("--max-foreign", type=float, default=0.25)
     ap.add_argument("--quiet-wait", type=float, default=20.0)
     ap.add_argument("--retries", type=int, default=1)
