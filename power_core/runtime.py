@@ -97,6 +97,10 @@ class TargetCapabilities:
       the memory is then empty (as after ``reset``), never half-loaded. ``state_format`` says what
       must match for a saved state to be this target's own: the model file, and what changes the
       numbers its memory holds (kernels, offload); ``None``: its states are never shared.
+    * ``memory() -> Mapping[str, Any]``: the bytes it holds, for operators (``power serve`` reports
+      them at startup, in ``/v1/models`` and ``/metrics``; never in a receipt: they depend on how
+      many sequences share the context): ``{"target": {"weights", "context", "compute"}, "drafts":
+      {kind: {...}}}``, a draft on the target's own weights counting none. Read it between passes.
     """
 
     name: str
@@ -121,6 +125,7 @@ class TargetCapabilities:
     graph_sampling_pays: bool = False
     counters: Callable[[], Mapping[str, int]] | None = _ability()
     compute_seconds: Callable[[], float] | None = _ability()
+    memory: Callable[[], Mapping[str, Any]] | None = _ability()
     save_state: Callable[[], bytes] | None = _ability()
     load_state: Callable[[bytes, int], bool] | None = _ability()
     state_format: str | None = None

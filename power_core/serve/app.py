@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -119,6 +119,8 @@ class ServerState:
     receipts: ReceiptStore
     executor: ThreadPoolExecutor
     auditor: Auditor
+    #: the bytes the model's contexts hold, read at startup (``TargetCapabilities.memory``; None: not reported)
+    memory: Mapping[str, Any] | None = None
     jobs: set[Job] = attrs.field(factory=set)
     draining: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
@@ -627,7 +629,7 @@ async def models(request: Request) -> Response:
                   # what a request may ask for (power.strategy): the first is the default
                   "strategies": strategies, "auto": {"name": s.lane("auto").mode, "selection": s.auto_reason},
                   "numerics": s.config.numerics, "n_ctx": state.n_ctx, "parallel": len(state.sessions),
-                  "shared_passes": state.engine.runtime is not None,
+                  "shared_passes": state.engine.runtime is not None, "memory": state.memory,
                   "model_path": s.opened.model_path}}]})
 
 
@@ -673,8 +675,14 @@ def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
     executor = ThreadPoolExecutor(max_workers=len(engine.sessions), thread_name_prefix="power-slot")
     auditor = Auditor(rate=options.audit_rate, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
                       require_identical=engine.sessions[0].config.require_identical)
+    # read before any request runs (the contexts are sized: llama.cpp reserves the widest pass's buffers)
+    read_memory = engine.sessions[0].opened.target.capabilities.memory
+    memory = read_memory() if read_memory is not None else None
+    if memory is not None:
+        metrics_.set_memory(memory)
+        log.info("serve.memory", **{k: v for k, v in memory.items()})
     state = ServerState(options=options, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
-                        auditor=auditor)
+                        auditor=auditor, memory=memory)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

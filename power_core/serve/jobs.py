@@ -17,7 +17,7 @@ import collections
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -152,10 +152,21 @@ class Metrics:
                                    registry=r)
         self.cache_restores = Gauge("power:prompt_cache_restores", "Saved states restored into a sequence "
                                     "(since the cache was made)", registry=r)
+        self.memory = Gauge("power:memory_bytes", "Bytes the model's llama.cpp contexts hold (at startup): the "
+                            "target's and each draft's, as weights, context (KV cells, recurrent states) and "
+                            "compute buffers", ["context", "part"], registry=r)
         self._prompt_lock = threading.Lock()
         self._prompts = [0, 0]  # requests, hits
         self.cache_evictions = Gauge("power:prompt_cache_evictions", "Saved states evicted for the budget "
                                      "(since the cache was made)", registry=r)
+
+    def set_memory(self, memory: Mapping[str, Any]) -> None:
+        """``TargetCapabilities.memory``'s answer as gauges: ``context`` is ``target`` or ``draft:<kind>``."""
+        contexts = {"target": memory.get("target", {}),
+                    **{f"draft:{k}": v for k, v in memory.get("drafts", {}).items()}}
+        for name, parts in contexts.items():
+            for part, n in parts.items():
+                self.memory.labels(context=name, part=part).set(n)
 
     def prompt(self, receipt: Receipt) -> None:
         """A request ended: whether and how much of its prompt was reused."""

@@ -425,3 +425,30 @@ def test_a_failed_shared_draft_pass_lets_each_request_draft_alone(tiny_dir, tiny
     shared = _shared(cfg, tiny_llama, draft)
     assert calls["n"] >= 5
     _check(shared, solo, mode)
+
+
+# -- the memory of the contexts (TargetCapabilities.memory): draft contexts sized for the sequences ------
+def _memory(cfg: PowerConfig, model: Path, n: int | None, draft: Path | None = None) -> dict:
+    if n is None:
+        with Session.open(cfg, model=str(model), draft=str(draft) if draft else None) as s:
+            return dict(s.opened.target.capabilities.memory())
+    with Session.open_engine(n, cfg, model=str(model), draft=str(draft) if draft else None) as engine:
+        return dict(engine.sessions[0].opened.target.capabilities.memory())
+
+
+def test_memory_reports_the_target_and_each_draft_context_sized_for_the_sequences(tiny_dir, tiny_llama,
+                                                                                   tiny_qwen35_mtp):
+    cfg = PowerConfig(spec_mode="mtp", n_ctx=256, n_threads=2)
+    one, four = _memory(cfg, tiny_qwen35_mtp, None), _memory(cfg, tiny_qwen35_mtp, 4)
+    for mem in (one, four):
+        assert mem["target"]["weights"] > 0 and mem["target"]["context"] > 0 and mem["target"]["compute"] > 0
+        assert set(mem["drafts"]) == {"mtp"}
+        assert mem["drafts"]["mtp"]["weights"] == 0  # the head runs on the target's weights: counted once
+        assert mem["drafts"]["mtp"]["context"] > 0 and mem["drafts"]["mtp"]["compute"] > 0
+    assert four["target"]["weights"] == one["target"]["weights"]
+    # one MTP context for the four sequences, a KV stream of n_ctx cells each
+    assert four["drafts"]["mtp"]["context"] == 4 * one["drafts"]["mtp"]["context"]
+    draft = _draft_for(tiny_dir, tiny_llama, "draft-model")
+    mem = _memory(PowerConfig(spec_mode="draft-model", n_ctx=256, n_threads=2), tiny_llama, 2, draft)
+    assert set(mem["drafts"]) == {"draft-model"} and mem["drafts"]["draft-model"]["weights"] > 0
+    assert _memory(PowerConfig(spec_mode="off", n_ctx=256, n_threads=2), tiny_llama, 2)["drafts"] == {}

@@ -153,6 +153,18 @@ def test_a_client_that_abandons_a_non_streamed_request_cancels_it(suffix_server,
     assert _metrics(url)['power:request_success_total{finished_reason="abort"}'] == before + 1
 
 
+def test_the_contexts_memory_is_reported_at_startup(suffix_server):
+    url = suffix_server.url
+    power = httpx.get(f"{url}/v1/models").json()["data"][0]["power"]
+    mem = power["memory"]
+    assert mem["drafts"] == {}  # suffix drafts hold no llama.cpp context
+    target = mem["target"]
+    assert target["weights"] > 50e6 and target["context"] > 0 and target["compute"] > 0  # SmolLM2-135M
+    m = _metrics(url)
+    for part, n in target.items():
+        assert m[f'power:memory_bytes{{context="target",part="{part}"}}'] == n
+
+
 def test_timeout_and_a_full_queue():
     with served("--mode", "off", "--threads", "2", "--parallel", "1", "--queue", "0", "--timeout", "4") as s:
         client = openai.OpenAI(base_url=s.base_url, api_key="x", max_retries=0, timeout=120)

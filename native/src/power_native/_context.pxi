@@ -150,6 +150,22 @@ cdef class Context:
             raise RuntimeFault("the llama context is closed")
         return 0
 
+    def memory(self) -> dict:
+        """Bytes this context holds, per buffer type (``"CPU"``, a device's): ``model`` (its model's
+        weights; a context on another context's model, as an MTP head's, counts them again),
+        ``context`` (KV cells, recurrent states and their snapshots) and ``compute`` (the scheduler's
+        compute buffers, as large as the widest pass so far needed)."""
+        self._alive()
+        cdef cpp_map[ggml_backend_buffer_type_t, llama_memory_breakdown_data] mb = llama_get_memory_breakdown(self.ptr)
+        out = {}
+        for item in mb:
+            name = ggml_backend_buft_name(item.first).decode("utf-8", "replace")
+            part = out.setdefault(name, {"model": 0, "context": 0, "compute": 0})
+            part["model"] += item.second.model
+            part["context"] += item.second.context
+            part["compute"] += item.second.compute
+        return out
+
     # -- decoding ------------------------------------------------------------------------------------
     def decode(self, tokens, int pos0, int seq_id=0, bint all_outputs=True) -> int:
         """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` with the GIL released.

@@ -15,6 +15,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+from libcpp.map cimport map as cpp_map
 
 cimport cython
 cimport numpy as cnp

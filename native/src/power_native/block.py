@@ -111,6 +111,11 @@ class SharedBlockDraft:
         #: llama.cpp samples in the graph of a context of one sequence only
         self.samples_in_graph = bool(greedy and draft.ctx.set_greedy(True))
 
+    @property
+    def ctx(self) -> _llama.Context:
+        """The draft's llama context (:class:`~power_native.target.SharedDraft`)."""
+        return self.draft.ctx
+
     def rows(self) -> BlockRows:
         """The rows of the last noise block decoded alone (:meth:`_llama.BlockDraft.noise`)."""
         c = self.draft.ctx

@@ -40,6 +40,9 @@ cdef extern from "gguf.h" nogil:
 
 
 cdef extern from "ggml-backend.h" nogil:
+    cdef struct ggml_backend_buffer_type
+    ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
+    const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
     cdef struct ggml_backend_reg
     ctypedef ggml_backend_reg * ggml_backend_reg_t
     cdef struct ggml_backend_device

@@ -5,11 +5,19 @@ tree so the Itanium-mangled names resolve. Treat it as an unstable ABI tied to t
 """
 
 from libc.stdint cimport int32_t, uint32_t
+from libcpp.map cimport map as cpp_map
 
-from power_native.llama cimport llama_context, llama_model
+from power_native.llama cimport ggml_backend_buffer_type_t, llama_context, llama_model
 
 
 cdef extern from "llama-ext.h" nogil:
+    # bytes a context holds, per buffer type: its model's weights, its memory (KV cells, recurrent
+    # states), its compute buffers
+    cdef cppclass llama_memory_breakdown_data:
+        size_t model
+        size_t context
+        size_t compute
+    cpp_map[ggml_backend_buffer_type_t, llama_memory_breakdown_data] llama_get_memory_breakdown(const llama_context * ctx)
     void llama_set_embeddings_nextn(llama_context * ctx, bint value, bint masked)
     void llama_set_nextn_layer_offset(llama_context * ctx, int32_t offset)
     # Power patch native/patches/0001-mtp-fr-vocab.patch: the LM head projects only the first n rows

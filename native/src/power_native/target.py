@@ -302,7 +302,23 @@ class SharedDraft(Protocol):
     """What a :class:`DraftPool` holds: a draft context (and its state) that the proposers of several
     sequences share; closed once, with the pool."""
 
+    @property
+    def ctx(self) -> _llama.Context: ...
+
     def close(self) -> None: ...
+
+
+def context_memory(ctx: _llama.Context, *, weights: bool = True) -> dict[str, int]:
+    """Bytes ``ctx`` holds, summed over its buffer types: ``weights`` (its model's; 0 when
+    ``weights`` is False, for a context on a model counted elsewhere), ``context`` (KV cells,
+    recurrent states and their rollback snapshots, for every sequence) and ``compute`` (llama.cpp
+    reserves the widest pass's buffers when the context is made)."""
+    total = {"weights": 0, "context": 0, "compute": 0}
+    for part in ctx.memory().values():
+        total["weights"] += part["model"] if weights else 0
+        total["context"] += part["context"]
+        total["compute"] += part["compute"]
+    return total
 
 
 _D = TypeVar("_D", bound=SharedDraft)
@@ -334,6 +350,18 @@ class DraftPool:
         if not isinstance(found, kind):
             raise RuntimeFault(f"draft pool key {key!r} holds a {type(found).__name__}, not a {kind.__name__}")
         return found
+
+    def memory(self, target_model: _llama.Model) -> dict[str, dict[str, int]]:
+        """:func:`context_memory` of each draft context, by kind (the key's first part); a draft on the
+        target's own model (an MTP head) counts no weights."""
+        with self._lock:
+            drafts = list(self._shared.items())
+        out: dict[str, dict[str, int]] = {}
+        for key, draft in drafts:
+            name = str(key[0])
+            name = name if name not in out else f"{name}#{len(out)}"
+            out[name] = context_memory(draft.ctx, weights=draft.ctx.model is not target_model)
+        return out
 
     def close(self) -> None:
         with self._lock:
@@ -389,7 +417,7 @@ class LlamaTarget:
             rollback_window=ctx.n_rs_seq if recurrent else None, eog_ids=model.eog_ids(),
             features=frozenset(features), digest=digest, verify_capacity=verify_capacity,
             keep_prefix=_weakly(self.keep_prefix), counters=_weakly(self.counters),
-            compute_seconds=_weakly(self.compute_seconds),
+            compute_seconds=_weakly(self.compute_seconds), memory=_weakly(self.memory),
             # the prompt cache: the sequence's whole memory, loadable into any sequence of the same format
             save_state=_weakly(self.save_state) if state_format else None,
             load_state=_weakly(self.load_state) if state_format else None, state_format=state_format,
@@ -440,6 +468,11 @@ class LlamaTarget:
     @property
     def capabilities(self) -> TargetCapabilities:
         return self._caps
+
+    def memory(self) -> dict[str, Any]:
+        """``TargetCapabilities.memory``: the target context's bytes and each draft context's
+        (:func:`context_memory`); a context shared by several sequences is counted once, whole."""
+        return {"target": context_memory(self.ctx), "drafts": self.drafts.memory(self.model)}
 
     @property
     def n_past(self) -> int:
