@@ -223,19 +223,18 @@ def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, 
     assert max(r["stats"]["draft_batch"] for r in _batched_rounds(out, max(widths))) >= 3
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
-def test_eight_mtp_requests_of_mixed_widths_at_random_arrivals_propose_their_solo_drafts(mtp_targets, arch):
-    """Eight requests over four sequences of widths 7, 2, 5 and 3 on one MTP context, arriving at random
-    times with budgets of their own, greedy and seeded: tokens and per-round proposals equal each one's
-    solo run at its width."""
-    model = mtp_targets[arch]
-    cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
-    widths = (7, 2, 5, 3)
-    layout = [SequenceSpec("mtp", config={"spec_draft_max": w}) for w in widths]
-    rng = random.Random(7)
+def _eight_at_random_arrivals(cfg: PowerConfig, model: Path, draft: Path | None, widths: tuple[int, ...],
+                              seed: int) -> list:
+    """Eight requests over ``len(widths)`` sequences of those ``spec_draft_max``, arriving at random times
+    with budgets of their own, greedy and seeded; asserts each one's tokens and per-round proposals equal
+    its solo run at its width, and returns the results."""
+    layout = [SequenceSpec(cfg.spec_mode, draft=str(draft) if draft else None, config={"spec_draft_max": w})
+              for w in widths]
+    rng = random.Random(seed)
     jobs = [(PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
-             rng.choice((9, 24, 40)), rng.uniform(0.0, 0.2)) for i in range(8)]
-    with Session.open_engine(4, cfg, model=str(model), sequences=layout) as engine:
+             rng.choice((9, 24, 40)), rng.uniform(0.0, 0.3)) for i in range(8)]
+    opened = dict(model=str(model), draft=str(draft) if draft else None)
+    with Session.open_engine(len(widths), cfg, sequences=layout, **opened) as engine:
         out: list = [None] * len(jobs)
         width: list = [None] * len(jobs)
 
@@ -252,13 +251,23 @@ def test_eight_mtp_requests_of_mixed_widths_at_random_arrivals_propose_their_sol
         for t in threads:
             t.join(120)
     for w in set(widths):
-        with Session.open(attrs.evolve(cfg, spec_draft_max=w), model=str(model)) as s:
+        with Session.open(attrs.evolve(cfg, spec_draft_max=w), **opened) as s:
             for i, (prompt, kw, mt, _) in enumerate(jobs):
                 if width[i] != w:
                     continue
                 alone = s.start(prompt, sampling=kw, max_tokens=mt).run()
                 assert out[i].tokens == alone.tokens, (i, w)
                 assert _proposals(out[i]) == _proposals(alone), (i, w)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
+def test_eight_mtp_requests_of_mixed_widths_at_random_arrivals_propose_their_solo_drafts(mtp_targets, arch):
+    """Eight requests over four sequences of widths 7, 2, 5 and 3 on one MTP context, arriving at random
+    times with budgets of their own, greedy and seeded: tokens and per-round proposals equal each one's
+    solo run at its width."""
+    cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    out = _eight_at_random_arrivals(cfg, mtp_targets[arch], None, (7, 2, 5, 3), seed=7)
     assert max(st["draft_batch"] for res in out for st in _draft_stats(res)) >= 2
 
 
@@ -354,35 +363,7 @@ def test_mixed_widths_at_random_arrivals_propose_their_solo_drafts(tiny_dir, tin
     budgets of their own, greedy and seeded: tokens and per-round proposals equal each one's solo run."""
     draft = _draft_for(tiny_dir, tiny_llama, mode)
     cfg = PowerConfig(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
-    widths = (5, 2, 5, 2)
-    layout = [SequenceSpec(mode, draft=str(draft), config={"spec_draft_max": w}) for w in widths]
-    rng = random.Random(32)
-    jobs = [(PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
-             rng.choice((9, 24, 40)), rng.uniform(0.0, 0.3)) for i in range(8)]
-    with Session.open_engine(4, cfg, model=str(tiny_llama), draft=str(draft), sequences=layout) as engine:
-        out: list = [None] * len(jobs)
-        width: list = [None] * len(jobs)
-
-        def go(i: int) -> None:
-            prompt, kw, mt, delay = jobs[i]
-            time.sleep(delay)
-            gen = engine.submit(prompt, sampling=kw, max_tokens=mt)
-            width[i] = gen.session.config.draft_max
-            out[i] = engine.run(gen)
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    for w in set(widths):
-        with Session.open(attrs.evolve(cfg, spec_draft_max=w), model=str(tiny_llama), draft=str(draft)) as s:
-            for i, (prompt, kw, mt, _) in enumerate(jobs):
-                if width[i] != w:
-                    continue
-                alone = s.start(prompt, sampling=kw, max_tokens=mt).run()
-                assert out[i].tokens == alone.tokens, (i, w)
-                assert _proposals(out[i]) == _proposals(alone), (i, w)
+    out = _eight_at_random_arrivals(cfg, tiny_llama, draft, (5, 2, 5, 2), seed=32)
     assert max(st["draft_batch"] for res in out for st in _draft_stats(res)) >= 2
 
 
