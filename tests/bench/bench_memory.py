@@ -217,6 +217,22 @@ def _texts(run: dict[str, Any]) -> list[str]:
     return [t for kind in ("chat", "agent") for t in run["workloads"][kind]["texts"]]
 
 
+def _divergences(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where two sides' texts part, per run: the first request whose text differs (index as in
+    ``ratios``: chat then agent, each conversation's turns in order; later turns resend it, so they differ
+    too) and both texts from the first character they disagree at."""
+    out = []
+    for run, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        ta, tb = _texts(a), _texts(b)
+        diff = [i for i, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y]
+        if diff:
+            i = diff[0]
+            at = next((k for k, (x, y) in enumerate(zip(ta[i], tb[i], strict=False)) if x != y), min(len(ta[i]), len(tb[i])))
+            out.append({"run": run, "request": i, "requests_differing": len(diff), "at_char": at,
+                        "power": ta[i][max(0, at - 40):at + 80], "other": tb[i][max(0, at - 40):at + 80]})
+    return out
+
+
 def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], best: str) -> dict[str, Any]:
     agg = {k: [r["aggregate_tok_s"] for r in v] for k, v in raw.items()}
     out: dict[str, Any] = {"llama_server_types": screen, "llama_server_best": best,
@@ -231,6 +247,8 @@ def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], bes
         ratios = [a / b for a, b in zip(agg["power-memory"], agg[other], strict=True)]
         out[key] = stats(ratios)
         out[f"identical_texts_vs_{other}"] = all(_texts(a) == _texts(b) for a, b in zip(mem, raw[other], strict=True))
+        if not out[f"identical_texts_vs_{other}"]:
+            out[f"divergences_vs_{other}"] = _divergences(mem, raw[other])
     if "power-off" in raw:  # per request: memory latency / off latency, median over runs
         lat = {k: [[x for kind in ("chat", "agent") for x in r["workloads"][kind]["latencies"]] for r in raw[k]]
                for k in ("power-memory", "power-off")}
