@@ -223,6 +223,41 @@ def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, 
     assert max(r["stats"]["draft_batch"] for r in _batched_rounds(out, max(widths))) >= 3
 
 
+def test_mtp_draft_steps_of_requests_out_of_sequence_order_reuse_one_graph(mtp_targets):
+    """Four lockstep requests (the predictable head accepts every draft, so every round is the same
+    shape), started last sequence first: each draft step still runs as one ubatch (heads in sequence
+    order; llama.cpp cuts a pass over one KV stream per sequence at every id that is not the previous
+    one + 1), so of a round's 8 MTP passes (the kept pairs, then 7 steps) the last 6 reuse the step
+    graph, and every verify pass after the first reuses the target's."""
+    model = mtp_targets["qwen35-predictable"]
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, max_tokens=64, n_ctx=256, n_threads=2)
+    with Session.open_engine(4, cfg, model=str(model)) as engine:
+        target = engine.sessions[0].opened.target
+        head_ctx = engine.sessions[0].proposer.head.ctx
+        gens = [engine.submit(PROMPTS[0], strategy="mtp") for _ in range(4)]
+        out: list = [None] * 4
+
+        def go(i: int) -> None:
+            out[i] = engine.run(gens[i])
+
+        draft_before, target_before = head_ctx.graphs_reused, target.ctx.graphs_reused
+        threads = [threading.Thread(target=go, args=(i,)) for i in (3, 2, 1, 0)]
+        with engine.held():
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while engine.running < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for t in threads:
+            t.join(120)
+        draft_reused = head_ctx.graphs_reused - draft_before
+        target_reused = target.ctx.graphs_reused - target_before
+    rounds = [r for r in out[0].receipt.to_dict()["rounds"] if r["proposed"] == 7]
+    assert all(r["stats"]["draft_batch"] == 4 for r in rounds)
+    assert draft_reused >= 6 * (len(rounds) - 1), (draft_reused, len(rounds))
+    assert target_reused >= len(rounds) - 2, (target_reused, len(rounds))
+
+
 def _eight_at_random_arrivals(cfg: PowerConfig, model: Path, draft: Path | None, widths: tuple[int, ...],
                               seed: int) -> list:
     """Eight requests over ``len(widths)`` sequences of those ``spec_draft_max``, arriving at random times

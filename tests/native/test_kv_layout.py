@@ -178,3 +178,35 @@ def test_a_multi_sequence_decode_checks_its_arrays_before_it_decodes(tiny_llama,
         rows = ctx.decode_multi(np.array([1, 2], dtype=np.int32), np.array([0, 0], dtype=np.int32),
                                 np.array([0, 1], dtype=np.int32), np.array([1, 1], dtype=np.uint8))
         assert rows.shape[0] == 2
+
+
+def test_a_pass_over_streams_per_sequence_is_one_ubatch_whatever_the_items_order(tiny_qwen35):
+    """A hybrid target keeps a KV stream per sequence, and llama.cpp cuts such a pass into ubatches at
+    every sequence id that is not the previous one + 1: items given last sequence first would run as
+    four ubatches, a graph built for each. The batch puts them in id order, so passes of one shape
+    reuse one graph; every item still gets its own rows, in the order asked."""
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=128)
+    rng = np.random.default_rng(7)
+    with Session.open_batch(4, cfg, model=str(tiny_qwen35)) as batch:
+        rt = batch.runtime
+        assert batch.sessions[0].opened.backend_info["kv_unified"] is False
+        seqs = list(rt.sequences)
+        in_order = [seqs[0], seqs[1], seqs[2], seqs[3]]
+        blocks = [rng.integers(0, 100, (6, 8)).astype(np.int32) for _ in seqs]
+        rows, reuses = [], []
+        for order in (in_order, in_order[::-1]):
+            for t in seqs:
+                t.reset()
+            reused = rt.ctx.graphs_reused
+            got = []
+            for step in range(6):
+                res = rt.decode_batch([BatchItem(t, blocks[seqs.index(t)][step], "all") for t in order])
+                got.append({t.seq_id: np.array(r.logits) for t, r in zip(order, res, strict=True)})
+            reuses.append(rt.ctx.graphs_reused - reused)
+            rows.append(got)
+        # in order: the first passes after a reset build graphs (fresh recurrent states), then one graph
+        # serves every pass; out of order the passes run the same ubatches, so as many reuse it
+        assert reuses[0] >= 4 and reuses[1] == reuses[0], reuses
+        for step in range(6):
+            for t in seqs:
+                assert np.array_equal(rows[0][step][t.seq_id], rows[1][step][t.seq_id]), (step, t.seq_id)

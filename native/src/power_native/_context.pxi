@@ -166,6 +166,14 @@ cdef class Context:
             part["compute"] += item.second.compute
         return out
 
+    @property
+    def graphs_reused(self) -> int:
+        """How many ubatches so far ran on the previous ubatch's compute graph (llama.cpp's ``graphs
+        reused``): a pass of one shape after another of that shape reuses it, while a pass llama.cpp cuts
+        into several ubatches (sequences out of order on one KV stream each) rebuilds a graph per ubatch."""
+        self._alive()
+        return llama_perf_context(self.ptr).n_reused
+
     # -- decoding ------------------------------------------------------------------------------------
     def decode(self, tokens, int pos0, int seq_id=0, bint all_outputs=True) -> int:
         """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` with the GIL released.

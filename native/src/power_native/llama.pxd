@@ -161,6 +161,16 @@ cdef extern from "llama.h" nogil:
     const llama_model * llama_get_model(const llama_context * ctx)
     llama_memory_t llama_get_memory(const llama_context * ctx)
 
+    ctypedef struct llama_perf_context_data:
+        double t_start_ms
+        double t_load_ms
+        double t_p_eval_ms
+        double t_eval_ms
+        int32_t n_p_eval
+        int32_t n_eval
+        int32_t n_reused
+    llama_perf_context_data llama_perf_context(const llama_context * ctx)
+
     const llama_vocab * llama_model_get_vocab(const llama_model * model)
     int32_t llama_model_n_ctx_train(const llama_model * model)
     int32_t llama_model_n_embd(const llama_model * model)

@@ -924,6 +924,10 @@ class LlamaBatch:
                 raise CapacityError("decode_batch: an item without tokens")
             target._room(n)
             placed.append((target, toks, n, item.n_rows))
+        # the pass holds the sequences in id order: with a KV stream per sequence llama.cpp cuts a pass
+        # into ubatches at every sequence id that is not the previous one + 1 (a graph each, no reuse)
+        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id)
+        placed = [placed[i] for i in order]
         total = sum(p[2] for p in placed)
         pos = np.empty(total, dtype=np.int32)
         seq = np.empty(total, dtype=np.int32)
@@ -945,15 +949,17 @@ class LlamaBatch:
             # context while the other rounds of the pass still read their rows: they get copies
             rows = np.array(rows)
             taps = {name: np.array(v) for name, v in taps.items()}
-        results, at, t_at = [], 0, 0
-        for (target, toks, n, k), item in zip(placed, items, strict=True):
+        results: dict[int, DecodeResult] = {}  # by the item's index
+        at, t_at = 0, 0
+        for (target, toks, n, k), i in zip(placed, order, strict=True):
+            item = items[i]
             target._advance(n, rollable=item.rows == "all")
-            results.append(DecodeResult(tokens=toks, logits=rows[at:at + k],
-                                        features={name: v[t_at:t_at + n] for name, v in taps.items()} if taps else {},
-                                        kind="verify" if item.rows == "all" else "prompt"))
+            results[i] = DecodeResult(tokens=toks, logits=rows[at:at + k],
+                                      features={name: v[t_at:t_at + n] for name, v in taps.items()} if taps else {},
+                                      kind="verify" if item.rows == "all" else "prompt")
             at += k
             t_at += n
-        return results
+        return [results[i] for i in range(len(items))]
 
     def compact(self) -> bool:
         """Pack a shared cache's sequences into cells in sequence order, each one's in position order;

@@ -72,6 +72,7 @@ class Eagle3Shared:
         from power_eagle3._eagle3 import draft_many
 
         mine = [(i, p, c) for i, (p, c) in enumerate(asks) if isinstance(p, Eagle3Proposer) and p.shared is self]
+        mine.sort(key=lambda m: m[1].draft.seq)  # llama.cpp puts consecutive sequences' streams in one ubatch
         ids, passes = draft_many([p.draft for _, p, _ in mine], [c.anchor for _, _, c in mine],
                                  [c.k for _, _, c in mine], [p.p_min for _, p, _ in mine])
         stats = {"draft_passes": float(passes), "draft_batch": float(len(mine))}
