@@ -391,6 +391,44 @@ def test_draft_passes_are_shared_by_concurrent_requests_and_propose_their_solo_d
         assert t["target_compute_s"] + t["draft_compute_s"] + t["host_s"] == pytest.approx(t["decode_s"], abs=1e-9)
 
 
+@pytest.mark.parametrize("mode", sorted(BLOCK_KINDS))
+def test_block_drafts_inject_the_kept_rows_of_a_shared_pass_in_one_decode(tiny_dir, tiny_qwen35, mode):
+    """Four lockstep requests on a hybrid target: each round's kept verify rows of all four are injected
+    into the draft's KV in one decode after the last of their rounds closes (llama.cpp's drafter
+    injects each slot alone), so the draft context runs about two passes per shared pass (the noise
+    blocks, the injections) where four injections made it five; tokens and proposals stay solo."""
+    draft = _draft_for(tiny_dir, tiny_qwen35, mode)
+    cfg = PowerConfig(spec_mode=mode, spec_draft_max=5, max_tokens=24, n_ctx=256, n_threads=2, trace=True)
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[4], PROMPTS[1]]
+    with Session.open(cfg, model=str(tiny_qwen35), draft=str(draft)) as s:
+        solo = [s.start(p).run() for p in prompts]
+    with Session.open_engine(4, cfg, model=str(tiny_qwen35), draft=str(draft)) as engine:
+        ctx = engine.sessions[0].proposer.shared.ctx
+        gens = [engine.submit(p) for p in prompts]
+        out: list = [None] * 4
+
+        def go(i: int) -> None:
+            out[i] = engine.run(gens[i])
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in (2, 0, 3, 1)]
+        before = ctx.passes
+        with engine.held():
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while engine.running < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for t in threads:
+            t.join(120)
+        passes = ctx.passes - before
+    for i, (res, alone) in enumerate(zip(out, solo, strict=True)):
+        assert res.tokens == alone.tokens, i
+        assert _proposals(res) == _proposals(alone), i
+    shared = max(res.receipt.backend["batch"]["shared_passes"] for res in out)
+    # one noise decode and one injection per shared pass, and each prompt's own injection
+    assert passes <= 2 * shared + len(prompts), (passes, shared)
+
+
 @pytest.mark.parametrize("mode", sorted(DRAFT_KINDS))
 def test_mixed_widths_at_random_arrivals_propose_their_solo_drafts(tiny_dir, tiny_llama, mode):
     """Eight requests over four sequences of two widths (``spec_draft_max`` 5 and 2: a block draft of

@@ -192,6 +192,51 @@ cdef class BlockDraft:
             self._inject_rows(seq, rows[off:off + chunk], chunk)
         return n
 
+    def inject_staged_many(self, seqs, counts) -> None:
+        """:meth:`inject_staged` for several sequences in one pass (``seqs`` in increasing order, each
+        once; ``counts[j]`` kept rows of ``seqs[j]``, each at most ``chunk``): with a KV stream per
+        sequence and batch-invariant kernels every sequence gets the K/V its own injection writes. The
+        pass counts on the compute clock of every sequence in it. On a failure no row stays in any KV
+        and every sequence keeps its staged rows."""
+        cdef int32_t[::1] s = np.ascontiguousarray(seqs, dtype=np.int32)
+        cdef int32_t[::1] c = np.ascontiguousarray(counts, dtype=np.int32)
+        cdef Py_ssize_t j, i, m = s.shape[0], total = 0
+        if c.shape[0] != m:
+            raise ConfigError("inject_staged_many", [m, c.shape[0]], "one count per sequence")
+        for j in range(m):
+            self._seq(s[j])
+            if j and s[j] <= s[j - 1]:
+                raise ConfigError("seqs", list(s), "increasing sequence ids, each once")
+            if c[j] < 1 or c[j] > self.n_stg[s[j]] or c[j] > self.chunk:
+                raise RuntimeFault(f"BlockDraft.inject_staged_many: {c[j]} rows of sequence {s[j]}, which staged "
+                                   f"{self.n_stg[s[j]]} (at most {self.chunk} per pass)")
+            self._room(s[j], c[j])
+            total += c[j]
+        if total > self.batch.capacity:
+            raise CapacityError(f"draft: {total} injected rows exceed the batch capacity {self.batch.capacity}")
+        cdef float[:, ::1] rows
+        cdef int32_t rc = 0
+        self.batch.clear_c()
+        for j in range(m):
+            rows = self.staged[s[j]]
+            for i in range(c[j]):
+                rc = self.batch.add_embd_seq_c(&rows[i, 0], self.width, self.kv[s[j]] + <int32_t>i, s[j], False)
+                if rc_translate(RC_OP_BATCH, rc) != RC_OK:
+                    self.batch._fail(rc, self.width, <int32_t>i)
+        cdef int64_t before = self.ctx.compute_ns
+        try:
+            self.ctx.process_c(self.batch, False)
+        except BaseException:
+            for j in range(m):
+                llama_memory_seq_rm(self.ctx.mem, s[j], self.kv[s[j]], -1)
+            raise
+        finally:
+            for j in range(m):
+                self.ns[s[j]] += self.ctx.compute_ns - before
+        for j in range(m):
+            self.kv[s[j]] += c[j]
+            self.n_stg[s[j]] = 0
+
     def drop_staged(self, int seq=0) -> None:
         """Forget sequence ``seq``'s staged rows (the round was restored)."""
         self.n_stg[self._seq(seq)] = 0

@@ -228,6 +228,7 @@ cdef class Context:
                     rc = llama_decode(ctx, b[0])
                     llama_synchronize(ctx)
                     self.compute_ns += clock_ns() - t0
+                    self.passes += 1
             finally:
                 self._inflight -= 1
         self.n_outputs = 0
@@ -307,6 +308,7 @@ cdef class Context:
                     rc = llama_decode(ctx, b[0])
                     llama_synchronize(ctx)
                     self.compute_ns += clock_ns() - t0
+                    self.passes += 1
             finally:
                 self._inflight -= 1
         self.n_outputs = 0
@@ -370,6 +372,7 @@ cdef class Context:
                     rc = llama_process(ctx, kind, batch.ptr)
                     llama_synchronize(ctx)
                     self.compute_ns += clock_ns() - t0
+                    self.passes += 1
             finally:
                 self._inflight -= 1
         if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:

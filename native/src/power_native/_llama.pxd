@@ -96,6 +96,7 @@ cdef class Context:
     cdef int _last_n_tokens
     cdef int _inflight  # decodes running without the GIL (close() refuses meanwhile)
     cdef readonly int64_t compute_ns  # monotonic ns inside llama_decode/llama_process (+ synchronize)
+    cdef readonly int64_t passes  # llama_decode/llama_process calls made through this object's methods
     cdef object __weakref__
     cdef _CtxOwner _owner
     cdef int _alive(self) except -1

@@ -94,6 +94,7 @@ class Context:
     recurrent: bool
     #: monotonic ns inside llama_decode/llama_process (up to llama_synchronize) on this context
     compute_ns: int
+    passes: int
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int = ..., n_rs_seq: int = ...,
                  n_threads: int | None = ..., n_outputs_max: int = ..., ctx_type: int = ...,
                  ctx_other: Context | None = ..., embeddings: bool = ..., swa_full: bool = ...,

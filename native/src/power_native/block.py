@@ -110,6 +110,10 @@ class SharedBlockDraft:
         #: the noise rows' ids from the draft's graph (Power's first-maximum sampler), no logits rows;
         #: llama.cpp samples in the graph of a context of one sequence only
         self.samples_in_graph = bool(greedy and draft.ctx.set_greedy(True))
+        #: the sequences asked together in the last shared pass whose rounds have not closed yet, and
+        #: the kept rows of those that closed (injected together once the last one closes)
+        self._expected: set[int] = set()
+        self._deferred: dict[int, int] = {}
 
     @property
     def ctx(self) -> _llama.Context:
@@ -142,6 +146,8 @@ class SharedBlockDraft:
             mine.sort(key=lambda m: m[1].seq)  # llama.cpp puts consecutive sequences' streams in one ubatch
             draft, n_block = self.draft, self.n_block
             seqs = [p.seq for _, p, _ in mine]
+            self.settle(None)
+            self._expected = set(seqs)
             marks = [draft.n_kv(seq) for seq in seqs]
             stats = {"draft_passes": 1.0, "draft_batch": float(len(mine))}
             try:
@@ -159,6 +165,41 @@ class SharedBlockDraft:
             proposer, ctx = asks[i]
             out[i] = proposer.propose(ctx)
         return out
+
+    def keep(self, seq: int, n: int) -> None:
+        """Sequence ``seq``'s round kept the first ``n`` rows of its staged verify pass. A sequence asked
+        in the last shared pass defers them: the kept rows of every sequence of that pass are injected
+        together, in one decode, when the last of their rounds closes (llama.cpp's drafter injects each
+        slot's alone). Any other injects them now."""
+        if seq not in self._expected:
+            self.draft.inject_staged(seq, n)
+            return
+        self._expected.discard(seq)
+        self._deferred[seq] = n
+        if not self._expected:
+            self.settle(None)
+
+    def forget(self, seq: int) -> None:
+        """Sequence ``seq``'s round will not close (restored, or its request left): the pass's other
+        sequences inject without waiting for it."""
+        self._expected.discard(seq)
+        if not self._expected:
+            self.settle(None)
+
+    def settle(self, seq: int | None) -> None:
+        """Inject the deferred rows now (of every sequence; ``seq``: only when it has some): before
+        anything reads or moves that sequence's draft state."""
+        if not self._deferred or (seq is not None and seq not in self._deferred):
+            return
+        seqs = sorted(self._deferred)
+        counts = [self._deferred[q] for q in seqs]
+        self._deferred = {}
+        self._expected.difference_update(seqs)
+        if len(seqs) == 1 or max(counts) > self.draft.chunk:
+            for q, n in zip(seqs, counts, strict=True):
+                self.draft.inject_staged(q, n)
+        else:
+            self.draft.inject_staged_many(seqs, counts)
 
     def _trim(self, seqs: list[int], marks: list[int], *, quiet: bool) -> None:
         """Remove the noise rows from every sequence (each one tried); the first failure raises unless ``quiet``."""
@@ -197,11 +238,14 @@ class BlockDraftProposer:
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, prompt: TokenArray) -> None:
+        self.shared.forget(self.seq)
+        self.shared.settle(self.seq)
         self.draft.reset(self.seq)
         self._start = self._rows = 0
         self._prefill = True
 
     def checkpoint(self) -> int:
+        self.shared.settle(self.seq)
         return int(self.draft.n_kv(self.seq))
 
     def propose(self, ctx: ProposalContext) -> Proposal:
@@ -209,6 +253,7 @@ class BlockDraftProposer:
         if k <= 0:
             return Proposal.none()
         draft, seq, shared = self.draft, self.seq, self.shared
+        shared.settle(seq)
         pos0 = draft.n_kv(seq)
         try:
             draft.noise(seq, ctx.anchor, self.n_block, shared.outputs)
@@ -224,6 +269,7 @@ class BlockDraftProposer:
             raise ArtifactMismatch(f"the target publishes no {exc.args[0]!r} rows; it must be opened with the "
                                    "strategy's target features", evidence=str(exc.args[0])) from None
         draft, seq = self.draft, self.seq
+        self.shared.settle(seq)  # its deferred rows are in the staging buffer this pass overwrites
         self._start = draft.n_kv(seq)
         self._rows = result.tokens.shape[0]
         self._prefill = result.kind == "prompt"
@@ -236,11 +282,14 @@ class BlockDraftProposer:
         # a verify pass [anchor, p1..pk] keeps the anchor's and the accepted proposals' features; the
         # prefill round (round 0) keeps the whole last prompt chunk, already injected
         if self.draft.n_staged(self.seq):
-            self.draft.inject_staged(self.seq, n_accepted + 1)
+            self.shared.keep(self.seq, n_accepted + 1)
         else:
+            self.shared.forget(self.seq)
             self.draft.trim(self.seq, self._start + self._rows)
 
     def restore(self, checkpoint: int) -> None:
+        self.shared.forget(self.seq)
+        self.shared.settle(self.seq)
         self.draft.drop_staged(self.seq)
         self.draft.trim(self.seq, int(checkpoint))
 
