@@ -397,7 +397,7 @@ def test_block_drafts_inject_the_kept_rows_of_a_shared_pass_in_one_decode(tiny_d
     into the draft's KV in one decode after the last of their rounds closes (llama.cpp's drafter
     injects each slot alone), so the draft context runs about two passes per shared pass (the noise
     blocks, the injections) where four injections made it five; tokens and proposals stay solo."""
-    draft = _draft_for(tiny_dir, tiny_qwen35, mode)
+    draft = make_tiny_draft(tiny_dir, tiny_qwen35, name=f"qwen35-{mode}", **BLOCK_KINDS[mode])
     cfg = PowerConfig(spec_mode=mode, spec_draft_max=5, max_tokens=24, n_ctx=256, n_threads=2, trace=True)
     prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[4], PROMPTS[1]]
     with Session.open(cfg, model=str(tiny_qwen35), draft=str(draft)) as s:
