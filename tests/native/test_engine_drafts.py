@@ -185,6 +185,26 @@ def _batched_rounds(shared: list, k: int) -> list:
     return batched
 
 
+def _run_together(engine, gens: list, order: tuple[int, ...] | None = None) -> list:
+    """Run every request of ``gens`` on its own thread (started in ``order``), all joining the same first
+    pass whatever the machine's load; their results in ``gens``' order."""
+    out: list = [None] * len(gens)
+
+    def go(i: int) -> None:
+        out[i] = engine.run(gens[i])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in (order or range(len(gens)))]
+    with engine.held():
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while engine.running < len(gens) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    for t in threads:
+        t.join(120)
+    return out
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
 def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, arch):
     """Four requests of mixed widths (their own ``spec_draft_max``), leaving at different rounds: each
@@ -197,22 +217,8 @@ def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, 
     layout = [SequenceSpec("mtp", config={"spec_draft_max": w}) for w in widths]
     with Session.open_engine(4, base, model=str(model), sequences=layout) as engine:
         assert engine.probe is not None and engine.probe.identical
-        out: list = [None] * 4
-
         gens = [engine.submit(p, strategy="mtp") for p in prompts]
-
-        def go(i: int) -> None:
-            out[i] = (gens[i].session.config.spec_draft_max, engine.run(gens[i]))
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
-        with engine.held():  # all four join the same first pass, whatever the machine's load
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + 60
-            while engine.running < 4 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        for t in threads:
-            t.join(120)
+        out = [(g.session.config.spec_draft_max, res) for g, res in zip(gens, _run_together(engine, gens), strict=True)]
     assert sorted(w for w, _ in out) == sorted(widths)  # every width ran
     for i, (width, res) in enumerate(out):
         with Session.open(attrs.evolve(base, spec_draft_max=width), model=str(model)) as s:
@@ -235,21 +241,8 @@ def test_mtp_draft_steps_of_requests_out_of_sequence_order_reuse_one_graph(mtp_t
         target = engine.sessions[0].opened.target
         head_ctx = engine.sessions[0].proposer.head.ctx
         gens = [engine.submit(PROMPTS[0], strategy="mtp") for _ in range(4)]
-        out: list = [None] * 4
-
-        def go(i: int) -> None:
-            out[i] = engine.run(gens[i])
-
         draft_before, target_before = head_ctx.graphs_reused, target.ctx.graphs_reused
-        threads = [threading.Thread(target=go, args=(i,)) for i in (3, 2, 1, 0)]
-        with engine.held():
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + 60
-            while engine.running < 4 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        for t in threads:
-            t.join(120)
+        out = _run_together(engine, gens, (3, 2, 1, 0))
         draft_reused = head_ctx.graphs_reused - draft_before
         target_reused = target.ctx.graphs_reused - target_before
     rounds = [r for r in out[0].receipt.to_dict()["rounds"] if r["proposed"] == 7]
@@ -405,21 +398,8 @@ def test_block_drafts_inject_the_kept_rows_of_a_shared_pass_in_one_decode(tiny_d
     with Session.open_engine(4, cfg, model=str(tiny_qwen35), draft=str(draft)) as engine:
         ctx = engine.sessions[0].proposer.shared.ctx
         gens = [engine.submit(p) for p in prompts]
-        out: list = [None] * 4
-
-        def go(i: int) -> None:
-            out[i] = engine.run(gens[i])
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in (2, 0, 3, 1)]
         before = ctx.passes
-        with engine.held():
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + 60
-            while engine.running < 4 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        for t in threads:
-            t.join(120)
+        out = _run_together(engine, gens, (2, 0, 3, 1))
         passes = ctx.passes - before
     for i, (res, alone) in enumerate(zip(out, solo, strict=True)):
         assert res.tokens == alone.tokens, i
