@@ -193,13 +193,14 @@ class SharedBlockDraft:
             return
         seqs = sorted(self._deferred)
         counts = [self._deferred[q] for q in seqs]
-        self._deferred = {}
         self._expected.difference_update(seqs)
         if len(seqs) == 1 or max(counts) > self.draft.chunk:
             for q, n in zip(seqs, counts, strict=True):
+                del self._deferred[q]  # inject_staged drops the staged rows first, as at a commit
                 self.draft.inject_staged(q, n)
-        else:
+        else:  # a failed decode leaves every row staged and deferred: the next settle injects it again
             self.draft.inject_staged_many(seqs, counts)
+            self._deferred = {}
 
     def _trim(self, seqs: list[int], marks: list[int], *, quiet: bool) -> None:
         """Remove the noise rows from every sequence (each one tried); the first failure raises unless ``quiet``."""
