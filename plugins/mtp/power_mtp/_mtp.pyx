@@ -290,11 +290,17 @@ cdef class MtpHead:
         return out
 
 
+def _seq_of(MtpHead head):
+    return head.seq
+
+
 cdef int _flush_many(list heads) except -1:
     """The deferred kept pairs of every head, decoded in one pass (a KV stream per sequence: each
     sequence's rows are what its own pass gives); on a failure none of them stays in any KV."""
     cdef MtpHead head, first = heads[0]
-    cdef list waiting = [h for h in heads if (<MtpHead>h).deferred]
+    # in sequence order: llama.cpp cuts a pass of one-stream-per-sequence KV into ubatches at every
+    # sequence id that is not the previous one + 1 (each ubatch a graph of its own)
+    cdef list waiting = sorted([h for h in heads if (<MtpHead>h).deferred], key=_seq_of)
     if not waiting:
         return 0
     if len(waiting) == 1:
@@ -328,9 +334,7 @@ def draft_many(list heads, anchors, ks):
     leaves early), each at its own sequence and position with its own hidden row, and reads each
     head's rows by the index its entry got in that pass. Returns one id array per head, each what its
     own :meth:`MtpHead.draft` returns (the same rows: one KV stream per sequence and batch-invariant
-    kernels), and the number of passes run. Give the heads in increasing sequence order: llama.cpp
-    computes a run of consecutive sequences' KV streams in one ubatch, and starts another at every gap
-    or step back. Every head's draft chain leaves its KV again, also on a
+    kernels), and the number of passes run. Every head's draft chain leaves its KV again, also on a
     failure; each head's ``compute_ns`` gains the compute of every pass it took part in."""
     cdef Py_ssize_t n = len(heads), j
     if n == 0:
@@ -339,7 +343,7 @@ def draft_many(list heads, anchors, ks):
     cdef Context ctx = first.ctx
     ctx._alive()
     _flush_many(heads)
-    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, at
+    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, at, order
     cdef vector[const float *] h
     cdef vector[int32_t *] out
     cdef vector[int64_t] spent
@@ -374,9 +378,13 @@ def draft_many(list heads, anchors, ks):
         at.push_back(0)
         spent.push_back(0)
         kmax = max(kmax, k)
+    # entries in sequence order (see _flush_many: out of order, a pass runs as several ubatches)
+    for j in sorted(range(n), key=[_seq_of(x) for x in heads].__getitem__):
+        order.push_back(j)
     cdef BatchExt batch = first.batch
     cdef size_t w = first.n_embd
     cdef int i = 0, m, r, c, best
+    cdef Py_ssize_t q
     cdef int32_t rc = 0
     cdef rc_status st
     st.op = RC_OP_DECODE
@@ -390,7 +398,8 @@ def draft_many(list heads, anchors, ks):
         with nogil:
             for i in range(kmax):
                 batch.clear_c()
-                for j in range(n):
+                for q in range(n):
+                    j = order[q]
                     idx[j] = -1
                     if kk[j] > i:
                         rc = batch.add_token_seq_c(tok[j], pos0[j] + i, seqs[j], h[j], w, True)

@@ -59,14 +59,9 @@ class MtpDraft:
                 raise RuntimeFault(f"MtpDraft.propose_many: {type(proposer).__name__} is not a proposer of this MTP "
                                    "context")
             heads.append(proposer.head)
-        order = sorted(range(len(asks)), key=lambda i: heads[i].seq)  # consecutive streams: one ubatch
-        ids, passes = draft_many([heads[i] for i in order], [asks[i][1].anchor for i in order],
-                                 [asks[i][1].k for i in order])
+        ids, passes = draft_many(heads, [ctx.anchor for _, ctx in asks], [ctx.k for _, ctx in asks])
         stats = {"draft_passes": float(passes), "draft_batch": float(len(asks))}
-        out: list[Proposal] = [Proposal.none()] * len(asks)
-        for i, x in zip(order, ids, strict=True):
-            out[i] = Proposal(x, stats=stats)
-        return out
+        return [Proposal(x, stats=stats) for x in ids]
 
     def release(self) -> None:
         """One proposer of it closed; the last one closes the context."""
