@@ -13,7 +13,12 @@ then differ from its solo rows.
 Part 1: the time of one pass per layout and block shape, every token with a row, at a context position
 of 200; the median of 5 after a warm-up. Part 2: three sequences decoding greedily, one token each per
 pass, while sequence 1 rolls back its last 3 tokens at steps 10, 20 and 30 and decodes them again after
-the others' tokens. Each sequence's rows are compared bit for bit with its solo decode.
+the others' tokens. Each sequence's rows are compared bit for bit with its solo decode. Part 3: one
+token of each of 4 sequences per pass over histories of ``LONG`` tokens (multi-turn chats), the median
+of 40 passes, the layouts taking turns: with a stream each, in one cache packed tight, and in one cache
+whose used cells reach far up (a sequence holding late cells, as the cache is after many requests came
+and went). The attention of a shared cache reads a mask row over every used cell for each query; it
+costs what the streams' does only if hidden cells cost nothing (native/patches/0004-fa-visible-cells.patch).
 (docs/evidence/bench-engine.md)
 """
 
@@ -66,6 +71,54 @@ def costs(model: _llama.Model, unified: bool) -> dict[str, float]:
     return out
 
 
+LONG = 1500
+LAYOUTS = ("streams", "unified, packed", "unified, cells up to the top")
+
+
+def long_history_ms(model: _llama.Model, rounds: int = 5, passes: int = 8) -> dict[str, float]:
+    """Part 3: a pass of one token per sequence (4) over histories of ``LONG`` tokens each, per layout:
+    the median over ``rounds`` x ``passes`` passes, the layouts taking turns (a noisy machine drifts)."""
+    n = 4
+    rng = np.random.default_rng(0)
+    opened: dict[str, tuple[_llama.Context, list[int]]] = {}
+
+    def fill(ctx: _llama.Context, seq: int, n_tok: int) -> None:
+        for lo in range(0, n_tok, 512):
+            k = min(512, n_tok - lo)
+            ctx.decode_multi(rng.integers(0, 1000, k).astype(np.int32), np.arange(lo, lo + k, dtype=np.int32),
+                             np.full(k, seq, dtype=np.int32), np.zeros(k, dtype=np.uint8))
+
+    try:
+        for layout in LAYOUTS:
+            ctx = _llama.Context(model, n_ctx=2048 * n, n_threads=2, n_batch=512, n_ubatch=512, n_outputs_max=512,
+                                 n_seq_max=n, kv_unified=layout != "streams", flash_attn="on")
+            opened[layout] = (ctx, [LONG] * n)
+            if layout == "unified, cells up to the top":  # sequence 1 keeps the last LONG of 7000 of 8192 cells
+                fill(ctx, 1, 7000)
+                ctx.seq_rm(1, 0, 7000 - LONG)
+                opened[layout] = (ctx, [LONG, 7000, LONG, LONG])
+                for s in (0, 2, 3):
+                    fill(ctx, s, LONG)
+            else:
+                for s in range(n):
+                    fill(ctx, s, LONG)
+        times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+        for _ in range(rounds):
+            for layout in LAYOUTS:
+                ctx, pos = opened[layout]
+                for i in range(passes + 1):
+                    t0 = time.perf_counter()
+                    ctx.decode_multi(rng.integers(0, 1000, n).astype(np.int32), np.array(pos, dtype=np.int32),
+                                     np.arange(n, dtype=np.int32), np.ones(n, dtype=np.uint8))
+                    if i:  # the first pass after another context's warms the caches
+                        times[layout].append(time.perf_counter() - t0)
+                    pos[:] = [p + 1 for p in pos]
+        return {layout: round(statistics.median(t) * 1000, 1) for layout, t in times.items()}
+    finally:
+        for ctx, _ in opened.values():
+            ctx.close()
+
+
 def first_differences(model: _llama.Model, unified: bool) -> list[int | None]:
     ctx, solo = context(model, 3, unified), context(model, 1, False)
     try:
@@ -83,6 +136,7 @@ def main() -> int:
         layout = "unified" if unified else "streams"
         print(f"{name} {layout}: pass ms {costs(model, unified)}; first row differing from solo per sequence "
               f"{first_differences(model, unified)}", flush=True)
+    print(f"{name}: a pass of 4 x 1 token over histories of {LONG}, ms: {long_history_ms(model)}", flush=True)
     return 0
 
 
