@@ -17,9 +17,10 @@ the others' tokens. Each sequence's rows are compared bit for bit with its solo 
 token of each of 4 sequences per pass over histories of ``LONG`` tokens (multi-turn chats), the median
 of 40 passes, the layouts taking turns: with a stream each, in one cache packed tight, and in one cache
 whose used cells reach far up (a sequence holding late cells, as the cache is after many requests came
-and went). The attention of a shared cache reads a mask row over every used cell for each query; it
-costs what the streams' does only if hidden cells cost nothing (native/patches/0004-fa-visible-cells.patch).
-(docs/evidence/bench-engine.md)
+and went); then the same with sequence 0 bringing a ``CHUNK``-token prompt chunk instead of its token (a
+new turn's prefill joining the others' decode steps, as in a server's passes). The attention of a shared
+cache reads a mask row over every used cell for each query; it costs what the streams' does only if
+hidden cells cost nothing (native/patches/0004-fa-visible-runs.patch). (docs/evidence/bench-engine.md)
 """
 
 from __future__ import annotations
@@ -72,12 +73,15 @@ def costs(model: _llama.Model, unified: bool) -> dict[str, float]:
 
 
 LONG = 1500
+CHUNK = 128
 LAYOUTS = ("streams", "unified, packed", "unified, cells up to the top")
 
 
-def long_history_ms(model: _llama.Model, rounds: int = 5, passes: int = 8) -> dict[str, float]:
+def long_history_ms(model: _llama.Model, rounds: int = 5, passes: int = 8, chunk: int = 0) -> dict[str, float]:
     """Part 3: a pass of one token per sequence (4) over histories of ``LONG`` tokens each, per layout:
-    the median over ``rounds`` x ``passes`` passes, the layouts taking turns (a noisy machine drifts)."""
+    the median over ``rounds`` x ``passes`` passes, the layouts taking turns (a noisy machine drifts).
+    ``chunk``: sequence 0 brings a prompt chunk of that many tokens instead (a new turn's prefill joining
+    the others' decode steps, as a server's passes do; it is removed again after each pass)."""
     n = 4
     rng = np.random.default_rng(0)
     opened: dict[str, tuple[_llama.Context, list[int]]] = {}
@@ -107,12 +111,17 @@ def long_history_ms(model: _llama.Model, rounds: int = 5, passes: int = 8) -> di
             for layout in LAYOUTS:
                 ctx, pos = opened[layout]
                 for i in range(passes + 1):
+                    widths = [chunk or 1] + [1] * (n - 1)
+                    toks = rng.integers(0, 1000, sum(widths)).astype(np.int32)
+                    at = np.concatenate([np.arange(p, p + w) for p, w in zip(pos, widths, strict=True)]).astype(np.int32)
+                    seqs = np.repeat(np.arange(n), widths).astype(np.int32)
                     t0 = time.perf_counter()
-                    ctx.decode_multi(rng.integers(0, 1000, n).astype(np.int32), np.array(pos, dtype=np.int32),
-                                     np.arange(n, dtype=np.int32), np.ones(n, dtype=np.uint8))
+                    ctx.decode_multi(toks, at, seqs, np.ones(len(toks), dtype=np.uint8))
                     if i:  # the first pass after another context's warms the caches
                         times[layout].append(time.perf_counter() - t0)
-                    pos[:] = [p + 1 for p in pos]
+                    if chunk:
+                        ctx.seq_rm(0, pos[0], -1)
+                    pos[:] = [p + (0 if chunk and s == 0 else 1) for s, p in enumerate(pos)]
         return {layout: round(statistics.median(t) * 1000, 1) for layout, t in times.items()}
     finally:
         for ctx, _ in opened.values():
@@ -137,6 +146,8 @@ def main() -> int:
         print(f"{name} {layout}: pass ms {costs(model, unified)}; first row differing from solo per sequence "
               f"{first_differences(model, unified)}", flush=True)
     print(f"{name}: a pass of 4 x 1 token over histories of {LONG}, ms: {long_history_ms(model)}", flush=True)
+    print(f"{name}: a pass of a {CHUNK}-token prompt chunk + 3 x 1 token over histories of {LONG}, ms: "
+          f"{long_history_ms(model, passes=3, chunk=CHUNK)}", flush=True)
     return 0
 
 
