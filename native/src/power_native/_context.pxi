@@ -357,24 +357,16 @@ cdef class Context:
         if n == 0:
             raise CapacityError("process: empty batch")
         cdef int32_t rc
-        cdef int64_t t0
+        cdef int64_t dt
         cdef llama_process_type kind = LLAMA_PROCESS_TYPE_ENCODE if encode else LLAMA_PROCESS_TYPE_DECODE
         _errors.clear()
         self.n_outputs = 0
-        cdef llama_context * ctx = self.ptr
-        if self.abort_flag[0]:
-            rc = 2
-        else:
-            self._inflight += 1
-            try:
-                with nogil:
-                    t0 = clock_ns()
-                    rc = llama_process(ctx, kind, batch.ptr)
-                    llama_synchronize(ctx)
-                    self.compute_ns += clock_ns() - t0
-                    self.passes += 1
-            finally:
-                self._inflight -= 1
+        self._inflight += 1
+        try:
+            with nogil:
+                rc = process_timed(self, kind, batch.ptr, &dt)
+        finally:
+            self._inflight -= 1
         if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
             self.abort_flag[0] = 0
         n_out = batch.n_outputs

@@ -6,7 +6,7 @@ from libc.stdint cimport int32_t, int64_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from power_native.llama cimport (gguf_context, llama_batch, llama_batch_ext, llama_context, llama_memory_t,
-                                  llama_model, llama_vocab)
+                                  llama_model, llama_process, llama_process_type, llama_synchronize, llama_vocab)
 
 
 # -- return codes: the one translation of every native path ------------------------------------------
@@ -96,7 +96,7 @@ cdef class Context:
     cdef int _last_n_tokens
     cdef int _inflight  # decodes running without the GIL (close() refuses meanwhile)
     cdef readonly int64_t compute_ns  # monotonic ns inside llama_decode/llama_process (+ synchronize)
-    cdef readonly int64_t passes  # llama_decode/llama_process calls made through this object's methods
+    cdef readonly int64_t passes  # llama_decode/llama_process calls made through its methods or process_timed
     cdef object __weakref__
     cdef _CtxOwner _owner
     cdef int _alive(self) except -1
@@ -119,3 +119,23 @@ cdef class BatchExt:
                                 bint output) noexcept nogil
     cdef object _outputs(self, outputs, Py_ssize_t n)
     cdef int _fail(self, int32_t rc, size_t width, int32_t start) except -1
+
+
+cdef inline int32_t process_timed(Context ctx, llama_process_type kind, llama_batch_ext * batch,
+                                  int64_t * dt) noexcept nogil:
+    """One ``llama_process`` of ``batch`` on ``ctx``, as every GIL-free decode loop runs it (``Context.process``
+    and the plugins' draft loops): 2 (llama.cpp's abort code) without running when the context's abort
+    flag is up, else the call's code. The call and its ``llama_synchronize`` are timed into ``dt`` (0 when it
+    did not run) and counted on ``ctx.compute_ns`` and ``ctx.passes``."""
+    cdef int32_t rc
+    cdef int64_t t0
+    dt[0] = 0
+    if ctx.abort_flag[0]:
+        return 2
+    t0 = clock_ns()
+    rc = llama_process(ctx.ptr, kind, batch)
+    llama_synchronize(ctx.ptr)
+    dt[0] = clock_ns() - t0
+    ctx.compute_ns += dt[0]
+    ctx.passes += 1
+    return rc

@@ -27,10 +27,10 @@ from libcpp.vector cimport vector
 cimport numpy as cnp
 
 from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_get_sampled_token_ith,
-                                 llama_memory_seq_rm, llama_process, llama_synchronize)
+                                 llama_memory_seq_rm)
 from power_native.llama_ext cimport llama_get_embeddings_nextn, llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt, Context,
-                                  clock_ns, rc_raise, rc_status, rc_translate)
+                                  process_timed, rc_raise, rc_status, rc_translate)
 
 import numpy as np
 
@@ -329,7 +329,7 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
     cdef int nv = d0.n_vocab, j
     cdef int * abort_flag = ctx.abort_flag
     cdef bint greedy = ctx.greedy
-    cdef int64_t t0, dt
+    cdef int64_t dt
     for i in range(n):
         if active[i]:
             llama_memory_seq_rm(ctx.mem, seq[i], pos0[i], -1)
@@ -347,14 +347,7 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
                     st.op = RC_OP_BATCH
                     st.rc = rc
                     break
-                if abort_flag[0]:
-                    st.rc = 2  # as llama.cpp reports an abort
-                    break
-                t0 = clock_ns()
-                st.rc = llama_process(ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
-                llama_synchronize(ctx.ptr)
-                dt = clock_ns() - t0
-                ctx.compute_ns += dt
+                st.rc = process_timed(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.ptr, &dt)
                 if rc_translate(st.op, st.rc) != RC_OK:
                     break
                 for i in range(n):

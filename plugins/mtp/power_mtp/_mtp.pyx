@@ -20,10 +20,10 @@ from libcpp.vector cimport vector
 cimport numpy as cnp
 
 from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_get_sampled_token_ith,
-                                 llama_memory_seq_rm, llama_process, llama_synchronize)
+                                 llama_memory_seq_rm)
 from power_native.llama_ext cimport llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt,
-                                  Context, clock_ns, rc_raise, rc_status, rc_translate)
+                                  Context, process_timed, rc_raise, rc_status, rc_translate)
 
 import numpy as np
 
@@ -248,14 +248,7 @@ cdef class MtpHead:
                         st.op = RC_OP_BATCH
                         st.rc = rc
                         break
-                    if abort_flag[0]:
-                        st.rc = 2  # as llama.cpp reports an abort
-                        break
-                    t0 = clock_ns()
-                    st.rc = llama_process(self.ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr)
-                    llama_synchronize(self.ctx.ptr)
-                    t0 = clock_ns() - t0
-                    self.ctx.compute_ns += t0
+                    st.rc = process_timed(self.ctx, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr, &t0)
                     self.compute_ns += t0
                     if rc_translate(st.op, st.rc) != RC_OK:
                         break
@@ -393,6 +386,7 @@ def draft_many(list heads, anchors, ks):
     cdef float v
     cdef int * abort_flag = ctx.abort_flag
     cdef int64_t t0
+    cdef int64_t passes0 = ctx.passes
     cdef int passes = 0
     try:
         with nogil:
@@ -410,15 +404,7 @@ def draft_many(list heads, anchors, ks):
                         idx[j] = rc
                 if st.op == RC_OP_BATCH:
                     break
-                if abort_flag[0]:
-                    st.rc = 2  # as llama.cpp reports an abort
-                    break
-                t0 = clock_ns()
-                st.rc = llama_process(ctx.ptr, LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
-                llama_synchronize(ctx.ptr)
-                t0 = clock_ns() - t0
-                ctx.compute_ns += t0
-                passes += 1
+                st.rc = process_timed(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.ptr, &t0)
                 for j in range(n):
                     if idx[j] >= 0:
                         spent[j] += t0
@@ -449,6 +435,7 @@ def draft_many(list heads, anchors, ks):
             rc_raise(st.op, st.rc, f"MTP batched draft pass {i}")
     finally:
         batch.clear_c()
+        passes = <int>(ctx.passes - passes0)  # the passes that ran (process_timed counts them)
         for j in range(n):
             head = heads[j]
             head.compute_ns += spent[j]
