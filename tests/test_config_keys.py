@@ -152,7 +152,7 @@ def test_first_party_keys_keep_their_names_and_errors():
     with pytest.raises(ConfigError) as err:
         PowerConfig(spec_mode="dflash", spec_draft_p_min=1.0)
     assert (err.value.key, err.value.allowed) == ("spec_draft_p_min", "a number in [0.0, 1.0)")
-    assert set(key_owners("spec_draft_p_min")) == {"dflash", "dflash2", "dspark", "eagle3"}
+    assert set(key_owners("spec_draft_p_min")) == {"dflash", "dflash2", "dspark", "eagle3", "mtp"}
     assert key_owners("spec_mtp_fr_vocab_size") == ("mtp",)
     with pytest.raises(ConfigError) as err:
         PowerConfig(spec_mode="mtp", spec_mtp_fr_vocab_size=0)

@@ -229,6 +229,30 @@ def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, 
     assert max(r["stats"]["draft_batch"] for r in _batched_rounds(out, max(widths))) >= 3
 
 
+def test_mtp_requests_with_their_own_p_min_leave_the_draft_batch_where_their_solo_drafts_stop(mtp_targets):
+    """Four requests on one MTP context, each with its own ``p_min`` (the random head's top-10 softmax
+    sits near 0.1, so 0.105 and 0.11 cut drafts at mixed lengths): a request whose draft is cut leaves
+    the step batch while the others go on, and every request's tokens and per-round proposals equal its
+    solo run with its ``p_min``."""
+    model = mtp_targets["qwen35"]
+    p_mins = [0.0, 0.105, 0.11, 0.105]
+    base = PowerConfig(spec_mode="mtp", spec_draft_max=7, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
+    layout = [SequenceSpec("mtp", config={"spec_draft_p_min": p}) for p in p_mins]
+    with Session.open_engine(4, base, model=str(model), sequences=layout) as engine:
+        gens = [engine.submit(PROMPTS[i], strategy="mtp") for i in range(4)]
+        out = [(g.session.config.spec_draft_p_min, i, res)
+               for i, (g, res) in enumerate(zip(gens, _run_together(engine, gens), strict=True))]
+    cut = 0
+    for p_min, i, res in out:
+        with Session.open(attrs.evolve(base, spec_draft_p_min=p_min), model=str(model)) as s:
+            alone = s.start(PROMPTS[i]).run()
+        assert res.tokens == alone.tokens, (i, p_min)
+        assert _proposals(res) == _proposals(alone), (i, p_min)
+        cut += sum(1 for r in res.receipt.rounds if r["index"] > 0 and 0 < r["proposed"] < 7)
+    assert cut >= 3, "no p_min cut a draft short: the test proves nothing"
+    assert max(r["stats"]["draft_batch"] for r in _batched_rounds([res for _, _, res in out], 7)) >= 3
+
+
 def test_mtp_draft_steps_of_requests_out_of_sequence_order_reuse_one_graph(mtp_targets):
     """Four lockstep requests (the predictable head accepts every draft, so every round is the same
     shape), started last sequence first: each draft step still runs as one ubatch (heads in sequence

@@ -22,7 +22,7 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("power_mtp._mtp")
 
-from native_helpers import assert_same_rounds, make_tiny_mtp, peer_rounds  # noqa: E402
+from native_helpers import assert_same_rounds, make_tiny_mtp, peer_rounds, rounds_by_position  # noqa: E402
 
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import ArtifactError, ConfigError, PowerError  # noqa: E402
@@ -196,6 +196,24 @@ def test_same_proposals_as_llama_cpp(peer_bin, tiny_qwen35_mtp, k):
         ours = s.generate(prompt)
     theirs = peer_rounds(peer_bin, tiny_qwen35_mtp, prompt, k, 32, spec_type="draft-mtp")
     assert_same_rounds(ours.receipt.rounds, theirs, n_prompt, k)
+
+
+def test_p_min_cuts_where_llama_cpp_does(peer_bin, tiny_qwen35_mtp):
+    """With ``p_min`` a draft stops at the first id whose top-10 softmax is below it, as llama.cpp's
+    draft-mtp does (the random head's top-10 softmax sits near 0.1: 0.105 cuts drafts at mixed lengths)."""
+    prompt, k, n, p_min = "hello world, this is a test prompt", 7, 32, 0.105
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=k, max_tokens=n, n_ctx=256, n_threads=2, trace=True,
+                      spec_draft_p_min=p_min)
+    with Session.open(cfg, model=str(tiny_qwen35_mtp)) as s:
+        n_prompt = len(s.encode(prompt))
+        ours = s.generate(prompt)
+    theirs = peer_rounds(peer_bin, tiny_qwen35_mtp, prompt, k, n, spec_type="draft-mtp", p_min=p_min)
+    ours_at, theirs_at = rounds_by_position(ours.receipt.rounds, theirs, n_prompt)
+    full_budget = [p for p in sorted(set(ours_at) & set(theirs_at)) if n - (p - n_prompt + 1) - 1 >= k]
+    assert len(full_budget) >= 5, (ours_at, theirs_at)
+    assert [ours_at[p] for p in full_budget] == [theirs_at[p] for p in full_budget]
+    assert len({ours_at[p][1] for p in full_budget}) >= 3, "p_min cut no draft short: the test proves nothing"
+    assert ours.tokens == generate(tiny_qwen35_mtp, "off", prompt, max_tokens=n).tokens
 
 
 # -- the selection and bad input --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 """The owning wrappers of ``_llama.pyx``, declared so plugin packages can ``cimport`` them and
 reach the raw pointers (``Model.ptr``, ``Context.ptr``) for calls Power does not wrap."""
 
+from libc.math cimport expf
 from libc.stdint cimport int32_t, int64_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
@@ -139,3 +140,34 @@ cdef inline int32_t process_timed(Context ctx, llama_process_type kind, llama_ba
     ctx.compute_ns += dt[0]
     ctx.passes += 1
     return rc
+
+
+# -- llama.cpp's draft sampler confidence (``common/speculative.cpp``: top-k(10), ``p_min``) -------------------
+cdef enum:
+    DRAFT_TOP_K = 10
+
+
+cdef inline float draft_top_p(const float * row, int n) noexcept nogil:
+    """Softmax probability of the row's maximum among its ``DRAFT_TOP_K`` largest logits: llama.cpp's
+    drafters (draft-mtp, draft-eagle3) sample with top-k(10) and cut a draft where that first candidate's
+    ``p`` falls below ``--spec-draft-p-min`` (``1 / sum(exp(l_i - l_max))`` over the ten, in descending
+    order)."""
+    cdef float top[DRAFT_TOP_K]
+    cdef int m = 0, i, j
+    cdef float v, s = 0
+    for i in range(n):
+        v = row[i]
+        if m < DRAFT_TOP_K:
+            j = m
+            m += 1
+        elif v > top[DRAFT_TOP_K - 1]:
+            j = DRAFT_TOP_K - 1
+        else:
+            continue
+        while j > 0 and top[j - 1] < v:
+            top[j] = top[j - 1]
+            j -= 1
+        top[j] = v
+    for i in range(m):
+        s += expf(top[i] - top[0])
+    return 1.0 / s

@@ -19,7 +19,6 @@ Only the boundary row stays in the KV afterwards, as llama-speculative-simple ke
 Every entry addresses this object's sequence (``seq``): several drafters may share one context.
 """
 
-from libc.math cimport expf
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 from libcpp.vector cimport vector
@@ -30,7 +29,7 @@ from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith
                                  llama_memory_seq_rm)
 from power_native.llama_ext cimport llama_get_embeddings_nextn, llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt, Context,
-                                  process_timed, rc_raise, rc_status, rc_translate)
+                                  draft_top_p, process_timed, rc_raise, rc_status, rc_translate)
 
 import numpy as np
 
@@ -38,38 +37,9 @@ from power_core.errors import CapacityError, RuntimeFault
 
 cnp.import_array()
 
-__all__ = ["Eagle3Draft", "TOP_K", "draft_many"]
-
-#: llama.cpp's draft sampler: top-k(10), its first candidate; p_min compares that candidate's softmax
-cdef enum:
-    _TOP_K = 10
+__all__ = ["Eagle3Draft", "draft_many"]
 
 ctypedef const float * _row_p
-TOP_K = _TOP_K
-
-
-cdef float _top_p(const float * row, int n) noexcept nogil:
-    """Softmax probability of the row's maximum among its ``TOP_K`` largest logits (llama.cpp's top-k
-    sampler followed by its softmax: ``1 / sum(exp(l_i - l_max))`` over the ten, in descending order)."""
-    cdef float top[_TOP_K]
-    cdef int m = 0, i, j
-    cdef float v, s = 0
-    for i in range(n):
-        v = row[i]
-        if m < _TOP_K:
-            j = m
-            m += 1
-        elif v > top[_TOP_K - 1]:
-            j = _TOP_K - 1
-        else:
-            continue
-        while j > 0 and top[j - 1] < v:
-            top[j] = top[j - 1]
-            j -= 1
-        top[j] = v
-    for i in range(m):
-        s += expf(top[i] - top[0])
-    return 1.0 / s
 
 
 cdef class Eagle3Draft:
@@ -373,7 +343,7 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
                             if lrow[j] > v:
                                 v = lrow[j]
                                 best = j
-                        if pm[i] > 0 and _top_p(lrow, nv) < pm[i]:
+                        if pm[i] > 0 and draft_top_p(lrow, nv) < pm[i]:
                             active[i] = 0  # the pass ran; its id is not proposed
                             n_active -= 1
                             continue

@@ -23,7 +23,7 @@ from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith
                                  llama_memory_seq_rm)
 from power_native.llama_ext cimport llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt,
-                                  Context, process_timed, rc_raise, rc_status, rc_translate)
+                                  Context, draft_top_p, process_timed, rc_raise, rc_status, rc_translate)
 
 import numpy as np
 
@@ -212,75 +212,13 @@ cdef class MtpHead:
             self.n_rows = max(self.n_rows, m)
             self.deferred = m
 
-    def draft(self, int anchor, int k):
+    def draft(self, int anchor, int k, float p_min=0.0):
         """Greedy ``k`` tokens after ``anchor`` (at position ``n_kv``), each pass feeding back the
-        head's own hidden row; the draft rows are removed from the KV afterwards. Each id is the first
-        maximum of the head's row: read on the host, or, with ``ctx.set_greedy(True)``, sampled in the
-        graph by Power's first-maximum sampler (only the id leaves the device)."""
-        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(max(k, 0), dtype=np.int32)
+        head's own hidden row, cut where an id's top-10 softmax falls below ``p_min``; the draft rows
+        are removed from the KV afterwards (:func:`draft_many` for this head alone)."""
         if k <= 0:
-            return out
-        self.flush()
-        cdef int pos0 = self.n_kv, i = 0, j, best
-        self.ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
-        if pos0 + k > self.cells:
-            raise CapacityError(f"MTP draft: positions up to {pos0 + k} overflow the context {self.cells}")
-        if anchor < 0 or anchor >= self.n_vocab:
-            raise CapacityError(f"MTP draft: anchor {anchor} outside [0, {self.n_vocab})")
-        cdef int32_t rc = 0, tok = anchor, fr = self.fr
-        cdef rc_status st
-        cdef bint ok
-        st.op = RC_OP_DECODE
-        st.rc = 0
-        cdef const float * h = &self.pending[0]
-        cdef const float * row
-        cdef float v
-        cdef size_t w = self.n_embd
-        cdef int * abort_flag = self.ctx.abort_flag
-        cdef bint in_graph = self.ctx.greedy
-        cdef int64_t t0
-        try:
-            with nogil:
-                for i in range(k):
-                    self.batch.clear_c()
-                    rc = self.batch.add_token_seq_c(tok, pos0 + i, self.seq, h, w, True)
-                    if rc_translate(RC_OP_BATCH, rc) != RC_OK:
-                        st.op = RC_OP_BATCH
-                        st.rc = rc
-                        break
-                    st.rc = process_timed(self.ctx, LLAMA_PROCESS_TYPE_DECODE, self.batch.ptr, &t0)
-                    self.compute_ns += t0
-                    if rc_translate(st.op, st.rc) != RC_OK:
-                        break
-                    h = llama_get_embeddings_nextn_ith(self.ctx.ptr, 0)
-                    if in_graph:
-                        best = llama_get_sampled_token_ith(self.ctx.ptr, 0)
-                        row = NULL
-                    else:
-                        best = 0
-                        row = llama_get_logits_ith(self.ctx.ptr, 0)
-                    if (row == NULL and not in_graph) or h == NULL or best < 0:
-                        st.op = RC_OP_OUTPUT
-                        st.rc = -1
-                        break
-                    if not in_graph:
-                        v = row[0]
-                        for j in range(1, fr):
-                            if row[j] > v:
-                                v = row[j]
-                                best = j
-                    tok = best
-                    out[i] = tok
-            ok = rc_translate(st.op, st.rc) == RC_OK
-            self.passes += i + ok
-            if not ok:
-                if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
-                    abort_flag[0] = 0
-                rc_raise(st.op, st.rc, f"MTP draft pass {i}")
-        finally:
-            self.batch.clear_c()
-            llama_memory_seq_rm(self.ctx.mem, self.seq, pos0, -1)  # the draft chain never stays in the KV
-        return out
+            return np.empty(0, dtype=np.int32)
+        return draft_many([self], [anchor], [k], [p_min])[0][0]
 
 
 def _seq_of(MtpHead head):
@@ -321,28 +259,30 @@ cdef int _flush_many(list heads) except -1:
     return 0
 
 
-def draft_many(list heads, anchors, ks):
-    """:meth:`MtpHead.draft` for several heads of one context at once: draft step ``i`` decodes, in
-    one pass, token ``i`` of every head that drafts more than ``i`` tokens (a head asking for fewer
-    leaves early), each at its own sequence and position with its own hidden row, and reads each
-    head's rows by the index its entry got in that pass. Returns one id array per head, each what its
-    own :meth:`MtpHead.draft` returns (the same rows: one KV stream per sequence and batch-invariant
-    kernels), and the number of passes run. Every head's draft chain leaves its KV again, also on a
-    failure; each head's ``compute_ns`` gains the compute of every pass it took part in."""
+def draft_many(list heads, anchors, ks, p_mins):
+    """One greedy draft per head of one context (llama.cpp's draft-mtp ``draft()`` over its slots): draft
+    step ``i`` decodes, in one pass, token ``i`` of every head still drafting, each at its own sequence and
+    position with its own hidden row (``pending``, then the head's own row of the previous step), and reads
+    each head's rows by the index its entry got in that pass. A head stops after its ``k``-th id, or at the
+    first id whose top-10 softmax is below its ``p_min`` (that id is not proposed): it leaves the batch
+    early. Each id is the first maximum of the head's row (ids below its FR size), read on the host, or
+    sampled in the graph by Power's first-maximum sampler when the context has one (``ctx.set_greedy``,
+    a context of one sequence) and ``p_min`` is 0. Returns one id array per head, each what the head
+    drafts alone (one KV stream per sequence and batch-invariant kernels: the same rows), and the number
+    of passes run. Every head's draft chain leaves its KV again, also on a failure; each head's
+    ``compute_ns`` and ``passes`` gain the passes it took part in."""
     cdef Py_ssize_t n = len(heads), j
     if n == 0:
         return [], 0
     cdef MtpHead head, first = heads[0]
     cdef Context ctx = first.ctx
-    ctx._alive()
+    ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
     _flush_many(heads)
-    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, at, order
+    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, n_out, n_pass, order
+    cdef vector[float] pm
     cdef vector[const float *] h
-    cdef vector[int32_t *] out
     cdef vector[int64_t] spent
-    cdef list result = []
-    cdef cnp.ndarray[int32_t, ndim=1] arr
-    cdef int kmax = 0
+    cdef int kmax = 0, n_active = n
     cdef set seen = set()
     for j in range(n):
         head = heads[j]
@@ -358,25 +298,25 @@ def draft_many(list heads, anchors, ks):
             raise CapacityError(f"MTP draft: positions up to {head.n_kv + k} overflow the context {head.cells}")
         if a < 0 or a >= head.n_vocab:
             raise CapacityError(f"MTP draft: anchor {a} outside [0, {head.n_vocab})")
-        arr = np.empty(k, dtype=np.int32)
-        result.append(arr)
-        out.push_back(&arr[0])
         tok.push_back(a)
         kk.push_back(k)
         pos0.push_back(head.n_kv)
         seqs.push_back(head.seq)
         fr.push_back(head.fr)
+        pm.push_back(float(p_mins[j]))
         h.push_back(&head.pending[0])
         idx.push_back(-1)
-        at.push_back(0)
+        n_out.push_back(0)
+        n_pass.push_back(0)
         spent.push_back(0)
         kmax = max(kmax, k)
     # entries in sequence order (see _flush_many: out of order, a pass runs as several ubatches)
     for j in sorted(range(n), key=[_seq_of(x) for x in heads].__getitem__):
         order.push_back(j)
+    cdef cnp.ndarray[int32_t, ndim=2] out = np.empty((n, kmax), dtype=np.int32)
     cdef BatchExt batch = first.batch
     cdef size_t w = first.n_embd
-    cdef int i = 0, m, r, c, best
+    cdef int i = 0, c, best
     cdef Py_ssize_t q
     cdef int32_t rc = 0
     cdef rc_status st
@@ -385,17 +325,18 @@ def draft_many(list heads, anchors, ks):
     cdef const float * row
     cdef float v
     cdef int * abort_flag = ctx.abort_flag
+    cdef bint in_graph = ctx.greedy
     cdef int64_t t0
     cdef int64_t passes0 = ctx.passes
     cdef int passes = 0
     try:
         with nogil:
-            for i in range(kmax):
+            while n_active > 0:
                 batch.clear_c()
                 for q in range(n):
                     j = order[q]
                     idx[j] = -1
-                    if kk[j] > i:
+                    if n_out[j] == i and i < kk[j]:  # still drafting (not cut, not done)
                         rc = batch.add_token_seq_c(tok[j], pos0[j] + i, seqs[j], h[j], w, True)
                         if rc_translate(RC_OP_BATCH, rc) != RC_OK:
                             st.op = RC_OP_BATCH
@@ -408,37 +349,50 @@ def draft_many(list heads, anchors, ks):
                 for j in range(n):
                     if idx[j] >= 0:
                         spent[j] += t0
+                        n_pass[j] += 1
                 if rc_translate(st.op, st.rc) != RC_OK:
                     break
                 for j in range(n):
                     if idx[j] < 0:
                         continue
                     h[j] = llama_get_embeddings_nextn_ith(ctx.ptr, idx[j])
-                    row = llama_get_logits_ith(ctx.ptr, idx[j])
-                    if row == NULL or h[j] == NULL:
+                    if in_graph and pm[j] <= 0:
+                        best = llama_get_sampled_token_ith(ctx.ptr, idx[j])
+                        row = NULL
+                    else:
+                        best = 0
+                        row = llama_get_logits_ith(ctx.ptr, idx[j])
+                    if h[j] == NULL or best < 0 or (row == NULL and not (in_graph and pm[j] <= 0)):
                         st.op = RC_OP_OUTPUT
                         st.rc = -1
                         break
-                    best = 0
-                    v = row[0]
-                    for c in range(1, fr[j]):
-                        if row[c] > v:
-                            v = row[c]
-                            best = c
+                    if row != NULL:
+                        v = row[0]
+                        for c in range(1, fr[j]):
+                            if row[c] > v:
+                                v = row[c]
+                                best = c
+                        if pm[j] > 0 and draft_top_p(row, fr[j]) < pm[j]:
+                            n_active -= 1  # the pass ran; its id is not proposed
+                            continue
                     tok[j] = best
-                    out[j][i] = best
+                    out[j, i] = best
+                    n_out[j] += 1
+                    if n_out[j] == kk[j]:
+                        n_active -= 1
                 if st.op == RC_OP_OUTPUT:
                     break
+                i += 1
         if rc_translate(st.op, st.rc) != RC_OK:
             if st.op == RC_OP_DECODE and rc_translate(st.op, st.rc) == RC_CANCELLED:
                 abort_flag[0] = 0
-            rc_raise(st.op, st.rc, f"MTP batched draft pass {i}")
+            rc_raise(st.op, st.rc, f"MTP draft pass {i}")
     finally:
         batch.clear_c()
         passes = <int>(ctx.passes - passes0)  # the passes that ran (process_timed counts them)
         for j in range(n):
             head = heads[j]
             head.compute_ns += spent[j]
-            head.passes += min(passes, kk[j])
+            head.passes += n_pass[j]
             llama_memory_seq_rm(ctx.mem, seqs[j], pos0[j], -1)  # no draft chain stays in any KV
-    return result, passes
+    return [out[j, :n_out[j]] for j in range(n)], passes

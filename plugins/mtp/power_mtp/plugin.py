@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from power_core.artifacts.contracts import mtp_evidence
+from power_core.blockdraft import DRAFT_P_MIN
 from power_core.spec import ConfigKey, ProposerRequest, Strategy, hookimpl, package_version
 from power_mtp.validate import validate_mtp
 
@@ -36,5 +37,5 @@ def power_register_strategies(register: Callable[[Strategy], None]) -> None:
         name="mtp", version=package_version("power-mtp"), package="power-mtp", kind="model-backed", needs_draft=False,
         summary="Native MTP: the target's own nextn head drafts greedily through llama.cpp's MTP graph.",
         validate=validate_mtp, proposer=_proposer, backends=frozenset({"llama"}), target_features=TARGET_FEATURES,
-        config_keys=(FR_VOCAB_SIZE,), auto_detect=_detect,
+        config_keys=(FR_VOCAB_SIZE, DRAFT_P_MIN), auto_detect=_detect,
     ))

@@ -53,13 +53,14 @@ class MtpDraft:
     def propose_many(self, asks: Sequence[tuple[Proposer, ProposalContext]]) -> list[Proposal]:
         from power_mtp._mtp import draft_many
 
-        heads = []
+        mine: list[MtpProposer] = []
         for proposer, _ in asks:
             if not isinstance(proposer, MtpProposer) or proposer.head.ctx is not self.ctx:
                 raise RuntimeFault(f"MtpDraft.propose_many: {type(proposer).__name__} is not a proposer of this MTP "
                                    "context")
-            heads.append(proposer.head)
-        ids, passes = draft_many(heads, [ctx.anchor for _, ctx in asks], [ctx.k for _, ctx in asks])
+            mine.append(proposer)
+        ids, passes = draft_many([p.head for p in mine], [ctx.anchor for _, ctx in asks], [ctx.k for _, ctx in asks],
+                                 [p.p_min for p in mine])
         stats = {"draft_passes": float(passes), "draft_batch": float(len(asks))}
         return [Proposal(x, stats=stats) for x in ids]
 
@@ -79,12 +80,14 @@ class MtpProposer:
 
     features: frozenset[str] = frozenset({"h_nextn"})
 
-    def __init__(self, head: Any, draft: MtpDraft, *, in_graph: bool = False) -> None:
+    def __init__(self, head: Any, draft: MtpDraft, *, in_graph: bool = False, p_min: float = 0.0) -> None:
         self.head = head
         self.draft = draft
+        #: a draft stops at the first id whose top-10 softmax is below this (llama.cpp ``--spec-draft-p-min``)
+        self.p_min = float(p_min)
         #: each draft id from the head's graph (Power's first-maximum sampler) instead of its logits row;
-        #: a context of one sequence only (llama.cpp attaches the sampler to a sequence)
-        self.samples_in_graph = bool(in_graph and draft.n_seq == 1 and head.ctx.set_greedy(True))
+        #: a context of one sequence only (llama.cpp attaches the sampler to a sequence); p_min reads the rows
+        self.samples_in_graph = bool(in_graph and self.p_min <= 0 and draft.n_seq == 1 and head.ctx.set_greedy(True))
         self._prefill = True  # the last observed batch was a prompt chunk, not a verify pass
         self._caps = ProposerCapabilities(samples_in_graph=self.samples_in_graph,
                                           compute_seconds=self.compute_seconds, close=self.close,
@@ -100,7 +103,9 @@ class MtpProposer:
     def propose(self, ctx: ProposalContext) -> Proposal:
         if ctx.k <= 0:
             return Proposal.none()
-        return Proposal(self.head.draft(ctx.anchor, ctx.k), stats={"draft_passes": float(ctx.k), "draft_batch": 1.0})
+        passes = self.head.passes
+        ids = self.head.draft(ctx.anchor, ctx.k, self.p_min)
+        return Proposal(ids, stats={"draft_passes": float(self.head.passes - passes), "draft_batch": 1.0})
 
     def observe(self, result: DecodeResult) -> None:
         try:
@@ -173,7 +178,8 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
     try:
         # the head runs on the target's weights: its rows leave a device where the target's do
         head = MtpHead(draft.ctx, fr, target.seq_id, cells)
-        proposer = MtpProposer(head, draft, in_graph=draft_graph_sampling(cfg, target.offloaded))
+        proposer = MtpProposer(head, draft, in_graph=draft_graph_sampling(cfg, target.offloaded),
+                               p_min=cfg.spec_draft_p_min)
         if cfg.warmup:  # one draft pass from the zero boundary row, as a round's first draft step runs it
             head.draft(0, 1)
             head.reset()
