@@ -105,12 +105,12 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     extra = ["--draft", str(draft)] if draft else []
     power = power_cmd("serve", "--port", "0", "--model", str(target), "--mode", mode, *extra, "--threads",
                       str(args.threads), "--n-ctx", str(args.n_ctx), "--parallel", "4", "--draft-max", str(args.k),
-                      "--numerics", args.numerics, *args.power_args.split())
+                      "--numerics", args.numerics, "--p-min", str(args.p_min), *args.power_args.split())
     env, numerics_args = peer_launch(args.numerics)
     peer = [str(peer_bin / "llama-server"), "-m", str(target), *(["-md", str(draft)] if draft else []),
             "--host", "127.0.0.1", "--port", "0", "-t", str(args.threads), "-tb", str(args.threads),
             "-c", str(args.n_ctx * 4), "-np", "4", "--spec-type", spec_type, "--spec-draft-n-max", str(args.k),
-            "--no-webui", *numerics_args]
+            "--spec-draft-p-min", str(args.p_min), "--no-webui", *numerics_args]
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {"power": {1: [], 4: []}, "llama": {1: [], 4: []}}
 
     def measure(side: str, clients: int) -> dict[str, Any]:
@@ -167,7 +167,8 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
 
 
 def _markdown(report: dict[str, Any]) -> str:
-    lines = [f"# bench_drafts: `power serve --parallel 4` vs `llama-server -np 4`, same drafter, K={report['k']}",
+    lines = [f"# bench_drafts: `power serve --parallel 4` vs `llama-server -np 4`, same drafter, K={report['k']}"
+             + (f", p_min {report['p_min']} on both sides" if report.get("p_min") else ""),
              "", f"`{report['command']}`, {report['date']}, {report['threads']} threads, {report['tokens']} tokens per "
              f"request, numerics {report['numerics']}, {report['runs']} paired runs (order alternating).", "",
              "| drafter | clients | Power tok/s | llama-server tok/s | Power / llama (median of paired) | per-run | "
@@ -201,6 +202,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--numerics", choices=("exact", "stock"), default="exact")
+    ap.add_argument("--p-min", type=float, default=0.0, help="both sides' draft confidence cut (Power --p-min, "
+                    "llama-server --spec-draft-p-min; 0: every draft runs K tokens)")
     ap.add_argument("--power-args", default="", help="more `power serve` flags, e.g. --adaptive (llama-server has "
                     "no counterpart: its drafters propose K every round)")
     ap.add_argument("--max-foreign", type=float, default=0.25)
@@ -213,7 +216,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-drafts-"))
     report: dict[str, Any] = {"bench": "drafts", "command": " ".join(["python", *sys.argv]),
                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": args.runs,
-                              "tokens": args.tokens, "k": args.k, "threads": args.threads, "numerics": args.numerics,
+                              "tokens": args.tokens, "k": args.k, "p_min": args.p_min, "threads": args.threads,
+                              "numerics": args.numerics,
                               "suites": {}}
     for suite in args.suites.split(","):
         report["suites"][suite] = bench_suite(args, suite, peer_bin, tmp, quiet)
