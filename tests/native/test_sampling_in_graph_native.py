@@ -176,3 +176,16 @@ def test_a_dflash_p_min_cut_keeps_the_rows(drafter_cases):
     cfg = PowerConfig(spec_mode="dflash", spec_draft_max=4, spec_draft_p_min=0.5, max_tokens=8, n_ctx=256,
                       n_threads=2, sampling_in_graph="on")
     assert _recorded(cfg, target, draft, [[1, 2, 3]])[2] == {"host"}
+
+
+def test_an_mtp_p_min_cut_keeps_the_rows(drafter_cases):
+    """MTP's p_min cut reads the head's top-10 logits: with ``on`` its ids stay on the host, and it cuts
+    the drafts where the host path does."""
+    target, _, _ = drafter_cases["mtp"]
+    kw = dict(spec_mode="mtp", spec_draft_max=7, spec_draft_p_min=0.105, max_tokens=32, n_ctx=256, n_threads=2)
+    on = _recorded(PowerConfig(sampling_in_graph="on", **kw), target, None, [[1, 17, 42, 99, 5]])
+    off = _recorded(PowerConfig(sampling_in_graph="off", **kw), target, None, [[1, 17, 42, 99, 5]])
+    assert on[2] == {"host"}
+    assert on[:2] == off[:2]
+    assert any(0 < len(p) < 7 for p in on[1]), "p_min cut no draft short: the test proves nothing"
+

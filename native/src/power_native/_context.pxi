@@ -175,6 +175,36 @@ cdef class Context:
         return llama_perf_context(self.ptr).n_reused
 
     # -- decoding ------------------------------------------------------------------------------------
+    cdef int _run_batch(self, int32_t n, int32_t n_out) except -1:
+        """``llama_decode`` of the filled ``self.batch`` (``n`` tokens, ``n_out`` output rows) with the GIL
+        released, timed into ``compute_ns`` and counted in ``passes``; an abort raised before it started
+        runs nothing (llama.cpp's code 2, and the flag is consumed so the next decode runs). The one
+        decode path of :meth:`decode` and :meth:`decode_multi`; typed errors through ``rc_raise``."""
+        cdef llama_context * ctx = self.ptr
+        cdef int32_t rc
+        cdef int64_t t0
+        _errors.clear()
+        if self.abort_flag[0]:
+            rc = 2  # cancelled before it started: nothing reaches the memory
+        else:
+            self._inflight += 1
+            try:
+                with nogil:
+                    t0 = clock_ns()
+                    rc = llama_decode(ctx, self.batch)
+                    llama_synchronize(ctx)
+                    self.compute_ns += clock_ns() - t0
+                    self.passes += 1
+            finally:
+                self._inflight -= 1
+        self.n_outputs = 0
+        if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
+            self.abort_flag[0] = 0  # consumed: the next decode runs
+        rc_raise(RC_OP_DECODE, rc, None)
+        self.n_outputs = n_out
+        self._last_n_tokens = n
+        return 0
+
     def decode(self, tokens, int pos0, int seq_id=0, bint all_outputs=True) -> int:
         """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` with the GIL released.
 
@@ -198,9 +228,6 @@ cdef class Context:
         cdef int32_t * src = <int32_t *>arr.data
         cdef int32_t i, bad = -1, nv = self.n_vocab
         cdef llama_batch * b = &self.batch
-        cdef llama_context * ctx = self.ptr
-        cdef int32_t rc
-        cdef int64_t t0
         with nogil:
             for i in range(n):
                 if src[i] < 0 or src[i] >= nv:
@@ -217,26 +244,7 @@ cdef class Context:
         if bad >= 0:
             raise CapacityError(f"decode: token id {arr[bad]} at index {bad} is outside the vocabulary "
                                 f"[0, {nv})")
-        _errors.clear()
-        if self.abort_flag[0]:
-            rc = 2  # cancelled before it started: nothing reaches the memory
-        else:
-            self._inflight += 1
-            try:
-                with nogil:
-                    t0 = clock_ns()
-                    rc = llama_decode(ctx, b[0])
-                    llama_synchronize(ctx)
-                    self.compute_ns += clock_ns() - t0
-                    self.passes += 1
-            finally:
-                self._inflight -= 1
-        self.n_outputs = 0
-        if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
-            self.abort_flag[0] = 0  # consumed: the next decode runs
-        rc_raise(RC_OP_DECODE, rc, None)
-        self.n_outputs = n_out
-        self._last_n_tokens = n
+        self._run_batch(n, n_out)
         return n_out
 
     def decode_multi(self, tokens, pos, seq_ids, outputs):
@@ -261,8 +269,7 @@ cdef class Context:
             raise CapacityError(f"decode: {n} tokens exceed n_batch={self.n_batch}; split the batch")
         cdef llama_batch * b = &self.batch
         cdef llama_context * ctx = self.ptr
-        cdef int32_t i, rc
-        cdef int64_t t0
+        cdef int32_t i
         cdef int32_t * t = <int32_t *>tok.data
         cdef int32_t * pp = <int32_t *>ps.data
         cdef int32_t * ss = <int32_t *>sq.data
@@ -297,26 +304,7 @@ cdef class Context:
                 b.seq_id[i][0] = ss[i]
                 b.logits[i] = 1 if oo[i] else 0
             b.n_tokens = n
-        _errors.clear()
-        if self.abort_flag[0]:
-            rc = 2
-        else:
-            self._inflight += 1
-            try:
-                with nogil:
-                    t0 = clock_ns()
-                    rc = llama_decode(ctx, b[0])
-                    llama_synchronize(ctx)
-                    self.compute_ns += clock_ns() - t0
-                    self.passes += 1
-            finally:
-                self._inflight -= 1
-        self.n_outputs = 0
-        if rc_translate(RC_OP_DECODE, rc) == RC_CANCELLED:
-            self.abort_flag[0] = 0
-        rc_raise(RC_OP_DECODE, rc, None)
-        self.n_outputs = n_out
-        self._last_n_tokens = n
+        self._run_batch(n, n_out)
         if n_out == 0:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
         cdef float * first = NULL
