@@ -6,8 +6,9 @@ from libc.math cimport expf
 from libc.stdint cimport int32_t, int64_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from power_native.llama cimport (gguf_context, llama_batch, llama_batch_ext, llama_context, llama_memory_t,
-                                  llama_model, llama_process, llama_process_type, llama_synchronize, llama_vocab)
+from power_native.llama cimport (gguf_context, llama_batch, llama_batch_ext, llama_context, llama_get_logits_ith,
+                                  llama_get_sampled_token_ith, llama_memory_t, llama_model, llama_process,
+                                  llama_process_type, llama_synchronize, llama_vocab)
 
 
 # -- return codes: the one translation of every native path ------------------------------------------
@@ -172,3 +173,34 @@ cdef inline float draft_top_p(const float * row, int n) noexcept nogil:
     for i in range(m):
         s += expf(top[i] - top[0])
     return 1.0 / s
+
+
+cdef enum:
+    DRAFT_NO_ROW = -1  # draft_pick: the pass left no output for the row
+    DRAFT_CUT = -2     # draft_pick: the id's confidence is below p_min; the draft stops before it
+
+
+cdef inline int32_t draft_pick(llama_context * ctx, int32_t row, bint in_graph, int n_ids,
+                               float p_min) noexcept nogil:
+    """A greedy drafter's id for output ``row`` of the last pass: the id sampled in the draft's graph
+    (``in_graph``: Power's first-maximum sampler attached, and no ``p_min`` to read the logits for), else the
+    first maximum of the row's first ``n_ids`` logits; ``DRAFT_CUT`` when its top-10 softmax is below
+    ``p_min`` (llama.cpp's draft-mtp and draft-eagle3 cut), ``DRAFT_NO_ROW`` when the row is missing."""
+    cdef const float * logits
+    cdef float v
+    cdef int32_t best = 0, c
+    if in_graph and p_min <= 0:
+        best = llama_get_sampled_token_ith(ctx, row)
+        return best if best >= 0 else DRAFT_NO_ROW
+    logits = llama_get_logits_ith(ctx, row)
+    if logits == NULL:
+        return DRAFT_NO_ROW
+    v = logits[0]
+    for c in range(1, n_ids):
+        if logits[c] > v:
+            v = logits[c]
+            best = c
+    if p_min > 0 and draft_top_p(logits, n_ids) < p_min:
+        return DRAFT_CUT
+    return best
+

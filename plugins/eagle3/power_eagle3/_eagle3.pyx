@@ -25,11 +25,11 @@ from libcpp.vector cimport vector
 
 cimport numpy as cnp
 
-from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_get_sampled_token_ith,
-                                 llama_memory_seq_rm)
+from power_native.llama cimport LLAMA_PROCESS_TYPE_DECODE, llama_memory_seq_rm
 from power_native.llama_ext cimport llama_get_embeddings_nextn, llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt, Context,
-                                  draft_top_p, process_timed, rc_raise, rc_status, rc_translate)
+                                  DRAFT_CUT, DRAFT_NO_ROW, draft_pick, process_timed, rc_raise, rc_status,
+                                  rc_translate)
 
 import numpy as np
 
@@ -293,10 +293,8 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
     st.op = RC_OP_DECODE
     st.rc = 0
     cdef const float * h
-    cdef const float * lrow
-    cdef float v
     cdef size_t w = d0.n_embd
-    cdef int nv = d0.n_vocab, j
+    cdef int nv = d0.n_vocab
     cdef int * abort_flag = ctx.abort_flag
     cdef bint greedy = ctx.greedy
     cdef int64_t dt
@@ -326,27 +324,16 @@ def draft_many(list drafts, anchors, ks, p_mins) -> tuple:
                     n_pass[i] += 1
                     comp[i] += dt
                     h = llama_get_embeddings_nextn_ith(ctx.ptr, row[i])
-                    if greedy and pm[i] <= 0:
-                        best = llama_get_sampled_token_ith(ctx.ptr, row[i])
-                        lrow = NULL
-                    else:
-                        best = 0
-                        lrow = llama_get_logits_ith(ctx.ptr, row[i])
-                    if h == NULL or best < 0 or (lrow == NULL and not (greedy and pm[i] <= 0)):
+                    best = draft_pick(ctx.ptr, row[i], greedy, nv, pm[i])
+                    if h == NULL or best == DRAFT_NO_ROW:
                         st.op = RC_OP_OUTPUT
                         st.rc = -1
                         break
                     hp[i] = h
-                    if lrow != NULL:
-                        v = lrow[0]
-                        for j in range(1, nv):
-                            if lrow[j] > v:
-                                v = lrow[j]
-                                best = j
-                        if pm[i] > 0 and draft_top_p(lrow, nv) < pm[i]:
-                            active[i] = 0  # the pass ran; its id is not proposed
-                            n_active -= 1
-                            continue
+                    if best == DRAFT_CUT:
+                        active[i] = 0  # the pass ran; its id is not proposed
+                        n_active -= 1
+                        continue
                     tok[i] = best
                     out[i, n_out[i]] = best
                     n_out[i] += 1

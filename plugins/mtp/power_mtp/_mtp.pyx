@@ -19,11 +19,11 @@ from libcpp.vector cimport vector
 
 cimport numpy as cnp
 
-from power_native.llama cimport (LLAMA_PROCESS_TYPE_DECODE, llama_get_logits_ith, llama_get_sampled_token_ith,
-                                 llama_memory_seq_rm)
+from power_native.llama cimport LLAMA_PROCESS_TYPE_DECODE, llama_memory_seq_rm
 from power_native.llama_ext cimport llama_get_embeddings_nextn_ith
 from power_native._llama cimport (RC_CANCELLED, RC_OK, RC_OP_BATCH, RC_OP_DECODE, RC_OP_OUTPUT, BatchExt,
-                                  Context, draft_top_p, process_timed, rc_raise, rc_status, rc_translate)
+                                  Context, DRAFT_CUT, DRAFT_NO_ROW, draft_pick, process_timed, rc_raise,
+                                  rc_status, rc_translate)
 
 import numpy as np
 
@@ -316,14 +316,12 @@ def draft_many(list heads, anchors, ks, p_mins):
     cdef cnp.ndarray[int32_t, ndim=2] out = np.empty((n, kmax), dtype=np.int32)
     cdef BatchExt batch = first.batch
     cdef size_t w = first.n_embd
-    cdef int i = 0, c, best
+    cdef int i = 0, best
     cdef Py_ssize_t q
     cdef int32_t rc = 0
     cdef rc_status st
     st.op = RC_OP_DECODE
     st.rc = 0
-    cdef const float * row
-    cdef float v
     cdef int * abort_flag = ctx.abort_flag
     cdef bint in_graph = ctx.greedy
     cdef int64_t t0
@@ -356,25 +354,14 @@ def draft_many(list heads, anchors, ks, p_mins):
                     if idx[j] < 0:
                         continue
                     h[j] = llama_get_embeddings_nextn_ith(ctx.ptr, idx[j])
-                    if in_graph and pm[j] <= 0:
-                        best = llama_get_sampled_token_ith(ctx.ptr, idx[j])
-                        row = NULL
-                    else:
-                        best = 0
-                        row = llama_get_logits_ith(ctx.ptr, idx[j])
-                    if h[j] == NULL or best < 0 or (row == NULL and not (in_graph and pm[j] <= 0)):
+                    best = draft_pick(ctx.ptr, idx[j], in_graph, fr[j], pm[j])
+                    if h[j] == NULL or best == DRAFT_NO_ROW:
                         st.op = RC_OP_OUTPUT
                         st.rc = -1
                         break
-                    if row != NULL:
-                        v = row[0]
-                        for c in range(1, fr[j]):
-                            if row[c] > v:
-                                v = row[c]
-                                best = c
-                        if pm[j] > 0 and draft_top_p(row, fr[j]) < pm[j]:
-                            n_active -= 1  # the pass ran; its id is not proposed
-                            continue
+                    if best == DRAFT_CUT:
+                        n_active -= 1  # the pass ran; its id is not proposed
+                        continue
                     tok[j] = best
                     out[j, i] = best
                     n_out[j] += 1
