@@ -50,7 +50,9 @@ def predictable(context: list[int], answer: list[int], min_match: int = 2, max_m
     return hits
 
 
-def run(model: str, clients: int, conversations: int, turns: int, tokens: int, threads: int) -> dict[str, Any]:
+def run(model: str, clients: int, conversations: int, turns: int, tokens: int,
+        threads: int) -> tuple[dict[str, Any], list[tuple[list[int], list[int]]]]:
+    """The report, and each request's (prompt ids, output ids)."""
     cfg = PowerConfig(spec_mode="suffix", n_threads=threads, n_ctx=4096, spec_suffix_memory_tokens=200_000,
                       trace=True)
     out: list[tuple[str, Any]] = []
@@ -102,10 +104,8 @@ def run(model: str, clients: int, conversations: int, turns: int, tokens: int, t
             "target_compute_s": round(sum(t.get("target_compute_s", 0.0) for t in timings), 2),
             "host_s": round(sum(t.get("host_s", 0.0) for t in timings), 2),
             "prompt_reused": sum(res.receipt.prompt_reused for _, res in out)}
-        report["oracle_predictable"] = None
-        report["_texts"] = [(prompt, [int(x) for x in encode(prompt)], [int(x) for x in res.tokens])
-                            for prompt, res in out]
-    return report
+        texts = [([int(x) for x in encode(prompt)], [int(x) for x in res.tokens]) for prompt, res in out]
+    return report, texts
 
 
 def main() -> int:
@@ -119,10 +119,8 @@ def main() -> int:
     ap.add_argument("--oracle", action="store_true", help="also count the longest-suffix oracle's predictable tokens")
     ap.add_argument("--out", type=Path, help="write the report as JSON here")
     args = ap.parse_args()
-    report = run(args.model, args.clients, args.conversations, args.turns, args.tokens, args.threads)
-    texts = report.pop("_texts")
-    if args.oracle:
-        report["oracle_predictable"] = sum(predictable(ids, answer) for _, ids, answer in texts)
+    report, texts = run(args.model, args.clients, args.conversations, args.turns, args.tokens, args.threads)
+    report["oracle_predictable"] = sum(predictable(ids, answer) for ids, answer in texts) if args.oracle else None
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -277,20 +277,27 @@ def draft_many(list heads, anchors, ks, p_mins):
     cdef MtpHead head, first = heads[0]
     cdef Context ctx = first.ctx
     ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
-    _flush_many(heads)
+    if n == 1:
+        first.flush()
+    else:
+        _flush_many(heads)
     cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, n_out, n_pass, order
     cdef vector[float] pm
     cdef vector[const float *] h
+    cdef vector[int32_t *] out
     cdef vector[int64_t] spent
-    cdef int kmax = 0, n_active = n
+    cdef list result = []
+    cdef cnp.ndarray[int32_t, ndim=1] arr
+    cdef int n_active = n
     cdef set seen = set()
     for j in range(n):
         head = heads[j]
         if head.ctx is not ctx:
             raise RuntimeFault("MTP draft_many: the heads belong to different contexts")
-        if head.seq in seen:
-            raise RuntimeFault(f"MTP draft_many: sequence {head.seq} asked twice in one draft pass")
-        seen.add(head.seq)
+        if n > 1:
+            if head.seq in seen:
+                raise RuntimeFault(f"MTP draft_many: sequence {head.seq} asked twice in one draft pass")
+            seen.add(head.seq)
         a, k = int(anchors[j]), int(ks[j])
         if k < 1:
             raise CapacityError(f"MTP draft_many: head {j} asks for {k} tokens; ask only heads that draft")
@@ -298,6 +305,9 @@ def draft_many(list heads, anchors, ks, p_mins):
             raise CapacityError(f"MTP draft: positions up to {head.n_kv + k} overflow the context {head.cells}")
         if a < 0 or a >= head.n_vocab:
             raise CapacityError(f"MTP draft: anchor {a} outside [0, {head.n_vocab})")
+        arr = np.empty(k, dtype=np.int32)
+        result.append(arr)
+        out.push_back(&arr[0])
         tok.push_back(a)
         kk.push_back(k)
         pos0.push_back(head.n_kv)
@@ -309,11 +319,12 @@ def draft_many(list heads, anchors, ks, p_mins):
         n_out.push_back(0)
         n_pass.push_back(0)
         spent.push_back(0)
-        kmax = max(kmax, k)
     # entries in sequence order (see _flush_many: out of order, a pass runs as several ubatches)
-    for j in sorted(range(n), key=[_seq_of(x) for x in heads].__getitem__):
-        order.push_back(j)
-    cdef cnp.ndarray[int32_t, ndim=2] out = np.empty((n, kmax), dtype=np.int32)
+    if n == 1:
+        order.push_back(0)
+    else:
+        for j in sorted(range(n), key=[_seq_of(x) for x in heads].__getitem__):
+            order.push_back(j)
     cdef BatchExt batch = first.batch
     cdef size_t w = first.n_embd
     cdef int i = 0, best
@@ -363,7 +374,7 @@ def draft_many(list heads, anchors, ks, p_mins):
                         n_active -= 1  # the pass ran; its id is not proposed
                         continue
                     tok[j] = best
-                    out[j, i] = best
+                    out[j][i] = best
                     n_out[j] += 1
                     if n_out[j] == kk[j]:
                         n_active -= 1
@@ -382,4 +393,4 @@ def draft_many(list heads, anchors, ks, p_mins):
             head.compute_ns += spent[j]
             head.passes += n_pass[j]
             llama_memory_seq_rm(ctx.mem, seqs[j], pos0[j], -1)  # no draft chain stays in any KV
-    return [out[j, :n_out[j]] for j in range(n)], passes
+    return [result[j] if n_out[j] == kk[j] else result[j][:n_out[j]] for j in range(n)], passes
