@@ -160,9 +160,11 @@ def bench_native(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def bench_numerics(session: nox.Session) -> None:
-    """--mode off tok/s with the batch-invariant default vs stock kernels, paired, SmolLM2 and Gemma-3."""
+    """What exact numerics cost per quant type: exact vs stock passes (1, 8, 16 tokens, a 512-token prefill) on a
+    wide synthetic model of each type and the two real ones, paired and interleaved, and ``--mode off`` vs stock
+    ``llama-completion`` (docs/evidence/bench_numerics/)."""
     install_all(session)
-    session.run("python", "tests/bench/bench_numerics.py", "--out", str(ROOT / "evidence" / "bench_numerics.json"),
+    session.run("python", "tests/bench/bench_numerics.py", "--out", str(ROOT / "docs" / "evidence" / "bench_numerics"),
                 *session.posargs)
 
 

@@ -12,8 +12,8 @@ the same prompt text on both sides (a prompt file is read as llama.cpp's ``-f`` 
 trailing newline dropped, and the peer gets that text through ``-p``) and equal generated-token counts: ``llama-speculative-simple -n`` overshoots by
 up to one draft, so Power's speculative modes are also run at the count the peer decoded. The peers
 run with Power's numerics unless ``--peer-numerics`` says otherwise: ``exact`` starts them with
-``GGML_CPU_BATCH_INVARIANT=1`` and ``--no-repack`` (the batch-invariant kernels Power's ``exact`` uses,
-from the same patched build), so both sides write the same text; ``stock`` is llama.cpp as shipped.
+``GGML_CPU_BATCH_INVARIANT=1`` (the batch-invariant kernels Power's ``exact`` uses, from the same
+patched build, repacked weights included), so both sides write the same text; ``stock`` is llama.cpp as shipped.
 Each peer's generated text is compared with Power's ``--mode off`` text at the same count
 (``same_text``), so the report says whether the workloads really were the same.
 
@@ -44,7 +44,7 @@ import attrs
 from power_core.config import PowerConfig, device_names
 from power_core.errors import ConfigError, MissingDependency
 
-__all__ = ["BenchSpec", "run_bench", "check_dependencies", "peer_launch", "peer_offload", "NGRAM_TYPES",
+__all__ = ["BenchSpec", "run_bench", "check_dependencies", "peer_env", "peer_offload", "NGRAM_TYPES",
            "OPTIONAL_DEPENDENCIES"]
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
@@ -173,16 +173,16 @@ class _PowerCell:
         self.session.close()
 
 
-def peer_launch(numerics: str, env: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """The environment (``env``, default this process's) and the extra arguments that start a llama.cpp tool
-    of the pinned build (``llama-completion``, ``llama-speculative-simple``, ``llama-server``) with ``numerics``:
-    ``exact`` sets ``GGML_CPU_BATCH_INVARIANT=1`` (the kernels of Power's exact numerics, patch 0002, read at
-    ggml_cpu_init) and passes ``--no-repack``; ``stock`` is llama.cpp as shipped."""
+def peer_env(numerics: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment (``env``, default this process's) that starts a llama.cpp tool of the pinned build
+    (``llama-completion``, ``llama-speculative-simple``, ``llama-server``) with ``numerics``:
+    ``exact`` sets ``GGML_CPU_BATCH_INVARIANT=1`` (the kernels of Power's exact numerics, patches 0002 and
+    0005, read at ggml_cpu_init, before the model is loaded: the repacked layouts it keeps are chosen then);
+    ``stock`` is llama.cpp as shipped. Both repack weights, as Power's targets do."""
     out = {k: v for k, v in (os.environ if env is None else env).items() if k != "GGML_CPU_BATCH_INVARIANT"}
     if numerics == "exact":
         out["GGML_CPU_BATCH_INVARIANT"] = "1"
-        return out, ["--no-repack"]
-    return out, []
+    return out
 
 
 def peer_offload(n_gpu_layers: int, devices: Sequence[str] = (), flash_attn: str = "auto") -> list[str]:
@@ -206,8 +206,7 @@ def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) 
            *peer_offload(spec.n_gpu_layers, spec.devices, spec.flash_attn)]
     if exe == "llama-completion":
         cmd.append("-no-cnv")
-    env, numerics_args = peer_launch(spec.peer_numerics)
-    cmd += numerics_args
+    env = peer_env(spec.peer_numerics)
     for _ in range(2):  # a run that ends without its summary (rare here) is retried once
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if proc.returncode != 0:

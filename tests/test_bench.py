@@ -145,7 +145,7 @@ def test_peers_run_with_powers_numerics_and_their_text_is_checked(tmp_path):
     report = run_bench(spec, progress=False)
     assert report["numerics"] == report["peer_numerics"] == "exact"
     calls = [ast.literal_eval(line) for line in log.read_text().splitlines()]
-    assert calls and all(env == "1" and "--no-repack" in argv for _, env, argv in calls)
+    assert calls and all(env == "1" and "--no-repack" not in argv for _, env, argv in calls)
     # offload is explicit: the tools' own default (-ngl auto) would offload every layer on a GPU build
     assert all("-ngl 0 -fa auto" in " ".join(argv) for _, _, argv in calls)
     assert report["offload"] == {"n_gpu_layers": 0, "devices": [], "flash_attn": "auto", "draft_gpu_layers": 0}

@@ -12,7 +12,8 @@ Usage::
 ``--cuda`` turns on ``GGML_CUDA``; ``--rpc`` turns on ``GGML_RPC`` (llama.cpp's RPC backend: a
 target's layers on remote ``rpc-server`` processes) and also builds ``rpc-server``. ``--peers``
 also builds ``llama-completion``, ``llama-speculative-simple`` and ``llama-server`` for paired benchmarks
-(the server without its web UI and without SSL/curl: nothing is downloaded at build time).
+(the server without its web UI and without SSL/curl: nothing is downloaded at build time), and
+``llama-quantize`` for the synthetic models of each quant type.
 
 Power's reviewed changes to the pinned source live in ``native/patches/*.patch`` (unified diffs,
 applied in name order with ``patch -p1`` to a fresh extraction); their sha256 is part of the
@@ -281,7 +282,9 @@ def assemble_cuda_root(setup: CudaSetup) -> Path:
             shutil.rmtree(tmp)
     shutil.rmtree(wheels)  # unpacked into out/wheel; its name is in out/.complete
     return out
-PEER_TARGETS = ("llama-completion", "llama-speculative-simple", "llama-server")
+#: llama.cpp's own tools for paired benchmarks and tests; ``llama-quantize`` writes the synthetic models of every
+#: quant type that the numerics tests and ``bench_numerics`` run (tests/native/native_helpers.py ``make_wide``)
+PEER_TARGETS = ("llama-completion", "llama-speculative-simple", "llama-server", "llama-quantize")
 #: switched on only for ``--peers``: they add tools/server (and tools/ui, tools/cli) to the build graph and
 #: change no artifact of another target, so they stay out of the cache key (like the target list): a cached
 #: build dir is reconfigured in place and builds only the new targets. The web UI is neither built (npm) nor

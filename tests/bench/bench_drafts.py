@@ -9,8 +9,8 @@ random weights written by the tests' helpers), both servers run with four sequen
 same time (so every slot drafts). Reported per side: aggregate tok/s (completion tokens / makespan),
 p50 and p99 request latency, and the per-request draft acceptance at 1 and at 4 clients; the paired
 ratio Power / llama-server per run and its median. Every text is checked against ``power run --mode
-off`` (``same_text``). Both sides run the same kernels (``power_core.bench.peer_launch``: exact =
-``GGML_CPU_BATCH_INVARIANT=1 --no-repack``).
+off`` (``same_text``). Both sides run the same kernels (``power_core.bench.peer_env``: exact =
+``GGML_CPU_BATCH_INVARIANT=1``).
 
     python tests/bench/bench_drafts.py --out docs/evidence/bench_drafts [--runs 5] [--tokens 192] [--suites mtp,dflash]
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(ROOT / "tests" / "native"))
 from bench_serve import LLAMA_ANNOUNCE, Quiet, _llama_result, _power_result, peer_bin_dir, percentile, power_run, stats  # noqa: E402
 
-from power_core.bench import peer_launch  # noqa: E402
+from power_core.bench import peer_env  # noqa: E402
 from tests.serve_helpers import listening, power_cmd  # noqa: E402
 
 PROMPTS = ("hello world, this is a test prompt for the speculative decoding benchmark",
@@ -106,11 +106,11 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     power = power_cmd("serve", "--port", "0", "--model", str(target), "--mode", mode, *extra, "--threads",
                       str(args.threads), "--n-ctx", str(args.n_ctx), "--parallel", "4", "--draft-max", str(args.k),
                       "--numerics", args.numerics, "--p-min", str(args.p_min), *args.power_args.split())
-    env, numerics_args = peer_launch(args.numerics)
+    env = peer_env(args.numerics)
     peer = [str(peer_bin / "llama-server"), "-m", str(target), *(["-md", str(draft)] if draft else []),
             "--host", "127.0.0.1", "--port", "0", "-t", str(args.threads), "-tb", str(args.threads),
             "-c", str(args.n_ctx * 4), "-np", "4", "--spec-type", spec_type, "--spec-draft-n-max", str(args.k),
-            "--spec-draft-p-min", str(args.p_min), "--no-webui", *numerics_args]
+            "--spec-draft-p-min", str(args.p_min), "--no-webui"]
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {"power": {1: [], 4: []}, "llama": {1: [], 4: []}}
 
     def measure(side: str, clients: int) -> dict[str, Any]:

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent))
 from bench_serve import LLAMA_ANNOUNCE, Quiet, peer_bin_dir, stats  # noqa: E402
 
-from power_core.bench import NGRAM_TYPES, peer_launch  # noqa: E402
+from power_core.bench import NGRAM_TYPES, peer_env  # noqa: E402
 from tests.serve_helpers import listening, power_cmd  # noqa: E402
 
 GOAL_PEER, GOAL_SELF, GOAL_OFF = 1.3, 1.2, 0.02
@@ -151,11 +151,10 @@ def power_side(model: str, mode: str, memory: bool, parallel: int, threads: int,
     return power_cmd(*args)
 
 
-def llama_side(peer_bin: Path, model: str, spec_type: str, parallel: int, threads: int, n_ctx: int,
-               extra: list[str]) -> list[str]:
+def llama_side(peer_bin: Path, model: str, spec_type: str, parallel: int, threads: int, n_ctx: int) -> list[str]:
     return [str(peer_bin / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", "0", "-t", str(threads),
             "-tb", str(threads), "-c", str(n_ctx * parallel), "-np", str(parallel), "--spec-type", spec_type,
-            "--no-webui", *extra]
+            "--no-webui"]
 
 
 def measure_side(cmd: list[str], env: dict[str, str] | None, llama: bool, args: argparse.Namespace, clients: int,
@@ -178,7 +177,7 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet,
     """Every concurrency of one model; ``save`` gets the report so far after every paired run (a run
     cut short still leaves what it measured)."""
     peer_bin, _ = peer_bin_dir()
-    env, extra = peer_launch("exact")
+    env = peer_env("exact")
     report: dict[str, Any] = {}
     screened: dict[str, float] = {}
     for clients in args.clients:
@@ -192,13 +191,13 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet,
         # every llama-server type once (at the first concurrency); the best one is paired with Power's sides
         screen = dict(screened or args.screened or {})
         for t in ([] if screen else args.types):
-            r = measure_side(llama_side(peer_bin, model, t, parallel, args.threads, args.n_ctx, extra), env, True,
+            r = measure_side(llama_side(peer_bin, model, t, parallel, args.threads, args.n_ctx), env, True,
                              args, clients, quiet)
             screen[t] = r["aggregate_tok_s"]
             print(f"  {alias} c={clients} llama-server {t}: {r['aggregate_tok_s']:.1f} tok/s", flush=True)
         best = max(screen, key=lambda t: screen[t])
         screened = screen
-        sides["llama-server"] = (llama_side(peer_bin, model, best, parallel, args.threads, args.n_ctx, extra), env,
+        sides["llama-server"] = (llama_side(peer_bin, model, best, parallel, args.threads, args.n_ctx), env,
                                  True)
         raw: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
         for i in range(args.runs):

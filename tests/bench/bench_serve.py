@@ -18,7 +18,7 @@ c. four clients: ``power serve --parallel 4`` vs ``llama-server -np 4`` (the bes
    tokens / the makespan) and request latency (p50, p99 pooled over the runs). No goal.
 
 Both sides run Power's numerics: Power its default (``exact``), llama.cpp with the same batch-invariant
-kernels (``GGML_CPU_BATCH_INVARIANT=1`` and ``--no-repack``, :func:`power_core.bench.peer_launch`), so
+kernels (``GGML_CPU_BATCH_INVARIANT=1``, :func:`power_core.bench.peer_env`), so
 both write the same text, which is checked: the server's text against ``power run``'s, and every text
 against ``power run --mode off`` at the same token count (``same_text``; a llama.cpp type whose text
 differs is listed, never the reference). Every measurement starts a fresh process (as ``power run``
@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "native" / "tools"))
 import build_llama  # noqa: E402
 
-from power_core.bench import NGRAM_TYPES, peer_launch, read_prompt  # noqa: E402
+from power_core.bench import NGRAM_TYPES, peer_env, read_prompt  # noqa: E402
 from tests.serve_helpers import listening, power_cmd  # noqa: E402
 
 LLAMA_ANNOUNCE = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -201,11 +201,11 @@ def power_serve_cmd(model: str, mode: str, threads: int, n_ctx: int, parallel: i
 
 
 def llama_server_cmd(peer_bin: Path, model: str, spec_type: str, threads: int, n_ctx: int,
-                     parallel: int, numerics_args: list[str]) -> list[str]:
+                     parallel: int) -> list[str]:
     # -c is the whole KV cache: each of the -np slots gets n_ctx (Power's per-session context)
     return [str(peer_bin / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", "0",
             "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx * parallel), "-np", str(parallel),
-            "--spec-type", spec_type, "--no-webui", *numerics_args]
+            "--spec-type", spec_type, "--no-webui"]
 
 
 def power_serve_once(model: str, mode: str, text: str, tokens: int, threads: int, n_ctx: int) -> dict[str, Any]:
@@ -217,8 +217,8 @@ def power_serve_once(model: str, mode: str, text: str, tokens: int, threads: int
 
 def llama_server_once(peer_bin: Path, model: str, spec_type: str, text: str, tokens: int, threads: int,
                       n_ctx: int, numerics: str) -> dict[str, Any]:
-    env, extra = peer_launch(numerics)
-    cmd = llama_server_cmd(peer_bin, model, spec_type, threads, n_ctx, 1, extra)
+    env = peer_env(numerics)
+    cmd = llama_server_cmd(peer_bin, model, spec_type, threads, n_ctx, 1)
     with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s, httpx.Client(timeout=900) as c:
         d, wall = _post(c, s.url, _llama_body(text, tokens))
     return _llama_result(d, wall)
@@ -333,8 +333,8 @@ def bench_concurrency(args: argparse.Namespace, peer_bin: Path, model: str, text
                 name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
                 return _clients(s.url, [_power_body(name, texts[n], args.tokens) for n in names], args.clients,
                                 _power_result)
-        env, extra = peer_launch(args.peer_numerics)
-        cmd = llama_server_cmd(peer_bin, model, best, args.threads, args.n_ctx, args.clients, extra)
+        env = peer_env(args.peer_numerics)
+        cmd = llama_server_cmd(peer_bin, model, best, args.threads, args.n_ctx, args.clients)
         with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s:
             return _clients(s.url, [_llama_body(texts[n], args.tokens) for n in names], args.clients, _llama_result)
 
@@ -446,7 +446,7 @@ def _markdown(report: dict[str, Any]) -> str:
     lines = ["# bench_serve: `power serve` vs `power run` and `llama-server`", "",
              f"{report['runs']} paired, interleaved runs (a fresh process per measurement), {report['tokens']} tokens max, "
              f"{report['threads']} threads on both sides, `--mode {report['mode']}`; numerics: Power "
-             f"{report['numerics']}, llama.cpp {report['peer_numerics']} (`GGML_CPU_BATCH_INVARIANT=1 --no-repack`). "
+             f"{report['numerics']}, llama.cpp {report['peer_numerics']} (`GGML_CPU_BATCH_INVARIANT=1`). "
              "Figures: median (min–max); ratios are medians of per-run pairs. Decode tok/s: tokens after the first "
              "per decode second (Power's receipt, llama-server's `timings.predicted_per_second`); wall tok/s: "
              "tokens / request wall time (HTTP, prompt pass included; `power run`: prefill + decode seconds). "

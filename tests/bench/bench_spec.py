@@ -18,7 +18,7 @@ order alternating (A,B then B,A); figures are decode tok/s (llama.cpp's "decoded
 vs the receipt's ``decode_tok_s``, both excluding the prompt), reported as median/min/max with the
 per-pair ratios, and the tokens of every Power run are checked against Power ``--mode off``. Both
 sides run the same kernels: the peer starts as ``power bench`` starts it for Power's numerics
-(``power_core.bench.peer_launch``: exact = ``GGML_CPU_BATCH_INVARIANT=1 --no-repack``).
+(``power_core.bench.peer_env``: exact = ``GGML_CPU_BATCH_INVARIANT=1``).
 
 Host time per round, both sides: Power's from its receipt (``timings.host_us_per_round``: decode time
 minus the target's and the draft's time inside llama.cpp's decode calls); llama.cpp's from the same
@@ -177,12 +177,12 @@ def main() -> int:
     from eagle3_helpers import make_tiny_eagle3
     from native_helpers import make_tiny, make_tiny_draft, make_tiny_mtp
 
-    from power_core.bench import peer_launch
+    from power_core.bench import peer_env as numerics_env
 
-    peer_env, numerics_args = peer_launch(args.numerics)
+    peer_env = numerics_env(args.numerics)
     peer_env["LD_PRELOAD"] = str(compute_clock(tmp))
     common_peer = ["-p", PROMPT, "-n", str(args.tokens), "--temp", "0", "--top-k", "1", "-c", "512",
-                   "-t", str(args.threads), "--spec-draft-n-max", str(args.k), *numerics_args]
+                   "-t", str(args.threads), "--spec-draft-n-max", str(args.k)]
 
     def power_cmd(model: Path, mode: str, *extra: str) -> list[str]:
         return [power, "run", "--model", str(model), "--prompt", PROMPT, "--max-tokens", str(args.tokens),

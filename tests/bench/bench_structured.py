@@ -9,7 +9,7 @@ a. ``--mode suffix`` vs ``--mode off``, both constrained by each task's schema, 
 b. the constraint's host cost: the receipt's ``timings.constraint_us_per_round`` against the decode
    time per round of the off runs (a SmolLM2 decode), as a fraction.
 c. the same requests on ``llama-server`` of the pinned build (exact numerics: batch-invariant kernels,
-   ``--no-repack``) with the same schema in its ``json_schema`` field, one client, for every n-gram
+   ``GGML_CPU_BATCH_INVARIANT=1``) with the same schema in its ``json_schema`` field, one client, for every n-gram
    ``--spec-type``; its grammar may place whitespace differently, so the report says, per type,
    how many texts equal Power's, and its aggregate decode tok/s (``timings``) against Power's suffix
    through ``power serve`` (``json_schema`` field, the same requests).
@@ -39,7 +39,7 @@ from bench_serve import LLAMA_ANNOUNCE, Quiet, llama_server_cmd, peer_bin_dir, p
 from structured_workload import TASKS, prompt  # noqa: E402
 
 from power_core import PowerConfig, Session  # noqa: E402
-from power_core.bench import NGRAM_TYPES, peer_launch  # noqa: E402
+from power_core.bench import NGRAM_TYPES, peer_env  # noqa: E402
 from power_core.constraint import ConstraintSpec  # noqa: E402
 from tests.serve_helpers import listening  # noqa: E402
 
@@ -121,7 +121,7 @@ def _serve_run(base: str, names: list[str], llama: bool) -> dict[str, Any]:
 def bench_peers(model: str, names: list[str], runs: int, threads: int, types: list[str], quiet: Quiet,
                 power_texts: dict[str, str]) -> dict[str, Any]:
     peer_bin, _ = peer_bin_dir()
-    env, extra = peer_launch("exact")
+    env = peer_env("exact")
     out: dict[str, Any] = {}
     power: list[float] = []
     with listening(power_serve_cmd(model, "suffix", threads, 2048, 1)) as p:
@@ -132,7 +132,7 @@ def bench_peers(model: str, names: list[str], runs: int, threads: int, types: li
     out["power-serve suffix"] = {"decode_tok_s": stats(power), "texts_equal_library": served_identical}
     for spec_type in types:
         tok_s, agree = [], 0
-        cmd = llama_server_cmd(peer_bin, model, spec_type, threads, 2048, 1, extra)
+        cmd = llama_server_cmd(peer_bin, model, spec_type, threads, 2048, 1)
         with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s:
             for _ in range(runs):
                 r = quiet.measure(lambda: _serve_run(s.url, names, llama=True))

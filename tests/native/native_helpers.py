@@ -12,7 +12,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from power_core.bench import peer_launch
+from power_core.bench import peer_env
 
 N_VOCAB = 128
 MOE_ARCHS = frozenset({"qwen3next", "qwen35moe", "glm4moe"})
@@ -73,6 +73,37 @@ def make_tiny(out_dir: Path, arch: str, *, seed: int = 42, name: str | None = No
     del model
     return path
 
+
+
+#: the quant types a CPU user downloads, as ``llama-quantize`` names them (docs/numerics.md "Cost by quant type")
+WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "F16", "BF16",
+              "Q2_K")
+
+
+def make_wide(out_dir: Path, qtype: str, quantize: Path, *, n_embd: int = 512, n_ff: int = 1536, n_layer: int = 2,
+              n_ctx: int = 1024, seed: int = 7) -> Path:
+    """A llama of rows wide enough for every quant type (256-multiples: K-quant and IQ4_XS blocks; 8-multiples:
+    the repacked layouts), written once as F16 (random N(0, 0.02) weights from the arch's own loader, then
+    ``llama-quantize`` F32 -> F16) and quantized to ``qtype`` by the pinned build's ``llama-quantize``."""
+    from power_native import _llama
+
+    tag = f"wide{n_embd}x{n_layer}"
+    f16 = out_dir / f"{tag}-F16.gguf"
+    if not f16.exists():
+        meta = write_metadata(out_dir / f"{tag}-meta.gguf", "llama", n_embd=n_embd, n_head=n_embd // 128, n_ff=n_ff,
+                              n_layer=n_layer, n_ctx=n_ctx)
+        model = _llama.Model.from_metadata(str(meta), seed=seed, stdev=0.02)
+        f32 = out_dir / f"{tag}-F32.gguf"
+        model.save(str(f32))
+        del model
+        subprocess.run([str(quantize), str(f32), str(f16), "F16"], check=True, capture_output=True)
+        f32.unlink()
+    if qtype == "F16":
+        return f16
+    out = out_dir / f"{tag}-{qtype}.gguf"
+    if not out.exists():
+        subprocess.run([str(quantize), str(f16), str(out), qtype], check=True, capture_output=True)
+    return out
 
 
 #: optional tensors llama_model_init_from_user materialises in an MTP block but a converter never
@@ -289,10 +320,10 @@ def peer_rounds(peer_bin: Path, model: Path, prompt: str, k: int, n: int, *, spe
     The peer runs with Power's default (``exact``) numerics, as Power's side of every comparison does:
     with stock kernels the two sides' tokens may part on another CPU (a near-tie of the tiny random
     models' logits resolved differently), which says nothing about the proposals."""
-    env, numerics_args = peer_launch("exact")
+    env = peer_env("exact")
     cmd = [str(peer_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", spec_type,
            "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "-c", str(n_ctx),
-           "-t", "2", "-lv", "5", "--spec-draft-p-min", str(p_min), *numerics_args]
+           "-t", "2", "-lv", "5", "--spec-draft-p-min", str(p_min)]
     if draft is not None:
         cmd[3:3] = ["-md", str(draft)]
     # a real tokenizer's pieces in the -lv 5 log may split a UTF-8 character

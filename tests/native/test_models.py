@@ -219,7 +219,7 @@ def test_suffix_is_exact_on_smollm2(workload):
 @pytest.mark.parametrize("numerics", ["exact", "stock"])
 def test_bench_peers_decode_the_same_workload_on_smollm2(peer_bin, tmp_path, numerics):
     """``power bench --peer-bin``: llama.cpp's tools, started with Power's numerics (exact:
-    ``GGML_CPU_BATCH_INVARIANT=1`` and ``--no-repack``), write Power's ``--mode off`` text, so a
+    ``GGML_CPU_BATCH_INVARIANT=1``), write Power's ``--mode off`` text, so a
     comparison with them is on the same tokens; Power's suffix mode is exact against off. With stock
     kernels llama-completion still writes it, but llama.cpp's speculative runs need not (their verify
     passes are not batch-invariant): the report then lists them as another workload."""

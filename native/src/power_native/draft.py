@@ -327,12 +327,11 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
     path = req.draft or req.opened.model_path
     if path is None:
         raise ArtifactMismatch("draft-model needs a draft GGUF (--draft PATH)", evidence="draft")
-    # the draft runs under the target's numerics (no repack when exact): a self-draft then computes the
-    # target's own bits, shares its loaded weights when offloaded alike, and is accepted in full
+    # the draft runs under the target's numerics (the switch is on while the target is open): a self-draft
+    # then computes the target's own bits, shares its loaded weights when offloaded alike, and is accepted in full
     cfg = req.config
     placed = offload(cfg)
-    repack = cfg.numerics == "stock"
-    model = load_model(path, role="draft", repack=repack, n_gpu_layers=placed.draft_gpu_layers,
+    model = load_model(path, role="draft", n_gpu_layers=placed.draft_gpu_layers,
                        devices=placed.draft_devices)
     if model.n_vocab != target.capabilities.n_vocab:  # selection compared the files; this is the loaded truth
         raise ArtifactMismatch(f"draft {str(path)!r} has {model.n_vocab} tokens but the target has "
@@ -345,6 +344,6 @@ def make_draft_proposer(req: ProposerRequest) -> DraftModelProposer:
                                 flash_attn=cfg.flash_attn, in_graph=in_graph, warmup=cfg.warmup)
 
     # every setting that changes what the draft context computes (its n_batch, not the width itself)
-    key = ("draft-model", os.path.realpath(path), repack, placed.draft_gpu_layers, tuple(placed.draft_devices),
+    key = ("draft-model", os.path.realpath(path), cfg.numerics, placed.draft_gpu_layers, tuple(placed.draft_devices),
            draft_batch(n_ctx, cfg.draft_max), cfg.n_threads, cfg.flash_attn, in_graph)
     return DraftModelProposer(target.drafts.shared(key, make, SharedDraftModel), target.seq_id)

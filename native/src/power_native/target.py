@@ -78,10 +78,11 @@ def layer_feature(layer: int) -> str:
 
 
 class _NumericsGuard:
-    """The target's kernels (config ``numerics``). ``exact``: weights are not repacked and
-    ggml-cpu's batch-invariant switch (``native/patches/0002-batch-invariant-cpu.patch``) is on, so
-    a verify row has the bits of a one-token decode (docs/numerics.md). ``stock``: llama.cpp's own
-    kernels (repacked weights, tiled K-quant GEMM, n == 1 special cases), as its binaries run.
+    """The target's kernels (config ``numerics``). ``exact``: ggml-cpu's batch-invariant switch
+    (``native/patches/0002-batch-invariant-cpu.patch`` and ``0005-batch-invariant-fast-paths.patch``) is
+    on, so a verify row has the bits of a one-token decode (docs/numerics.md); it is on before a model
+    loads, which then repacks only the layouts whose kernels keep that promise. ``stock``: llama.cpp's
+    own kernels (tiled K-quant GEMM, n == 1 special cases), as its binaries run.
 
     The switch is process-wide, so targets of both numerics cannot be open at once (a stock decode
     would flip an exact one's kernels mid-pass): this counts the open targets per mode."""
@@ -206,7 +207,8 @@ def draft_graph_sampling(cfg: PowerConfig, offloaded: bool) -> bool:
     return cfg.sampling_in_graph == "on" or (cfg.sampling_in_graph == "auto" and offloaded)
 
 
-#: loaded models by (real path, size, mtime, load_mtp, repack, rpc servers, offload): sessions on the
+#: loaded models by (real path, size, mtime, load_mtp, repack, batch-invariant switch at load (it picks the
+#: repacked layouts), rpc servers, offload): sessions on the
 #: same file share one set of weights (each has its own contexts); an entry goes when its last context
 #: and session do
 _MODELS: weakref.WeakValueDictionary[tuple, _llama.Model] = weakref.WeakValueDictionary()
@@ -224,8 +226,8 @@ def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: b
     share = os.environ.get("POWER_NATIVE_SHARED_WEIGHTS", "1") not in ("0", "false", "no")
     try:
         st = os.stat(path)
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack, tuple(rpc_servers), n_gpu_layers,
-               tuple(devices))
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack, _llama.batch_invariant(),
+               tuple(rpc_servers), n_gpu_layers, tuple(devices))
     except OSError:
         key = None  # missing or unreadable: _load says so with its typed error
     if share and key is not None:
@@ -794,7 +796,7 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
     with contextlib.ExitStack() as undo:  # a failing step closes what the steps before it opened
         _numerics.acquire(numerics)
         undo.callback(_numerics.release, numerics)
-        model = load_model(path, load_mtp="mtp_head" in features, repack=numerics == "stock", rpc_servers=rpc_servers,
+        model = load_model(path, load_mtp="mtp_head" in features, rpc_servers=rpc_servers,
                            n_gpu_layers=n_gpu_layers, devices=devices)
         shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
         # padded: the cells an unpadded context gets, plus the padding of a pass at the last position
@@ -1011,8 +1013,8 @@ def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
     with contextlib.ExitStack() as undo:  # a failing step (the cost curve too) closes what was opened
         _numerics.acquire(cfg.numerics)
         undo.callback(_numerics.release, cfg.numerics)
-        model = load_model(path, load_mtp="mtp_head" in req.features, repack=cfg.numerics == "stock",
-                           rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
+        model = load_model(path, load_mtp="mtp_head" in req.features, rpc_servers=cfg.rpc_servers,
+                           n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
         # recurrent state: one cell per sequence, each with its own n_rs_seq rollback snapshots
         # (llama.cpp keeps a sequence's trailing 1 + n_rs_seq tokens of a pass in one ubatch)
         recurrent = model.is_recurrent or model.is_hybrid
