@@ -77,7 +77,7 @@ def make_tiny(out_dir: Path, arch: str, *, seed: int = 42, name: str | None = No
 
 #: the quant types a CPU user downloads, as ``llama-quantize`` names them (docs/numerics.md "Cost by quant type")
 WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "F16", "BF16",
-              "Q2_K")
+              "Q2_K", "Q3_K_M")
 
 
 def make_wide(out_dir: Path, qtype: str, quantize: Path, *, n_embd: int = 512, n_ff: int = 1536, n_layer: int = 2,

@@ -93,6 +93,22 @@ def test_power_selftest_passes(wide, qtype, capsys):
     assert out["identical"] is True and out["numerics"] == "exact"
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q2_K"])
+def test_k_quants_off_the_repacked_layouts_take_the_exact_tiled_rows(wide, qtype):
+    """Q4_K and Q2_K weights that are not repacked (rows not divisible by 8 in a real model; here a load
+    without repacking) take the tiled GEMM at every n, below 16 rows from the raw blocks: those decoders
+    give the one-token rows too."""
+    _llama.set_batch_invariant(True)
+    try:
+        model = _llama.Model.load(str(wide(qtype)), repack=False)
+        single, passes, memory = _rows(model, 2)
+        del model
+    finally:
+        _llama.set_batch_invariant(False)
+    assert memory.get("CPU_REPACK", {}).get("model", 0) == 0, memory
+    assert _differing(single, passes) == {}
+
+
 @pytest.mark.skipif(not X86, reason="the stock paths that differ (repacked q4_K gemm/gemv, tiled K-quant GEMM) are x86's")
 @pytest.mark.parametrize("qtype", ["Q4_K_M", "Q5_K_M"])
 def test_stock_kernels_are_the_negative_control(wide, qtype):
