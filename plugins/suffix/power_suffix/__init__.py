@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 from power_core.errors import ArtifactMismatch, ConfigError
 from power_suffix.index import SuffixIndex
-from power_suffix.memory import MemoryStats, SuffixMemory
+from power_suffix.memory import MemoryStats, StoreStats, SuffixMemory
 from power_suffix.proposer import SuffixProposer
 
 if TYPE_CHECKING:
     from power_core import Session
 
-__all__ = ["MemoryStats", "SuffixIndex", "SuffixMemory", "SuffixProposer", "share_memory"]
+__all__ = ["MemoryStats", "StoreStats", "SuffixIndex", "SuffixMemory", "SuffixProposer", "share_memory"]
 
 
 def share_memory(memory: SuffixMemory | None, *sessions: Session) -> None:

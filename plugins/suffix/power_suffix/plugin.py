@@ -63,10 +63,23 @@ CORPUS = ConfigKey(
          "for every tenant (llama.cpp's static lookup cache, over suffixes)")
 STORE = ConfigKey(
     name="spec_suffix_store", type=str, default="", flag="--suffix-store",
-    help="a directory the cross-request index is loaded from when the session opens and saved to "
-         "when the last session using it closes (versioned, checksummed, bound to the model's vocabulary; "
-         "empty: not saved)")
-CONFIG_KEYS = (MEMORY_TOKENS, LEARN_PROMPTS, SHARE_TENANTS, CORPUS, STORE)
+    help="a directory the cross-request index is loaded from when the session opens and kept in: every "
+         "learned request is appended to a checksummed log, compacted to a snapshot (versioned, bound to the "
+         "model's vocabulary; a damaged store is moved aside and the index starts empty; empty: not kept)")
+STORE_SYNC_S = ConfigKey(
+    name="spec_suffix_store_sync_s", type=float, default=1.0, lo=0.01, hi=60.0, flag="--suffix-store-sync",
+    help="the suffix store's log is fsynced at least this often (seconds; a power cut loses at most this "
+         "much learning, a killed process none)")
+STORE_SYNC_REQUESTS = ConfigKey(
+    name="spec_suffix_store_sync_requests", type=int, default=32, lo=1, hi=1_000_000,
+    flag="--suffix-store-sync-requests",
+    help="the suffix store's log is fsynced once this many learned requests wait, if that comes before "
+         "spec_suffix_store_sync_s")
+TENANTS = ConfigKey(
+    name="spec_suffix_tenants", type=int, default=1024, lo=1, hi=1 << 20, flag="--suffix-tenants",
+    help="tenants whose learned requests the cross-request index holds at once; past it the least recently "
+         "used tenant's are dropped (from the store too)")
+CONFIG_KEYS = (MEMORY_TOKENS, LEARN_PROMPTS, SHARE_TENANTS, CORPUS, STORE, STORE_SYNC_S, STORE_SYNC_REQUESTS, TENANTS)
 
 
 @attrs.frozen
@@ -79,6 +92,9 @@ class MemorySpec:
     share_tenants: bool
     corpus: tuple[str, ...]
     store: str
+    tenants_max: int = 1024
+    sync_s: float = 1.0
+    sync_requests: int = 32
 
     @classmethod
     def of(cls, config: PowerConfig, vocab_digest: str) -> MemorySpec | None:
@@ -93,7 +109,8 @@ class MemorySpec:
         return cls(vocab_digest=vocab_digest, budget_tokens=budget, learn_prompts=config.spec_suffix_learn_prompts,
                    share_tenants=config.spec_suffix_share_tenants,
                    corpus=tuple(str(Path(p).resolve()) for p in corpus),
-                   store=str(Path(store).resolve()) if store else "")
+                   store=str(Path(store).resolve()) if store else "", tenants_max=config.spec_suffix_tenants,
+                   sync_s=config.spec_suffix_store_sync_s, sync_requests=config.spec_suffix_store_sync_requests)
 
 
 _memories: weakref.WeakValueDictionary[MemorySpec, SuffixMemory] = weakref.WeakValueDictionary()
@@ -102,7 +119,7 @@ _memories_lock = threading.Lock()
 
 def memory_for(spec: MemorySpec, encode: Callable[[str], np.ndarray] | None) -> SuffixMemory:
     """The process's memory for ``spec``: the one a live session already uses, else a new one (its
-    corpus tokenized with ``encode``, its store loaded)."""
+    corpus tokenized with ``encode``, its store opened: loaded, then appended to as it learns)."""
     from power_suffix.memory import SuffixMemory
 
     with _memories_lock:
@@ -110,7 +127,7 @@ def memory_for(spec: MemorySpec, encode: Callable[[str], np.ndarray] | None) -> 
         if memory is not None:
             return memory
         memory = SuffixMemory(spec.vocab_digest, budget_tokens=spec.budget_tokens, learn_prompts=spec.learn_prompts,
-                              share_tenants=spec.share_tenants)
+                              share_tenants=spec.share_tenants, tenants_max=spec.tenants_max)
         if spec.corpus:
             if encode is None:
                 raise ConfigError("spec_suffix_corpus", list(spec.corpus), "a model with a tokenizer",
@@ -125,8 +142,7 @@ def memory_for(spec: MemorySpec, encode: Callable[[str], np.ndarray] | None) -> 
                                   str(exc)) from None
             if not os.access(store, os.W_OK | os.X_OK):
                 raise ConfigError("spec_suffix_store", spec.store, "a directory this process can write")
-            memory.load(store)
-            memory.store = store
+            memory.open_store(store, sync_s=spec.sync_s, sync_requests=spec.sync_requests)
         _memories[spec] = memory
         return memory
 

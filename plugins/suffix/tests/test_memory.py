@@ -160,6 +160,76 @@ def test_a_request_is_learned_under_the_tenant_it_ran_for():
     assert [d.tolist() for d in mem2.documents("")] == [[1, 2, 3, 7]]
 
 
+# -- tenants: bounded, the least recently used first ---------------------------------------------------------
+def test_tenants_are_bounded_and_the_least_recently_used_goes_first():
+    mem = SuffixMemory("v", budget_tokens=100_000, tenants_max=3)
+    for t in "abc":
+        mem.learn(t, [ord(t), 1, 2, 3])
+    assert mem.tenants() == ["a", "b", "c"]
+    assert mem.find("a", np.array([97, 1, 2]), 4) is not None  # a read makes "a" the most recent
+    assert mem.tenants() == ["b", "c", "a"]
+    mem.learn("d", [100, 1, 2, 3])
+    assert mem.tenants() == ["c", "a", "d"] and mem.documents("b") == []
+    st = mem.stats()
+    assert (st.tenants, st.tenants_max, st.evicted_tenants, st.documents) == (3, 3, 1, 3)
+    assert mem.find("b", np.array([98, 1, 2]), 4) is None  # nothing of b's is left to offer
+    mem.learn("a", [97, 5, 6])  # a known tenant evicts no one
+    assert mem.stats().evicted_tenants == 1
+    # however many users write (the tenant is client-controlled text), the memory holds at most the cap
+    for i in range(5000):
+        mem.learn(f"user{i}", [i, i + 1, i + 2])
+    st = mem.stats()
+    assert st.tenants == 3 and st.segments == 3 and st.evicted_tenants == 1 + 5000
+    assert mem.tenants() == ["user4997", "user4998", "user4999"]
+    with pytest.raises(ConfigError, match="spec_suffix_tenants"):
+        SuffixMemory("v", tenants_max=0)
+
+
+def test_a_query_scans_only_its_tenants_segments_unless_tenants_share(monkeypatch):
+    """The cost of a query does not grow with other tenants' documents (and sharing still reads them all)."""
+    calls = []
+    real = SuffixIndex.find
+
+    def counting(self, *a, **k):
+        calls.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(SuffixIndex, "find", counting)
+    for share in (False, True):
+        mem = SuffixMemory("v", budget_tokens=1_000_000, tenants_max=1000, share_tenants=share)
+        for i in range(200):
+            mem.learn(f"t{i}", [5, 6, 7, 8, i])
+        calls.clear()
+        got = mem.find("t7", np.array([5, 6, 7, 8]), 4)
+        assert got is not None and got.match.tokens.tolist()[:1] == ([199] if share else [7])
+        assert len(calls) == (200 if share else 1)
+
+
+def test_a_tenant_the_lru_drops_is_dropped_from_the_store_too(tmp_path):
+    """Chosen: the LRU's eviction is a FORGET record in the store's log, so a restart does not bring the
+    tenant back (the store stays what the memory held), and the next compaction drops its bytes."""
+    mem = SuffixMemory("v", budget_tokens=100_000, tenants_max=2)
+    mem.open_store(tmp_path)
+    mem.learn("alice", [1, 2, 3, 4])
+    mem.learn("bob-the-evicted", [5, 6, 7, 8])
+    mem.find("alice", np.array([1, 2, 3]), 4)
+    mem.learn("carol", [9, 10, 11])
+    assert mem.tenants() == ["alice", "carol"]
+    crash = tmp_path / "crash"  # what a kill now leaves
+    crash.mkdir()
+    (crash / STORE_FILE).write_bytes((tmp_path / STORE_FILE).read_bytes())
+    back = SuffixMemory("v", budget_tokens=100_000, tenants_max=2)
+    back.load(crash)
+    assert back.documents("bob-the-evicted") == [] and back.stats().tenants == 2
+    assert [d.tolist() for d in back.documents("alice")] == [[1, 2, 3, 4]]
+    mem.close_store()  # a compaction: a snapshot of what the memory holds
+    assert b"bob-the-evicted" not in (tmp_path / STORE_FILE).read_bytes()
+    # a restart with a smaller cap keeps the most recently used
+    small = SuffixMemory("v", budget_tokens=100_000, tenants_max=1)
+    small.load(tmp_path)
+    assert small.tenants() == ["carol"]
+
+
 # -- the store -----------------------------------------------------------------------------------------------
 def test_the_store_round_trips_and_refuses_another_vocabulary_and_damage(tmp_path):
     mem = SuffixMemory("vocab-1", budget_tokens=10_000)
@@ -174,6 +244,8 @@ def test_the_store_round_trips_and_refuses_another_vocabulary_and_damage(tmp_pat
     with pytest.raises(ArtifactMismatch, match="another vocabulary"):
         SuffixMemory("vocab-2", budget_tokens=10_000).load(tmp_path)
     blob = path.read_bytes()
+    # a saved store is all snapshot (fsynced before it was renamed into place): any damage to it is
+    # corruption, not a torn tail (load raises; opening it moves it aside: test_store.py)
     for damaged in (blob[:-7], blob[:20], blob[: len(blob) // 2], b"not a store at all"):
         path.write_bytes(damaged)
         fresh = SuffixMemory("vocab-1", budget_tokens=10_000)
@@ -183,7 +255,7 @@ def test_the_store_round_trips_and_refuses_another_vocabulary_and_damage(tmp_pat
     flipped = bytearray(blob)
     flipped[-3] ^= 0x40
     path.write_bytes(bytes(flipped))
-    with pytest.raises(ArtifactError, match="sha256"):
+    with pytest.raises(ArtifactError, match="snapshot holds 1 whole records of 2"):
         SuffixMemory("vocab-1", budget_tokens=10_000).load(tmp_path)
 
 
@@ -213,18 +285,27 @@ def test_the_cli_takes_the_flags_and_refuses_a_store_of_another_model_with_exit_
     (tmp_path / "docs" / "b.md").write_text("# a title\nsome text\n")
     store = tmp_path / "store"
     run = ["run", "--model", model, "--mode", "suffix", "--prompt", "hello", "--max-tokens", "8", "--json",
-           "--suffix-memory", "1000", "--suffix-store", str(store),
+           "--suffix-memory", "1000", "--suffix-store", str(store), "--suffix-store-sync", "0.5",
+           "--suffix-store-sync-requests", "4", "--suffix-tenants", "16",
            "--suffix-corpus", str(tmp_path / "a.txt"), str(tmp_path / "docs")]
     assert main(run) == 0
     config = json.loads(capsys.readouterr().out)["receipt"]["config"]
     assert config["spec_suffix_corpus"] == [str(tmp_path / "a.txt"), str(tmp_path / "docs")]
+    assert (config["spec_suffix_store_sync_s"], config["spec_suffix_store_sync_requests"],
+            config["spec_suffix_tenants"]) == (0.5, 4, 16)
     assert config["spec_suffix_memory_tokens"] == 1000 and (store / STORE_FILE).exists()
     SuffixMemory("not-this-model", budget_tokens=100).save(store)
     assert main(run) == 2
     assert "another vocabulary" in capsys.readouterr().err
+    # damage is not a configuration error: the store is moved aside and the run starts empty
     (store / STORE_FILE).write_bytes(b"PWRSFX1\n" + b"\0" * 10)
-    assert main(run) == 2
-    assert "truncated or corrupt" in capsys.readouterr().err
+    assert main(run) == 0
+    capsys.readouterr()
+    [aside] = store.glob(f"{STORE_FILE}.corrupt-*")
+    assert aside.read_bytes() == b"PWRSFX1\n" + b"\0" * 10
+    with Session.open(PowerConfig(spec_mode="suffix"), model=model) as s:
+        vocab = vocabulary_digest(s.opened)
+    assert SuffixMemory(vocab, budget_tokens=1000).load(store) >= 1  # a valid store again, with the run learned
 
 
 # -- the corpus -----------------------------------------------------------------------------------------------
