@@ -354,7 +354,10 @@ def _model_flags(r: argparse.ArgumentParser, *, several_modes: bool = False) -> 
     r.add_argument("--backend", help="force a backend (llama, reference)")
     r.add_argument("--chat-template", metavar="FILE",
                    help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
-    r.add_argument("--max-tokens", type=int)
+    r.add_argument("--max-tokens", type=int, help=(
+        "the most tokens one answer writes: a cap on every request's max_tokens, as llama-server's --n-predict "
+        "(unset: none; a request without max_tokens writes up to the rest of the context)") if several_modes
+        else "tokens to emit at most (default 128)")
     r.add_argument("--seed", type=int)
     r.add_argument("--temperature", type=float)
     r.add_argument("--top-k", type=int)
@@ -442,6 +445,22 @@ def _serve_strategies(mode: str | None) -> list[str] | None:
     return names
 
 
+def _serve_max_tokens(args: argparse.Namespace, configured: int) -> int | None:
+    """``power serve``'s cap on an answer's tokens: ``--max-tokens``, or ``max_tokens`` in ``--config``;
+    ``None`` when the operator set neither (an answer may then fill the context, as OpenAI's does)."""
+    if args.max_tokens is not None:
+        return configured
+    if args.config:
+        import tomllib
+
+        data = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))  # (it loaded once already)
+        if set(data) == {"power"} and isinstance(data["power"], dict):
+            data = data["power"]
+        if "max_tokens" in data:
+            return configured
+    return None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -490,7 +509,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         name = args.served_model_name or Path(sessions[0].opened.model_path or "model").name.removesuffix(".gguf")
         options = ServeOptions(model_name=name, queue=args.queue, timeout=args.timeout, api_key=api_key,
                                max_body=args.max_body, receipts=args.receipts, chat_template=chat_template,
-                               drain_timeout=args.drain_timeout, audit_rate=args.audit_rate)
+                               drain_timeout=args.drain_timeout, audit_rate=args.audit_rate,
+                               max_tokens=_serve_max_tokens(args, config.max_tokens))
         serve(slots, options, args.host, args.port, log_level="info" if args.verbose else "warning")
     finally:
         slots.close()

@@ -19,6 +19,18 @@ masked by the state an autoregressive run would have at that position.
 The grammar engine is llguidance (no dependencies, built for speculative decoding: ``validate_tokens``
 and ``rollback``). A grammar or schema it cannot compile, or a schema keyword it does not implement,
 is a :class:`~power_core.errors.ConstraintError` naming it, never ignored.
+
+JSON objects, two rules (:func:`close_objects`, :class:`JsonKeys`):
+
+- **closed by default**, as llama.cpp's schema converter (llama-server's ``json_schema``) makes them: an
+  object schema that declares its keys (``properties`` or ``patternProperties``) and says nothing of
+  others takes no others, as if it said ``"additionalProperties": false``. ``additionalProperties``
+  (``true`` or a schema) opens it, as JSON Schema reads it; an object that declares no keys
+  (``{"type": "object"}``, ``json_object``) is any object. Objects combined by ``allOf`` are left as
+  written (closing each part would refuse the other parts' keys);
+- **no key twice** in one object, whatever the schema: a JSON schema's output and every tool call's
+  JSON are watched as they are written, and a token that would complete a key its object already
+  holds is masked (and cuts a proposal) like a token the grammar forbids.
 """
 
 from __future__ import annotations
@@ -40,8 +52,8 @@ from power_core.errors import ConstraintError
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-__all__ = ["Constraint", "ConstraintSpec", "ConstraintStats", "Grammars", "GrammarConstraint", "Vocabulary",
-           "KINDS", "FREE_TEXT", "JSON_STYLE"]
+__all__ = ["Constraint", "ConstraintSpec", "ConstraintStats", "Grammars", "GrammarConstraint", "JsonKeys",
+           "KeyTables", "Vocabulary", "KINDS", "FREE_TEXT", "JSON_STYLE", "close_objects"]
 
 #: what a :class:`ConstraintSpec` may hold
 KINDS = ("json_schema", "regex", "grammar")
@@ -91,7 +103,9 @@ class ConstraintSpec:
     syntax, matched against the whole output) or ``grammar`` (a GBNF grammar as llama.cpp takes it, or
     an llguidance Lark grammar). ``trigger``: a lazy constraint — the output is free text until it
     contains ``trigger``, and from there (the trigger included) it must match the grammar; the
-    trigger may complete anywhere, also inside a speculated block.
+    trigger may complete anywhere, also inside a speculated block. ``json_after``: a grammar whose
+    output holds JSON values, each right after this text (a tool call's opening tag): no object of
+    theirs repeats a key (a JSON schema's output is watched from its start, or from its trigger).
     """
 
     kind: Kind = attrs.field(validator=attrs.validators.in_(KINDS))
@@ -99,6 +113,7 @@ class ConstraintSpec:
     trigger: str | None = None
     #: where the spec came from, for error messages (``response_format``, ``--grammar``, ...)
     field: str = attrs.field(default="constraint", eq=False)
+    json_after: str | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if not self.source.strip():
@@ -123,13 +138,23 @@ class ConstraintSpec:
         return cls("regex", pattern, trigger, field)
 
     @classmethod
-    def grammar(cls, text: str, *, trigger: str | None = None, field: str = "grammar") -> ConstraintSpec:
-        return cls("grammar", text, trigger, field)
+    def grammar(cls, text: str, *, trigger: str | None = None, field: str = "grammar",
+                json_after: str | None = None) -> ConstraintSpec:
+        return cls("grammar", text, trigger, field, json_after=json_after)
+
+    @property
+    def json_from(self) -> str | None:
+        """The text after which the output's JSON values start (``""``: at the start), or ``None``: the
+        output is not watched for repeated keys (a regex, a grammar of the user's own)."""
+        if self.kind == "json_schema":
+            return self.trigger or ""
+        return self.json_after
 
     @property
     def digest(self) -> str:
         """sha256 of the kind, the canonical source and the trigger (the receipt's ``constraint.digest``)."""
-        return hashlib.sha256(json.dumps([self.kind, self.source, self.trigger]).encode()).hexdigest()
+        parts = [self.kind, self.source, self.trigger] + ([self.json_after] if self.json_after is not None else [])
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "digest": self.digest, "lazy": self.trigger is not None}
@@ -178,15 +203,352 @@ class ConstraintStats:
                 "cuts_per_round": self.cuts / max(1, rounds), "masks": self.masks}
 
 
+# -- JSON objects: closed by default, no key twice ------------------------------------------------------
+#: keywords whose value is one subschema, a list of them, or a mapping of names to them
+_ONE_SCHEMA = ("additionalItems", "contains", "additionalProperties", "propertyNames", "not", "if", "then", "else",
+               "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
+_COMBINATORS = ("allOf", "anyOf", "oneOf")
+
+
+def _declares_keys(node: Mapping[str, Any]) -> bool:
+    return isinstance(node.get("properties"), Mapping) or isinstance(node.get("patternProperties"), Mapping)
+
+
+def _composed(node: Mapping[str, Any]) -> bool:
+    """An object put together from parts: an ``allOf`` of several, or keys of its own beside a combinator."""
+    all_of = node.get("allOf")
+    return (isinstance(all_of, list) and len(all_of) > 1) or \
+        (_declares_keys(node) and any(isinstance(node.get(k), list) for k in _COMBINATORS))
+
+
+def _part_refs(node: Any, out: set[str]) -> set[str]:
+    """The ``$ref`` of every part of a composed object (:func:`_composed`), anywhere in ``node``."""
+    if isinstance(node, Mapping):
+        if _composed(node):
+            out.update(str(p["$ref"]) for k in _COMBINATORS if isinstance(node.get(k), list)
+                       for p in node[k] if isinstance(p, Mapping) and "$ref" in p)
+        for v in node.values():
+            _part_refs(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _part_refs(v, out)
+    return out
+
+
+def close_objects(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` with every object that declares its keys (``properties`` or ``patternProperties``) and
+    says nothing of others (no ``additionalProperties``, ``unevaluatedProperties``) closed:
+    ``"additionalProperties": false``, as llama.cpp's converter reads such a schema. An object that
+    declares no keys stays any object; the parts of an object composed with ``allOf`` (or with keys of
+    its own beside ``anyOf``/``oneOf``), and the definitions they refer to, are left as written. Key
+    order is kept (it is the order the output writes properties in)."""
+    return dict(_close(schema, _part_refs(schema, set()), part=False))
+
+
+def _close(node: Any, parts: set[str], *, part: bool) -> Any:
+    if not isinstance(node, Mapping):
+        return node
+    composed = _composed(node)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _close(sub, parts, part=key in ("$defs", "definitions") and
+                                     f"#/{key}/{name}" in parts) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_close(sub, parts, part=composed and key in _COMBINATORS) for sub in value]
+        elif key == "items" and isinstance(value, list):  # draft 4-2019's tuple form
+            out[key] = [_close(sub, parts, part=False) for sub in value]
+        elif key in _ONE_SCHEMA or key == "items":
+            out[key] = _close(value, parts, part=False)
+        else:  # const, enum, default, examples, x-guidance, ...: values, not schemas
+            out[key] = value
+    if _declares_keys(node) and not part and not composed and "additionalProperties" not in node \
+            and "unevaluatedProperties" not in node:
+        out["additionalProperties"] = False
+    return out
+
+
+_SCAN, _JSON, _DONE = 0, 1, 2
+_WS = frozenset(b" \t\n\r")
+_QUOTE, _BACKSLASH = 0x22, 0x5C
+#: an open container: (is an object, the keys it holds, the next string is a key, the keys' bytes as written)
+_Frame = tuple[bool, frozenset[str], bool, tuple[bytes, ...]]
+#: (mode, the text seen that may begin the marker, open containers, 0 / in a string / after its
+#: backslash, the bytes of the key being written or None)
+_KeyState = tuple[int, bytes, tuple[_Frame, ...], int, bytes | None]
+#: how many tokens deep :meth:`JsonKeys._fresh_ahead` looks for a key an object does not hold yet
+#: before it assumes there is one
+_SEARCH_DEPTH = 64
+
+
+def _key_text(raw: bytes) -> str:
+    try:
+        return str(json.loads(b'"' + raw + b'"'))
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
+
+
+@attrs.frozen(eq=False)
+class KeyTables:
+    """A vocabulary as :class:`JsonKeys` reads it (built once per vocabulary): each token's bytes (a
+    special token, ``0xff``-prefixed, is no text), the text tokens that hold a ``"`` or a ``,`` (only
+    they can end a key or start the next), those that are all whitespace, and each piece's id."""
+
+    pieces: tuple[bytes, ...]
+    structural: npt.NDArray[np.intp]
+    blank: npt.NDArray[np.intp]
+    by_piece: Mapping[bytes, int]
+
+    @classmethod
+    def of(cls, pieces: Sequence[bytes]) -> KeyTables:
+        text = [(i, p) for i, p in enumerate(pieces) if p and p[:1] != b"\xff"]
+        by_piece: dict[bytes, int] = {}
+        for i, p in text:
+            by_piece.setdefault(p, i)
+        return cls(pieces=tuple(pieces),
+                   structural=np.asarray([i for i, p in text if b'"' in p or b"," in p], dtype=np.intp),
+                   blank=np.asarray([i for i, p in text if not p.strip(b" \t\n\r")], dtype=np.intp),
+                   by_piece=by_piece)
+
+
+class JsonKeys:
+    """Watches the JSON an output writes, so that no object of it holds a key twice (keys compared as
+    decoded strings: ``"a"`` and ``"\\u0061"`` are one key).
+
+    A token is refused when it would complete a key its object holds, and when after it the object
+    could take no key it does not hold (every key the grammar still allows from there is taken: the
+    grammar is asked, token by token along the held keys), so the output never reaches a point where
+    the grammar's every continuation repeats a key.
+
+    JSON values start after each occurrence of ``marker`` (``""``: one value, at the start of the
+    output); outside them the text is only scanned for the marker. The state after every consumed
+    token is kept, so a rollback is a pop. The grammar's matcher (``m``: llguidance's ``LLMatcher``,
+    at the consumed tokens) is advanced and rolled back to look ahead, and left where it was.
+    """
+
+    def __init__(self, marker: str, tables: KeyTables) -> None:
+        self._marker = marker.encode()
+        self._t = tables
+        self._states: list[_KeyState] = [(_SCAN if self._marker else _JSON, b"", (), 0, None)]
+
+    @property
+    def state(self) -> _KeyState:
+        return self._states[-1]
+
+    def _root_done(self) -> _KeyState:
+        return (_SCAN, b"", (), 0, None) if self._marker else (_DONE, b"", (), 0, None)
+
+    def step(self, state: _KeyState, data: bytes) -> _KeyState | None:
+        """``state`` after ``data``, or ``None`` when ``data`` completes a key its object holds."""
+        if not data or data[:1] == b"\xff":
+            return state
+        mode, tail, stack, in_str, key = state
+        marker = self._marker
+        i, n = 0, len(data)
+        while i < n and mode != _DONE:
+            if mode == _SCAN:
+                seen = tail + data[i:]
+                at = seen.find(marker)
+                if at < 0:
+                    keep = next((seen[-k:] for k in range(min(len(marker) - 1, len(seen)), 0, -1)
+                                 if marker.startswith(seen[-k:])), b"")
+                    return (_SCAN, keep, (), 0, None)
+                i += at + len(marker) - len(tail)
+                mode, tail = _JSON, b""
+                continue
+            b = data[i]
+            i += 1
+            if in_str:
+                if in_str == 2:
+                    in_str = 1
+                elif b == _BACKSLASH:
+                    in_str = 2
+                elif b == _QUOTE:
+                    in_str = 0
+                    if key is not None:
+                        name = _key_text(key)
+                        _, names, _, raws = stack[-1]
+                        if name in names:
+                            return None
+                        stack = (*stack[:-1], (True, names | {name}, False, (*raws, key)))
+                        key = None
+                    elif not stack:  # a string was the whole value
+                        mode, tail, stack, in_str, key = self._root_done()
+                    continue
+                if key is not None:
+                    key += bytes((b,))
+                continue
+            if b in _WS:
+                continue
+            if b == 0x7B:  # {
+                stack = (*stack, (True, frozenset(), True, ()))
+            elif b == 0x5B:  # [
+                stack = (*stack, (False, frozenset(), False, ()))
+            elif b in (0x7D, 0x5D):  # } ]
+                stack = stack[:-1]
+                if not stack:
+                    mode, tail, stack, in_str, key = self._root_done()
+            elif b == _QUOTE:
+                in_str = 1
+                key = b"" if stack and stack[-1][0] and stack[-1][2] else None
+            elif b == 0x2C:  # ,
+                if stack and stack[-1][0]:
+                    is_obj, names, _, raws = stack[-1]
+                    stack = (*stack[:-1], (is_obj, names, True, raws))
+            elif b != 0x3A and not stack:  # a number or literal was the whole value
+                mode, tail, stack, in_str, key = self._root_done()
+        return (mode, tail, stack, in_str, key)
+
+    @staticmethod
+    def _watching(state: _KeyState) -> bool:
+        """Some open object holds a key (else nothing can repeat one)."""
+        return state[0] == _JSON and any(frame[0] and frame[1] for frame in state[2])
+
+    @staticmethod
+    def _risky(state: _KeyState) -> bool:
+        """Between an object's keys, or inside a key that may still become one it holds: a key it does
+        not hold must still be writable from here."""
+        mode, _, stack, in_str, key = state
+        if mode != _JSON or not stack or not stack[-1][0] or not stack[-1][1]:
+            return False
+        if not in_str:
+            return stack[-1][2]
+        return key is not None and any(raw.startswith(key) for raw in stack[-1][3])
+
+    def _fresh_ahead(self, m: Any, state: _KeyState, depth: int = 0) -> bool:
+        """Can the object still take a key it does not hold, from ``state`` (risky: :meth:`_risky`) and
+        the matcher's state? Tokens the grammar allows are tried in turn: one that leaves the risky
+        state (it completes a key the object does not hold, or writes bytes no held key has there) says
+        yes; one that stays in it is followed (the matcher advanced and rolled back), so only paths
+        along the held keys are searched, to ``_SEARCH_DEPTH`` tokens (then: yes)."""
+        if depth >= _SEARCH_DEPTH:
+            return True
+        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        pieces = self._t.pieces
+        follow: list[tuple[int, _KeyState]] = []
+        allowed = np.flatnonzero(bits[: len(pieces)])
+        for start in range(0, allowed.shape[0], 64):  # (most often the first token already says yes)
+            for tok in allowed[start:start + 64].tolist():
+                nxt = self.step(state, pieces[tok])
+                if nxt is None:
+                    continue  # it completes a held key
+                if not self._risky(nxt):
+                    return True
+                follow.append((tok, nxt))
+        for tok, nxt in follow:
+            if not m.consume_token(tok):
+                continue
+            try:
+                if self._fresh_ahead(m, nxt, depth + 1):
+                    return True
+            finally:
+                m.rollback(1)
+        return False
+
+    def allows(self, tokens: Sequence[int], m: Any) -> int:
+        """How many leading ``tokens`` (each one the grammar allows in turn) keep every object free of a
+        repeated key and able to take a new one (no advance)."""
+        state = self.state
+        consumed = 0
+        try:
+            for i, tok in enumerate(tokens):
+                nxt = self.step(state, self._t.pieces[tok])
+                if nxt is None:
+                    return i
+                if self._risky(nxt):
+                    m.consume_tokens(list(tokens[consumed:i + 1]))
+                    consumed = i + 1
+                    if not self._fresh_ahead(m, nxt):
+                        return i
+                state = nxt
+            return len(tokens)
+        finally:
+            if consumed:
+                m.rollback(consumed)
+
+    def restrict(self, allowed: npt.NDArray[np.bool_], m: Any) -> bool:
+        """Clear ``allowed`` for every token :meth:`allows` refuses now; False when that clears every
+        allowed token."""
+        state = self.state
+        if not self._watching(state):
+            return True
+        pieces, t = self._t.pieces, self._t
+        cleared: list[int] = []
+        ahead: list[tuple[int, _KeyState]] = []
+        structural = t.structural[t.structural < allowed.shape[0]]
+        for tok in structural[allowed[structural]].tolist():
+            nxt = self.step(state, pieces[tok])
+            if nxt is None:
+                cleared.append(tok)
+            elif self._risky(nxt):
+                ahead.append((tok, nxt))
+        if self._risky(state):  # tokens with no '"' or ',' that keep it so: the key's next bytes, blanks
+            _, _, stack, in_str, key = state
+            near: set[int] = set()
+            if in_str and key is not None:
+                for raw in stack[-1][3]:
+                    if raw.startswith(key):
+                        near.update(t.by_piece.get(raw[len(key):j], -1) for j in range(len(key) + 1, len(raw) + 1))
+            else:
+                near.update(t.blank.tolist())
+            for tok in sorted(near - {-1} - set(structural.tolist())):
+                if tok < allowed.shape[0] and allowed[tok]:
+                    nxt = self.step(state, pieces[tok])
+                    if nxt is not None and self._risky(nxt):
+                        ahead.append((tok, nxt))
+        seen: dict[_KeyState, bool] = {}  # one search per state (',' and ', ' leave the same one)
+        for tok, nxt in ahead:
+            if nxt not in seen:
+                if not m.consume_token(tok):
+                    continue
+                try:
+                    seen[nxt] = self._fresh_ahead(m, nxt)
+                finally:
+                    m.rollback(1)
+            if not seen[nxt]:
+                cleared.append(tok)
+        if not cleared:
+            return True
+        allowed[cleared] = False
+        return bool(allowed.any())
+
+    def advance(self, tokens: Sequence[int]) -> bool:
+        """Consume ``tokens``; False (and nothing consumed) if one completes a key twice."""
+        states = []
+        state: _KeyState | None = self.state
+        for tok in tokens:
+            assert state is not None
+            state = self.step(state, self._t.pieces[tok])
+            if state is None:
+                return False
+            states.append(state)
+        self._states.extend(states)
+        return True
+
+    def hold(self) -> None:
+        """Consume a token that writes no text (an end of generation past the grammar's end)."""
+        self._states.append(self.state)
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens."""
+        if n > 0:
+            del self._states[len(self._states) - n:]
+
+
 class GrammarConstraint:
     """A :class:`Constraint` over an llguidance matcher."""
 
     def __init__(self, spec: ConstraintSpec, matcher: Any, n_vocab: int, eos: frozenset[int],
-                 stats: ConstraintStats) -> None:
+                 stats: ConstraintStats, keys: JsonKeys | None = None) -> None:
         self._spec = spec
         self._m = matcher
         self._n_vocab = n_vocab
         self._eos = eos
+        #: the output's JSON objects, watched so that none repeats a key (None: not JSON)
+        self._keys = keys
+        self._keys_took_all = False  # the last mask: the grammar allowed tokens, but each repeated a key
         self._consumed = 0
         #: tokens advanced over after the grammar stopped (only an end-of-generation id is allowed there;
         #: the engine does not consume it): rolled back first
@@ -216,6 +578,8 @@ class GrammarConstraint:
             n = int(tokens[0] in self._eos)
         else:
             n = int(self._m.validate_tokens(list(tokens)))
+            if n and self._keys is not None:
+                n = self._keys.allows(tokens[:n], self._m)
         self.stats.seconds += time.perf_counter() - t0
         return n
 
@@ -226,6 +590,8 @@ class GrammarConstraint:
         if self._m.is_error():
             raise self._fail("computing the token mask")
         allowed = np.unpackbits(bits, bitorder="little")[: self._n_vocab].astype(bool)
+        if self._keys is not None and not self._m.is_stopped():
+            self._keys_took_all = not self._keys.restrict(allowed, self._m)
         self.stats.masks += 1
         self.stats.seconds += time.perf_counter() - t0
         return allowed
@@ -234,6 +600,9 @@ class GrammarConstraint:
         allowed = self.allowed_ids()
         x = np.asarray(row, dtype=np.float32)
         if not allowed.any():
+            if self._keys_took_all:  # (the look-ahead keeps an output from reaching this)
+                raise ConstraintError(self._spec.field, "every token the grammar allows here would repeat a key "
+                                      "of a JSON object")
             raise ConstraintError(self._spec.field, "the grammar allows no token here (an unsatisfiable grammar)")
         return np.where(allowed[: x.shape[0]], x, np.float32(-np.inf)).astype(np.float32, copy=False)
 
@@ -242,8 +611,15 @@ class GrammarConstraint:
         for tok in tokens:
             if self._past_stop or self._m.is_stopped():
                 self._past_stop += 1  # the end-of-generation id the stopped grammar allowed
-            elif not self._m.consume_token(tok):
-                raise self._fail(f"advancing over token {tok}")
+                if self._keys is not None:
+                    self._keys.hold()
+            else:
+                if self._keys is not None and not self._keys.advance((tok,)):
+                    raise ConstraintError(self._spec.field, f"token {tok} would repeat a key of a JSON object")
+                if not self._m.consume_token(tok):
+                    if self._keys is not None:
+                        self._keys.rollback(1)
+                    raise self._fail(f"advancing over token {tok}")
             self._consumed += 1
         self.stats.seconds += time.perf_counter() - t0
 
@@ -256,6 +632,8 @@ class GrammarConstraint:
         self._past_stop -= virtual
         if n > virtual and not self._m.rollback(n - virtual):
             raise self._fail(f"rolling back {n} of {self._consumed} tokens")
+        if self._keys is not None:
+            self._keys.rollback(n)
         self._consumed -= n
 
 
@@ -266,19 +644,26 @@ def _lark_literal(text: str) -> str:
     return str(llguidance.regex_to_lark(re.escape(text)))
 
 
+def _closed(source: str) -> Any:
+    schema = json.loads(source)
+    return close_objects(schema) if isinstance(schema, Mapping) else schema
+
+
 def _lark_of(spec: ConstraintSpec) -> str:
     """The spec as one llguidance grammar (a lazy spec: free text, the trigger, then the body)."""
     import llguidance
 
     if spec.trigger is None:
         if spec.kind == "json_schema":
-            return str(llguidance.LLMatcher.grammar_from_json_schema(spec.source, defaults=JSON_STYLE))
+            closed = json.dumps(_closed(spec.source))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=JSON_STYLE))
         if spec.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
         return str(llguidance.grammar_from("grammar", spec.source))
     if spec.kind == "json_schema":
-        styled = {**JSON_STYLE, **json.loads(spec.source).get("x-guidance", {})}
-        body = f"%json {json.dumps({**json.loads(spec.source), 'x-guidance': styled})}"
+        schema = _closed(spec.source)
+        styled = {**JSON_STYLE, **schema.get("x-guidance", {})}
+        body = f"%json {json.dumps({**schema, 'x-guidance': styled})}"
         side: list[dict[str, str]] = []
     elif spec.kind == "regex":
         body, side = f"/{llguidance.regex_to_lark(spec.source)}/", []
@@ -307,6 +692,7 @@ class Grammars:
         self._vocab: Vocabulary | None = None
         self._n_vocab = 0
         self._eos: frozenset[int] = frozenset()
+        self._keys: KeyTables | None = None
 
     def vocabulary(self) -> Vocabulary:
         """The model's vocabulary (read once)."""
@@ -354,4 +740,14 @@ class Grammars:
         matcher = llguidance.LLMatcher(tok, grammar, log_level=0)
         if matcher.is_error():
             raise ConstraintError(spec.field, f"the {spec.kind} does not compile: {matcher.get_error()}")
-        return GrammarConstraint(spec, matcher, self._n_vocab, self._eos, ConstraintStats(spec))
+        marker = spec.json_from
+        keys = None if marker is None else JsonKeys(marker, self._key_tables())
+        return GrammarConstraint(spec, matcher, self._n_vocab, self._eos, ConstraintStats(spec), keys)
+
+    def _key_tables(self) -> KeyTables:
+        """The vocabulary's tables for :class:`JsonKeys` (built once)."""
+        vocab = self.vocabulary()
+        with self._lock:
+            if self._keys is None:
+                self._keys = KeyTables.of(vocab.pieces)
+            return self._keys

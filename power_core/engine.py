@@ -51,7 +51,7 @@ import attrs
 import numpy as np
 
 from power_core.constraint import ConstraintSpec
-from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, SessionBusy, StateLost
+from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, RuntimeFault, SessionBusy, StateLost
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
 from power_core.receipt import Receipt
@@ -144,7 +144,9 @@ class Request(Protocol[ResultT]):
 
     def charge_shared_pass(self, compute: float | None) -> None: ...
 
-    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> Receipt: ...
+    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> None: ...
+
+    def report(self) -> Receipt | None: ...
 
     def result(self) -> ResultT: ...
 
@@ -231,6 +233,8 @@ class _Active:
     t0: float
     #: its reader wants the end only (:meth:`Engine.run`): rounds are not handed to its thread one by one
     quiet: bool = False
+    #: its round opened in the pass now running and not yet closed (restored when the pass fails)
+    pending: PendingRound | None = None
     passes: int = 0
     pass_tokens: int = 0
     peak: int = 0
@@ -268,6 +272,7 @@ class Engine(Generic[SlotT]):
         self._last_prefill = 0  # prompt tokens in the previous pass
         self._held = 0  # held(): no pass starts
         self._driver_done = False  # the driver thread has ended
+        self._failure: str | None = None  # why the driver thread died (the engine then serves nothing)
         self._close_deferred = False  # close() timed out waiting for it: the driver closes the target
         self._compute: Callable[[], float] | None = None
         if runtime is not None:
@@ -305,6 +310,8 @@ class Engine(Generic[SlotT]):
             raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
         ticket: Ticket[SlotT] = Ticket(self, strategy)
         with self._cv:
+            if self._failure is not None:
+                raise self._failed()
             if self._closed:
                 raise SessionBusy("the engine is closed")
             if not any(self._fits(s, strategy) for s in self.sessions):
@@ -384,20 +391,31 @@ class Engine(Generic[SlotT]):
 
     def _claim(self, gen: Request[Any]) -> None:
         """``gen`` starts an attempt on its session: reserved for it by a ticket, or free now (a
-        library call on a session never waits: :class:`SessionBusy`)."""
+        library call on a session never waits: :class:`SessionBusy`). When the engine or the session
+        refuses it, a sequence a ticket admitted for it goes back: every way out of :meth:`rounds` and
+        :meth:`run` leaves the sequence as the engine's, never for the caller to release again."""
         s = gen.session
+        refused: PowerError | None = None
         with self._cv:
-            if self._closed or s.closed:
-                raise SessionBusy("the session is closed; open a new one")
-            if s in self._running or (s in self._reserved and gen.txn is not None):
+            if self._failure is not None:
+                refused = self._failed()
+            elif self._closed or s.closed:
+                refused = SessionBusy("the session is closed; open a new one")
+            elif s in self._running or (s in self._reserved and gen.txn is not None):
                 # (a resumed request may not take a sequence admitted for another one)
                 raise SessionBusy("the session is serving another request (another thread's, or an unfinished "
                                   "stream); a session runs one request at a time: open one session per thread, "
                                   "or finish/close the stream first")
-            if s in self._free:
-                self._free.remove(s)
-            self._reserved.discard(s)
-            self._running[s] = gen
+            else:
+                if s in self._free:
+                    self._free.remove(s)
+                self._reserved.discard(s)
+                self._running[s] = gen
+            given = refused is not None and s in self._reserved and gen.txn is None
+        if refused is not None:
+            if given:  # admitted for this fresh request, which will never run on it
+                self.release(s)
+            raise refused
         try:
             s.hand_over(gen)
         except BaseException:
@@ -427,6 +445,15 @@ class Engine(Generic[SlotT]):
         """Tickets waiting for a sequence."""
         with self._cv:
             return len(self._waiting)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine's driver thread died (it then refuses every request), or ``None``."""
+        return self._failure
+
+    def _failed(self) -> RuntimeFault:
+        return RuntimeFault(f"the engine's driver failed ({self._failure}); this engine serves no more requests: "
+                            "close it and open a new one")
 
     # -- requests -------------------------------------------------------------------------------------------
     def submit(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
@@ -475,7 +502,8 @@ class Engine(Generic[SlotT]):
             raise
 
     def _end(self, gen: Request[Any], failure: BaseException | None, batch: dict[str, Any] | None = None) -> None:
-        """End the request's attempt (its receipt), then give its sequence back."""
+        """End the request's attempt (on the thread that drives its target), then give its sequence back.
+        Its reader then makes its receipt (:meth:`Request.report`), on its own thread."""
         try:
             gen.end(failure, batch)
         finally:
@@ -509,6 +537,7 @@ class Engine(Generic[SlotT]):
             raise
         finally:
             self._end(gen, failure)
+            gen.report()
 
     # -- the shared driver: one thread runs every request's rounds in shared passes -------------------------
     def _shared(self, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:
@@ -517,13 +546,15 @@ class Engine(Generic[SlotT]):
         active = _Active(gen=gen, events=events, remaining=np.zeros(0, dtype=np.int32), t0=time.perf_counter(),
                          quiet=quiet)
         with self._cv:
-            closed = self._closed
-            if not closed:
+            refused: PowerError | None = self._failed() if self._failure is not None else \
+                SessionBusy("the engine is closed") if self._closed else None
+            if refused is None:
                 self._joining.append(active)
                 self._cv.notify_all()
-        if closed:
-            self._finish(active, SessionBusy("the engine is closed"))
-            raise SessionBusy("the engine is closed")
+        if refused is not None:
+            self._finish(active, refused)
+            gen.report()
+            raise refused
         ended = False
         try:
             while True:
@@ -531,15 +562,17 @@ class Engine(Generic[SlotT]):
                 if item is _END:
                     ended = True
                     failure = events.get()
+                    gen.report()  # its receipt and observers: on this thread, never the driver's
                     if failure is not None:
                         raise failure
                     return
                 yield item
         finally:
-            if not ended:  # the reader left early: stop the request at the next pass, wait for its receipt
+            if not ended:  # the reader left early: stop the request at the next pass, wait for its end
                 gen.cancel.cancel()
                 while events.get() is not _END:
                     pass
+                gen.report()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -603,13 +636,17 @@ class Engine(Generic[SlotT]):
         self.close()
 
     def _finish(self, a: _Active, failure: BaseException | None) -> None:
-        """End the request's attempt (receipt, sequence released) and wake its reader."""
-        batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
-                 "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
-                 "n_seq": len(self.sessions), "token_budget": self.token_budget,
-                 "rows_identical_to_solo": self.probe.identical if self.probe is not None else True}
+        """End the request's attempt (its sequence released) and wake its reader, which makes its
+        receipt. Never raises: a request whose end fails gets that error, and the driver serves on."""
         try:
+            batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
+                     "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
+                     "n_seq": len(self.sessions), "token_budget": self.token_budget,
+                     "rows_identical_to_solo": self.probe.identical if self.probe is not None else True}
             self._end(a.gen, failure, batch)
+        except BaseException as exc:  # noqa: BLE001 - its end failed: that is how it ends
+            log.error("engine.end_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            failure = exc
         finally:
             a.events.put(_END)
             a.events.put(failure)
@@ -637,18 +674,37 @@ class Engine(Generic[SlotT]):
                     active = list(self._active)
                 try:
                     self._pass(active)
-                except BaseException as exc:  # a defect of the driver: fail every request, keep serving
+                except BaseException as exc:  # a defect of the driver: fail every request (its open round
+                    # restored), keep serving
                     log.error("engine.pass_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
                     for a in active:
                         if a in self._active:
-                            self._active.remove(a)
-                            self._finish(a, exc)
+                            self._leave(a, self._restore(a, exc))
+        except BaseException as exc:  # the driver itself failed: no request may wait for it
+            self._fail(exc)
         finally:
             with self._cv:
                 self._driver_done = True
                 deferred = self._close_deferred
             if deferred:  # close() stopped waiting for a decode: free the target now that it returned
                 self._close_sequences()
+
+    def _fail(self, exc: BaseException) -> None:
+        """The driver thread is dying: the engine refuses every request from now on (:attr:`failure`),
+        and the requests it was running or that wait for a sequence end with a :class:`RuntimeFault`
+        (none waits for a pass that never comes)."""
+        log.critical("engine.driver_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        with self._cv:
+            self._failure = f"{type(exc).__name__}: {exc}"
+            stranded = [*self._active, *self._joining]
+            self._active.clear()
+            self._joining.clear()
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            for ticket in waiting:
+                ticket._give(None, self._failed())
+            self._cv.notify_all()
+        for a in stranded:
+            self._finish(a, self._restore(a, self._failed()))
 
     def _leave(self, a: _Active, failure: BaseException | None) -> None:
         with self._cv:
@@ -678,6 +734,7 @@ class Engine(Generic[SlotT]):
             if pending is None:  # finished (context full)
                 self._leave(a, None)
                 continue
+            a.pending = pending
             opened.append((a, pending))
         given, failed = self._ask_together(opened)
         opened = [(a, p) for a, p in opened if id(p) not in failed]
@@ -692,6 +749,7 @@ class Engine(Generic[SlotT]):
             try:
                 txn.offer(pending, given.get(id(pending)), load)
             except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
+                a.pending = None  # (offer restored the round)
                 a.gen.charge(c0, time.perf_counter() - t0, 0)
                 self._leave(a, exc)
                 continue
@@ -727,9 +785,12 @@ class Engine(Generic[SlotT]):
         t0, before = time.perf_counter(), self._compute() if self._compute is not None else None
         try:
             results = self.runtime.decode_batch(items)
+            if len(results) != len(items):
+                raise RuntimeFault(f"{type(self.runtime).__name__}.decode_batch returned {len(results)} results for "
+                                   f"{len(items)} items; expected one per item, in order")
         except BaseException as exc:  # the shared pass failed: every round of it restores
-            for a, pending in rounds:
-                self._abort(a, pending, exc)
+            for a, _ in rounds:
+                self._abort(a, exc)
             for a, _ in chunks:
                 assert a.gen.txn is not None
                 a.gen.txn.target.reset()
@@ -762,17 +823,24 @@ class Engine(Generic[SlotT]):
                 txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
                 a.gen.prefill_done(time.perf_counter() - a.t0)
 
-    def _abort(self, a: _Active, pending: PendingRound, exc: BaseException) -> None:
+    def _abort(self, a: _Active, exc: BaseException) -> None:
         """A failure outside the request's own round (a shared pass, a shared draft): its round restores
         and it ends with ``exc`` (or with the restore's own failure)."""
-        failure: BaseException = exc
+        self._leave(a, self._restore(a, exc))
+
+    @staticmethod
+    def _restore(a: _Active, exc: BaseException) -> BaseException:
+        """Restore the request's open round (:attr:`_Active.pending`), if it has one, after ``exc``: the
+        failure it then ends with, ``exc`` or the restore's own."""
+        pending, a.pending = a.pending, None
+        if pending is None:
+            return exc
         try:
             assert a.gen.txn is not None
             a.gen.txn.abort_round(pending, exc)
         except BaseException as lost:  # noqa: BLE001 - its restore failed too: that ends it
-            failure = lost
-        finally:
-            self._leave(a, failure)
+            return lost
+        return exc
 
     @staticmethod
     def _asked(a: _Active) -> bool:
@@ -822,7 +890,7 @@ class Engine(Generic[SlotT]):
                 for (a, pending), c0 in zip(members, clocks, strict=True):
                     a.gen.charge(c0, seconds, 0)
                     failed.add(id(pending))
-                    self._abort(a, pending, exc)
+                    self._abort(a, exc)
                 continue
             seconds = time.perf_counter() - t0
             for (a, pending), c0, proposal in zip(members, clocks, got, strict=True):
@@ -834,6 +902,7 @@ class Engine(Generic[SlotT]):
         txn = a.gen.txn
         assert txn is not None
         c0, t0 = a.gen.clock(), time.perf_counter()
+        a.pending = None  # close_round commits the round, or restores it
         try:
             record = txn.close_round(pending, res)
         except BaseException as exc:

@@ -59,7 +59,9 @@ def power_request_start(request: RequestInfo) -> None:
     """A request is about to prefill its prompt.
 
     Called by the engine (:meth:`power_core.session.Generation.begin`) when a request's first
-    attempt starts, before its prefill. An implementation that raises is logged
+    attempt starts, before its prefill, on the thread that reads the request (the caller of
+    :meth:`~power_core.engine.Engine.run` or ``rounds``; a ``power-slot-N`` worker in ``power
+    serve``), never on the shared passes' driver. An implementation that raises is logged
     (``observer.failed``) and counted (the receipt's ``observer_faults``); it never fails the request.
 
     :param request: frozen facts of the request (config, strategy, prompt length).
@@ -85,6 +87,10 @@ def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> An
     raises fails the round (which then restores), but one that swallows the step's exception or
     returns another value changes nothing. ``restore`` runs even when a wrapper raises before it.
 
+    A wrapper runs on the thread that drives the target, inside the round: the shared passes'
+    driver (``power-engine``) for a request in shared passes, so its time is every request's of
+    the pass; the reader's thread for a sequence that decodes alone. Keep it short.
+
     Stops at first non-None result (there is exactly one non-wrapper implementation: the core's).
 
     :param phase: phase name, one of :data:`power_core.transaction.PHASES`.
@@ -99,11 +105,14 @@ def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> An
 def power_request_end(receipt: Receipt) -> None:
     """A request finished (completed, stopped, cancelled or failed); its receipt is final.
 
-    Called by the engine (:meth:`power_core.session.Generation.end`) once per attempt at a request,
-    also when it ends with an exception (the receipt's ``status`` then says why). An implementation
-    that raises is logged (``observer.failed``) and counted (``observer_faults`` in the request's
-    final receipt, ``power:observer_faults`` in ``power serve``); it never fails the request, and
-    never another request in the same shared pass.
+    Called by the engine (:meth:`power_core.session.Generation.report`) once per attempt at a
+    request, also when it ends with an exception (the receipt's ``status`` then says why), on the
+    thread that reads the request (as ``power_request_start``), after the engine has given its
+    sequence back: never on the shared passes' driver, so a slow observer delays only its own
+    request's answer (and holds that thread meanwhile). An implementation that raises is logged
+    (``observer.failed``) and counted (``observer_faults`` in the request's final receipt,
+    ``power:observer_faults`` in ``power serve``); it never fails the request, and never another
+    request in the same shared pass.
 
     :param receipt: the request's frozen :class:`~power_core.receipt.Receipt`.
     :return: ignored.

@@ -357,11 +357,19 @@ class SessionBatch:
     close_runtime: Callable[[], None]
 
     def close(self) -> None:
+        """Close every session (each one, even after one fails), then the shared runtime; the first
+        failure is raised."""
+        failure: BaseException | None = None
         try:
             for session in self.sessions:
-                session.close()
+                try:
+                    session.close()
+                except BaseException as exc:  # close every one; report the first failure
+                    failure = failure or exc
         finally:
             self.close_runtime()
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> SessionBatch:
         return self
@@ -1042,6 +1050,8 @@ class Generation:
     _before: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
     #: how the request shared target passes (the engine's, at the attempt's end; receipt ``backend.batch``)
     _batch: dict[str, Any] | None = attrs.field(default=None, init=False, repr=False)
+    #: how the attempt ended (status, error), from :meth:`end` until :meth:`report` makes its receipt
+    _ended: tuple[str, str | None] | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.lane is None:
@@ -1058,9 +1068,6 @@ class Generation:
         check_observers_only(s.plugins.pm)  # also when a host registered a plugin after loading
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
-        target = s.opened.target
-        if (caps := target.capabilities).cancel is not None and caps.clear_abort is not None:  # it can stop a decode
-            self.cancel.subscribe(caps.cancel, caps.clear_abort)
         caps = s.opened.target.capabilities
         proposer = None if self.target_only else lane.proposer
         scheduler = Scheduler.for_request(lane.config, caps.rollback_window, enabled=proposer is not None,
@@ -1176,6 +1183,8 @@ class Generation:
             self._notify(s.plugins.pm.hook.power_request_start, request=RequestInfo(
                 config=self.config or lane.config, strategy=lane.name, backend=s.backend.name,
                 prompt_tokens=int(self.prompt.shape[0]), selection=lane.selection.reason))
+        if (caps := s.opened.target.capabilities).cancel is not None and caps.clear_abort is not None:
+            self.cancel.subscribe(caps.cancel, caps.clear_abort)  # it can stop a decode: for this attempt only
         return self.txn
 
     def resident_prefix(self) -> np.ndarray | None:
@@ -1223,10 +1232,19 @@ class Generation:
         else:
             self._clock.target_s += compute
 
-    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> Receipt:
+    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> None:
         """The attempt ended (``failure``: how, if not by finishing; ``batch``: the shared passes it ran
-        in): its receipt. A failed restore marks the session lost."""
+        in). On the thread that drives the target, before the sequence goes back: what must be done
+        before another request runs there (the target stops listening to this request's cancel token,
+        a failed restore marks the session lost, the proposer hears that the request finished, the
+        runtime's counters are read). :meth:`report` then makes the receipt."""
         s = self.session
+        caps = s.opened.target.capabilities
+        if caps.cancel is not None and caps.clear_abort is not None:
+            # a late cancel of this request must never stop the next one on the target, nor an abort
+            # no decode consumed (a cancel between decodes) outlive the attempt
+            self.cancel.unsubscribe(caps.cancel, caps.clear_abort)
+            caps.clear_abort()
         status, error = "completed", None
         if isinstance(failure, GeneratorExit):
             status, error = "cancelled", "the caller stopped reading before the request finished"
@@ -1245,9 +1263,19 @@ class Generation:
         if before is not None:
             for key, value in runtime_counters(s.opened.target).items():
                 self._counts[key] = self._counts.get(key, 0) + value - before.get(key, 0)
+        self._ended = (status, error)
+
+    def report(self) -> Receipt | None:
+        """The ended attempt's receipt, made now, and the ``power_request_end`` observers told. On the
+        thread that reads the request (never the shared passes' driver, whose other requests would wait
+        for a slow observer), after :meth:`end`. Called again, the same receipt; ``None`` when
+        :meth:`end` failed."""
+        if self._ended is None:
+            return self.receipt
+        (status, error), self._ended = self._ended, None
         receipt = self._receipt(status, error)
         self.receipt = receipt
-        if not self._notify(s.plugins.pm.hook.power_request_end, receipt=receipt):
+        if not self._notify(self.session.plugins.pm.hook.power_request_end, receipt=receipt):
             self.receipt = attrs.evolve(receipt, observer_faults=self.observer_faults)
         if log.isEnabledFor(logging.INFO):
             log.info("request.end", status=status, strategy=self.lane.name if self.lane else None,

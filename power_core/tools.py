@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import attrs
 
-from power_core.constraint import FREE_TEXT, JSON_STYLE, ConstraintSpec
+from power_core.constraint import FREE_TEXT, JSON_STYLE, ConstraintSpec, close_objects
 from power_core.errors import ConstraintError
 
 __all__ = ["HERMES", "FORMATS", "TOOLS_MAX", "Function", "NamedChoice", "ParsedDelta", "ParsedMessage",
@@ -180,9 +180,11 @@ class ToolFormat:
     arguments_key: str = "arguments"
 
     def call_schema(self, functions: Sequence[Function]) -> dict[str, Any]:
-        """The JSON schema of one call's object: the name first, then arguments matching its function's."""
+        """The JSON schema of one call's object: the name first, then arguments matching its function's
+        (whose objects are closed unless they say otherwise, :func:`~power_core.constraint.close_objects`)."""
         options = [{"type": "object",
-                    "properties": {self.name_key: {"const": f.name}, self.arguments_key: dict(f.parameters)},
+                    "properties": {self.name_key: {"const": f.name},
+                                   self.arguments_key: close_objects(f.parameters)},
                     "required": [self.name_key, self.arguments_key], "additionalProperties": False}
                    for f in functions]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
@@ -257,20 +259,29 @@ def template_tools(functions: Sequence[Function]) -> list[dict[str, Any]]:
 
 def template_tool_calls(calls: Sequence[Mapping[str, Any]], *, field: str = "tool_calls") -> list[dict[str, Any]]:
     """An assistant message's OpenAI ``tool_calls`` as chat templates read them: ``function.arguments``
-    parsed into an object (templates write it with ``tojson``). Raises :class:`ConstraintError` naming
-    the call whose arguments are not a JSON object."""
+    (an opaque string in OpenAI's API) parsed into an object when it is one (templates write it with
+    ``tojson``), else kept as the string the client sent — a call cut off by ``max_tokens``
+    (``{"city": "Oslo``) or arguments that are no JSON object — as llama.cpp's templates get it; a
+    template that tests ``arguments is string`` (Qwen 3's, ``docs/examples/hermes-tools.jinja``)
+    writes it verbatim. ``field`` names the calls in errors (a call that is not an object)."""
     out = []
     for i, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            raise ConstraintError(f"{field}[{i}]", "a tool call is an object")
         fn = call.get("function") or {}
         raw = fn.get("arguments", "{}")
-        try:
-            args = json.loads(raw) if isinstance(raw, str) else raw
-        except json.JSONDecodeError as exc:
-            raise ConstraintError(f"{field}[{i}].function.arguments", f"not JSON: {exc}") from None
-        if not isinstance(args, Mapping):
-            raise ConstraintError(f"{field}[{i}].function.arguments", "the arguments are a JSON object")
+        args: Any = raw
+        if isinstance(raw, str):
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, Mapping):
+                args = dict(parsed)
+        elif isinstance(raw, Mapping):
+            args = dict(raw)
         out.append({"id": call.get("id"), "type": "function", "function": {"name": fn.get("name"),
-                                                                            "arguments": dict(args)}})
+                                                                            "arguments": args}})
     return out
 
 
@@ -346,7 +357,8 @@ class ToolPlan:
         forced = self.choice != "auto"
         parallel = self.parallel and not isinstance(self.choice, NamedChoice)
         text = self.format.grammar(self.callable, lazy=not forced, parallel=parallel)
-        return ConstraintSpec.grammar(text, field=self.field)
+        # every call's JSON follows its opening tag: no object of it repeats a key
+        return ConstraintSpec.grammar(text, field=self.field, json_after=self.format.open)
 
     def parameter_specs(self) -> list[ConstraintSpec]:
         """Each function's parameter schema alone, its errors naming its field (check these first, so

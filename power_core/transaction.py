@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -80,25 +81,37 @@ class CancelToken:
 
     Runtimes that can interrupt work in flight (llama.cpp's abort callback) subscribe with
     :meth:`subscribe`; ``cancel()`` then also stops a running decode, and ``reset()`` withdraws it.
+    A request's runtime listens only while the request runs (:meth:`unsubscribe` when it ends), so a
+    late ``cancel()`` never stops the next request on that runtime.
     """
 
     def __init__(self) -> None:
         self._set = False  # one bool: reading or writing it is atomic under the GIL
         self._subscribers: list[tuple[Callable[[], None], Callable[[], None]]] = []
+        self._lock = threading.RLock()  # a subscriber is never called after unsubscribe() returned
 
     def subscribe(self, on_cancel: Callable[[], None], on_reset: Callable[[], None]) -> None:
-        if (on_cancel, on_reset) not in self._subscribers:
-            self._subscribers.append((on_cancel, on_reset))
+        with self._lock:
+            if (on_cancel, on_reset) not in self._subscribers:
+                self._subscribers.append((on_cancel, on_reset))
+
+    def unsubscribe(self, on_cancel: Callable[[], None], on_reset: Callable[[], None]) -> None:
+        """Stop telling ``on_cancel``/``on_reset``; once this returns, neither runs for this token."""
+        with self._lock:
+            if (on_cancel, on_reset) in self._subscribers:
+                self._subscribers.remove((on_cancel, on_reset))
 
     def cancel(self) -> None:
         self._set = True
-        for on_cancel, _ in self._subscribers:
-            on_cancel()
+        with self._lock:
+            for on_cancel, _ in self._subscribers:
+                on_cancel()
 
     def reset(self) -> None:
         self._set = False
-        for _, on_reset in self._subscribers:
-            on_reset()
+        with self._lock:
+            for _, on_reset in self._subscribers:
+                on_reset()
 
     @property
     def cancelled(self) -> bool:

@@ -8,6 +8,7 @@ The reference backend's models with ``vocab > 256`` have a byte tokenizer (ids 0
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 
@@ -41,6 +42,9 @@ SPECS = [ConstraintSpec.json_schema(s) for s in SCHEMAS] + [
     ConstraintSpec.grammar('root ::= "yes" | "no" | "maybe " [a-z]+ "!"'),
     ConstraintSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
                                trigger="<c>"),
+    # keys from a short pattern: the reference model repeats them, which the key guard forbids
+    ConstraintSpec.json_schema({"type": "object", "patternProperties": {"^[ab]{1,3}$": {"enum": [1, 2]}},
+                                "additionalProperties": False}),
 ]
 MODELS = ["reference:seed={seed},vocab=288,dim=12,recurrent={rec},sharp=3.0,eos=256"]
 
@@ -322,3 +326,177 @@ def test_receipt_digest_and_json_of_a_constraint():
     assert list(json.loads(ConstraintSpec.json_schema(ordered).source)["properties"]) == ["b", "a"]
     assert spec.digest == ConstraintSpec.json_schema({"type": "integer"}).digest
     assert spec.to_dict() == {"kind": "json_schema", "digest": spec.digest, "lazy": False}
+
+
+# -- open objects (issue 45, point 4): closed by default, as llama-server's converter; never a key twice --
+def _duplicates(text: bytes) -> list[str]:
+    """Keys that some object of the JSON ``text`` holds twice."""
+    seen: list[str] = []
+
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        keys = [k for k, _ in pairs]
+        seen.extend(k for i, k in enumerate(keys) if k in keys[:i])
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=hook)
+    return seen
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("schema, text, ok", [
+    # an object that declares its properties takes no others unless it says so (llama-server's converter)
+    (PERSON, b'{"name": "Ada", "age": 36}', True),
+    (PERSON, b'{"name": "Ada", "city": "London"}', False),
+    ({**PERSON, "additionalProperties": True}, b'{"name": "Ada", "city": "London"}', True),
+    ({**PERSON, "additionalProperties": {"type": "integer"}}, b'{"name": "Ada", "born": 1815}', True),
+    ({**PERSON, "additionalProperties": {"type": "integer"}}, b'{"name": "Ada", "born": "1815"}', False),
+    ({"type": "object", "properties": {"p": PERSON}}, b'{"p": {"name": "Ada", "x": 1}}', False),  # nested
+    ({"type": "array", "items": PERSON}, b'[{"name": "Ada"}, {"age": 1, "extra": 2}]', False),
+    ({"anyOf": [PERSON, {"type": "null"}]}, b'{"name": "Ada", "x": 1}', False),
+    ({"$defs": {"P": PERSON}, "$ref": "#/$defs/P"}, b'{"name": "Ada", "x": 1}', False),
+    ({"$defs": {"P": PERSON}, "$ref": "#/$defs/P"}, b'{"name": "Ada", "age": 1}', True),
+    # several allOf members are one object: each is left as written (closing each would refuse the others' keys)
+    ({"allOf": [PERSON, {"properties": {"city": {"type": "string"}}}]}, b'{"name": "Ada", "city": "X"}', True),
+    # an object that declares no properties is any object (json_object, {"type": "object"})
+    ({"type": "object"}, b'{"a": 1, "b": [1, {"c": null}]}', True),
+    ({"type": "object", "properties": {}}, b'{}', True),
+    ({"type": "object", "properties": {}}, b'{"a": 1}', False),
+])
+def test_objects_are_closed_unless_they_say_otherwise(schema, text, ok):
+    assert _matches(ConstraintSpec.json_schema(schema), text) is ok
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object"},
+    {**PERSON, "additionalProperties": True},
+    {"type": "object", "patternProperties": {"^x": {}}},
+])
+@pytest.mark.parametrize("text, ok", [
+    (b'{"xa": 1, "xb": 2}', True),
+    (b'{"xa": 1, "xa": 2}', False),
+    (b'{"xa": 1, "\\u0078a": 2}', False),  # the same key, escaped
+    (b'{"xa": {"xa": 1, "xb": 2}, "xb": {"xa": 3}}', True),  # one key in several objects
+    (b'{"xa": {"xc": 1, "xd": 2}, "xa": 2}', False),
+    (b'{"xa": {"xb": 1, "xb": 2}}', False),
+    (b'{"xa": "\\"xa\\": 1, ", "xb": 1}', True),  # a key's text inside a value is no key
+])
+def test_no_object_ever_holds_a_key_twice(schema, text, ok):
+    assert _matches(ConstraintSpec.json_schema(schema), text) is ok, text
+    assert bool(_duplicates(text)) is not ok
+
+
+def test_no_key_twice_after_a_lazy_trigger_and_in_tool_calls():
+    lazy = ConstraintSpec.json_schema({"type": "object"}, trigger="<j>")
+    assert _matches(lazy, b'say "a": 1, "a": 2 <j>{"a": 1, "b": 2}')
+    assert not _matches(lazy, b'text <j>{"a": 1, "a": 2}')
+    from power_core import tools
+
+    free = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for choice in ("auto", "required"):
+        spec = tools.ToolPlan.make([free], choice).constraint()
+        call = b'<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": {"a": 2}}}\n</tool_call>'
+        twice = b'<tool_call>\n{"name": "f", "arguments": {"a": 1, "a": 2}}\n</tool_call>'
+        assert _matches(spec, call) and _matches(spec, call + b"\n" + call), choice
+        assert not _matches(spec, twice) and not _matches(spec, call + b"\n" + twice), choice
+    closed = {"type": "function", "function": {"name": "g", "parameters": PERSON}}
+    spec = tools.ToolPlan.make([closed], "required").constraint()
+    assert not _matches(spec, b'<tool_call>\n{"name": "g", "arguments": {"name": "A", "x": 1}}\n</tool_call>')
+
+
+def test_the_key_guard_masks_rows_and_cuts_proposals_over_multi_byte_tokens():
+    """Tokens that close a key, or span a value, a comma and a whole key: the row's mask forbids the
+    one that would write a key twice, a proposal is cut before it, and a rollback forgets the keys."""
+    from power_core.constraint import Vocabulary
+
+    extra = [b'a"', b', "a": ', b'1, "a"', b'1, "b"', b'}, "a"', b'"a": ']
+    pieces = tuple(bytes([i]) for i in range(256)) + (b"\xff<|endoftext|>",) + tuple(extra)
+    tok = {p: 257 + i for i, p in enumerate(extra)}
+    grammars = Grammars(lambda: Vocabulary(pieces, (256,), lambda text: list(text)))
+    row = np.zeros(len(pieces), dtype=np.float32)
+
+    c = grammars.compile(ConstraintSpec.json_schema({"type": "object"}))
+    c.advance(list(b'{"a": 1, "'))
+    allowed = np.isfinite(c.mask(row))
+    assert not allowed[tok[b'a"']] and allowed[ord("a")] and allowed[ord("b")]
+    assert c.allows([ord("a"), ord('"')]) == 1 and c.allows([tok[b'a"']]) == 0 and c.allows([ord("b")]) == 1
+    c.rollback(4)  # back to '{"a": ' (the key is still held)
+    assert c.allows([ord("1"), tok[b', "a": ']]) == 1 and c.allows([tok[b'1, "b"']]) == 1
+    allowed = np.isfinite(c.mask(row))
+    assert not allowed[tok[b'1, "a"']] and allowed[tok[b'1, "b"']]
+    c.rollback(6)  # back to the start: no key is held
+    assert c.allows([ord("{"), tok[b'"a": '], ord("1")]) == 3
+    c.advance([ord("{"), tok[b'"a": '], ord("{")])  # a nested object holds its own keys
+    assert c.allows([tok[b'"a": '], ord("2")]) == 2
+    c.advance([tok[b'"a": '], ord("2")])
+    allowed = np.isfinite(c.mask(row))
+    assert allowed[ord("}")] and not allowed[tok[b'}, "a"']]  # closes it, then "a" again in the outer one
+    assert c.allows([tok[b'}, "a"']]) == 0
+
+
+def test_open_objects_under_speculation_equal_off_and_never_repeat_a_key():
+    """A small model (the reference one) repeats keys of an object whose keys are a pattern (issue 45:
+    instructor's tools, 4 of 40 BFCL tools ran away): never here, and speculation equals off."""
+    spec = ConstraintSpec.json_schema({"type": "object", "patternProperties": {"^[ab]{1,3}$": {"enum": [1, 2]}},
+                                       "additionalProperties": False})
+    several = 0
+    for seed in range(24):
+        model = _model(seed, seed % 2)
+        off = _run(model, list(b"{"), "off", spec, max_tokens=60)
+        got = _run(model, list(b"{"), "ref-draft", spec, "reference:accept=0.6", spec_draft_max=6, max_tokens=60)
+        assert got.tokens == off.tokens
+        text = bytes(t for t in off.tokens if t < 256)
+        keys = re.findall(rb'"([ab]+)":', text)
+        assert len(keys) == len(set(keys)), text
+        several += len(keys) >= 3
+        if off.receipt.finish_reason == "stop":
+            assert _matches(spec, text)
+    assert several >= 3
+
+
+def _greedy_vocabulary(extra: Sequence[bytes]):
+    """Bytes, an end of text (256) and ``extra`` pieces, tokenized longest match first (as a BPE
+    vocabulary's merges would): the grammar engine then writes forced text in those pieces only."""
+    from power_core.constraint import Vocabulary
+
+    pieces = tuple(bytes([i]) for i in range(256)) + (b"\xff<|endoftext|>",) + tuple(extra)
+    ids = {p: i for i, p in enumerate(pieces) if i != 256}
+    longest = max(map(len, extra))
+
+    def encode(text: bytes) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            n = next(n for n in range(min(longest, len(text) - i), 0, -1) if text[i:i + n] in ids)
+            out.append(ids[text[i:i + n]])
+            i += n
+        return out
+
+    return Vocabulary(pieces, (256,), encode), encode
+
+
+def test_a_forced_tool_call_in_multi_byte_pieces_runs_through_the_key_guard():
+    """With BPE-like pieces the engine allows only the forced text's own pieces (after '",' only ' "',
+    never ' '): the look-ahead must follow whole tokens, not bytes (it once refused every token
+    there, on SmolLM2)."""
+    from power_core import tools
+
+    vocab, encode = _greedy_vocabulary([b'",', b' "', b'{"', b'name', b'":', b'arguments', b'get_weather',
+                                        b'<tool_call>', b'</tool_call>', b'city', b'"}}'])
+    grammars = Grammars(lambda: vocab)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}}}
+    free = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    plan = tools.ToolPlan.make([weather, free], "required")
+    row = np.zeros(len(vocab.pieces), dtype=np.float32)
+    for call in (b'<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+                 b'<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris", "name": "x"}}\n</tool_call>'):
+        c = grammars.compile(plan.constraint())
+        for tok in encode(call):
+            allowed = np.isfinite(c.mask(row))
+            assert allowed[tok], (call, vocab.pieces[tok])
+            c.advance([tok])
+        assert c.allows([256]) == 1
+    after = grammars.compile(plan.constraint())
+    after.advance(encode(b'<tool_call>\n{"name": "get_weather",'))
+    assert np.flatnonzero(np.isfinite(after.mask(row))).tolist() == encode(b' "')  # the forced piece only

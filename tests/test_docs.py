@@ -6,6 +6,8 @@
 * ``README.md``: the configuration table is the keys' declarations (core and installed first-party
   strategies), its TOML example loads, and every ``spec_*`` key its notes name exists.
 * ``docs/architecture.md``: the layout names every module and subpackage of ``power_core``.
+* ``docs/serving.md``: its request-field table is ``power serve``'s one table of field rules
+  (:data:`power_core.serve.protocol.FIELDS`), row for row: every no-op and refused field is listed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOOKS_MD = ROOT / "docs" / "hooks.md"
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+SERVING = ROOT / "docs" / "serving.md"
 
 
 def _specs() -> list[str]:
@@ -144,3 +147,18 @@ def test_architecture_names_every_module():
     assert "spec.py" in names and "serve/" in names
     missing = [n for n in names if not re.search(rf"^\s+{re.escape(n)}\s", layout, flags=re.M)]
     assert not missing, f"docs/architecture.md's layout lacks {missing}"
+
+
+def test_serving_md_lists_every_request_field_rule():
+    """Issue 45: fields that cannot change the output are no-ops, and the docs list them; the table in
+    ``docs/serving.md`` is the code's (regenerate it with ``fields_markdown()``)."""
+    pytest.importorskip("pydantic")
+    from power_core.serve.protocol import FIELDS, fields_markdown
+
+    text = SERVING.read_text()
+    assert fields_markdown() in text, ("docs/serving.md: the request-field table differs from "
+                                       "power_core.serve.protocol.FIELDS (paste fields_markdown())")
+    for rule in ("no-op", "refused"):
+        for f in FIELDS:
+            if f.rule == rule:
+                assert f"| `{f.name}` | both | {rule} |" in text, f.name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from power_core.config import PowerConfig
@@ -291,3 +292,281 @@ def test_a_stream_on_shared_passes_equals_its_generate():
             time.sleep(0.005)  # the driver runs ahead of the reader
             parts.append(delta)
         assert "".join(parts) == expect.text
+
+
+# -- a server that cannot hang, leak a sequence or stall (issue 44) --------------------------------------
+
+
+def _bounded(fn, timeout: float = 20.0):
+    """``fn()`` on a thread of its own: its result or its exception, which must come within ``timeout``
+    seconds (a request that waits forever fails the test instead of hanging it)."""
+    box: list = []
+
+    def go() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            box.append(exc)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"still waiting after {timeout} s: the call hangs"
+    return box[0]
+
+
+def test_a_request_whose_begin_fails_gives_its_sequence_back_once(monkeypatch):
+    """``Generation.begin`` raises on a sequence a ticket waits for: the engine gives the sequence to
+    that ticket, and the server's worker must not give it back a second time (issue 44, item 1)."""
+    from power_core.serve.jobs import Job, Metrics, run_job
+    from power_core.session import Generation
+
+    real = Generation.begin
+
+    def begin(self):
+        if self.prompt.tolist() == [6, 6, 6]:
+            raise RuntimeError("begin failed")
+        return real(self)
+
+    monkeypatch.setattr(Generation, "begin", begin)
+    with Session.open_engine(1, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+        first = engine.reserve()
+        queued = engine.reserve()
+        assert first.ready and not queued.ready
+        for stream in (False, True):
+            job = Job(prompt=np.asarray([6, 6, 6], dtype=np.int32), max_tokens=4, stop=(), sampling={},
+                      top_logprobs=None, stream=stream)
+            with pytest.raises(RuntimeError, match="begin failed"):
+                run_job(engine, first.session, job, Metrics(), (lambda d: None) if stream else None)
+            assert queued.ready and queued.session is first.session  # handed on once, to the waiting ticket
+            assert engine.busy == 1
+            late = engine.reserve()
+            assert not late.ready, "a new request got the sequence the waiting ticket holds"
+            first, queued = queued, late
+        res = engine.run(first.session.start([1, 2, 3], max_tokens=4))
+        assert res.tokens == _solo("off", [1, 2, 3], 4)
+        assert queued.ready and engine.busy == 1
+        engine.release(queued.session)
+        assert engine.busy == 0
+
+
+class _ShortPass:
+    """A batch runtime whose ``at``-th pass returns one result too few (a backend defect)."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.passes = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode_batch(self, items):
+        self.passes += 1
+        out = self.inner.decode_batch(items)
+        return out[:-1] if self.passes == self.at else out
+
+
+def test_a_short_pass_and_an_end_that_raises_never_stop_the_driver(monkeypatch):
+    """A pass returns one result too few and the request in it fails to end (its ``end`` raises): the
+    pass's rounds restore, that request ends with the error, and the next request is served
+    (issue 44, item 2: the driver thread used to die and every later request waited forever)."""
+    from power_core.session import Generation
+
+    real = Generation.end
+    victims: list = []
+
+    def end(self, failure, batch=None):
+        if self in victims:
+            raise RuntimeError("end failed")
+        return real(self, failure, batch)
+
+    monkeypatch.setattr(Generation, "end", end)
+    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+        engine.runtime = _ShortPass(engine.runtime, at=3)  # the prefill, round 1, then round 2's pass
+        victim = engine.submit([1, 2, 3], max_tokens=30)
+        victims.append(victim)
+        got = _bounded(lambda: engine.run(victim))
+        nxt = _bounded(lambda: engine.run(engine.submit([4, 5], max_tokens=6)))
+        assert not isinstance(nxt, BaseException), nxt
+        assert nxt.tokens == _solo("off", [4, 5], 6) and nxt.receipt.status == "completed"
+        assert isinstance(got, RuntimeError) and "end failed" in str(got)  # what stopped its receipt
+        assert engine.busy == 0  # its sequence went back all the same
+        # the request the short pass cut off can resume: its round restored
+        victims.clear()
+        again = _bounded(lambda: engine.run(victim))
+        assert not isinstance(again, BaseException), again
+        assert again.tokens == _solo("off", [1, 2, 3], 30)
+
+
+def test_a_driver_that_dies_fails_every_waiting_and_later_request():
+    """A defect the driver cannot contain ends its thread: the engine is marked failed, the request it
+    was running and the ticket waiting for a sequence end with a typed error, and so does every later
+    request, at once (issue 44, item 2)."""
+    with Session.open_engine(1, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+        def defect(*args):
+            raise RuntimeError("driver defect")
+
+        engine._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
+        engine._leave = defect
+        gen = engine.submit([1, 2, 3], max_tokens=8)
+        waiting = engine.reserve()
+        assert not waiting.ready
+        got = _bounded(lambda: engine.run(gen))
+        assert isinstance(got, RuntimeFault) and "driver defect" in str(got), got
+        assert gen.receipt is not None and gen.receipt.status == "failed"
+        assert engine.failure is not None and "driver defect" in engine.failure
+        with pytest.raises(RuntimeFault, match="driver"):
+            waiting.wait(5)
+        with pytest.raises(RuntimeFault, match="driver"):
+            engine.reserve()
+        assert engine.busy == 0
+
+
+class _Abortable:
+    """llama.cpp's abort flag on one reference target: its ``cancel`` ability sets the flag, the next
+    decode consumes it (and raises :class:`Cancelled`), ``clear_abort`` withdraws it."""
+
+    def __init__(self, monkeypatch, target) -> None:
+        import attrs
+
+        from power_core.reference.model import ReferenceTarget
+
+        self.flag = False
+        caps, decode = ReferenceTarget.capabilities.fget, ReferenceTarget.decode
+
+        def with_cancel(t):
+            return attrs.evolve(caps(t), cancel=self.abort, clear_abort=self.clear) if t is target else caps(t)
+
+        def aborting(t, tokens):
+            if t is target and self.flag:
+                self.flag = False
+                raise Cancelled("the decode was aborted through the cancel callback")
+            return decode(t, tokens)
+
+        monkeypatch.setattr(ReferenceTarget, "capabilities", property(with_cancel))
+        monkeypatch.setattr(ReferenceTarget, "decode", aborting)
+
+    def abort(self) -> None:
+        self.flag = True
+
+    def clear(self) -> None:
+        self.flag = False
+
+
+def test_a_late_cancel_of_a_finished_request_never_stops_the_next(monkeypatch):
+    """The target's cancel listens to a request's token only while that request runs: a ``stop_now``
+    that lands after it ended (a timeout firing late) must not abort the next request on the
+    context (issue 44, item 4)."""
+    from power_core.transaction import CancelToken
+
+    with Session.open(_config("off"), model=MODEL, plugins=core_plugins()) as s:
+        _Abortable(monkeypatch, s.opened.target)
+        done = CancelToken()
+        assert s.generate([1, 2, 3], max_tokens=5, cancel=done).receipt.status == "completed"
+        gen = s.start([4, 5, 6], max_tokens=12)
+        rounds = gen.rounds()
+        next(rounds)
+        done.cancel()  # the finished request's late cancel
+        rest = _bounded(lambda: list(rounds))
+        assert not isinstance(rest, BaseException), rest
+        assert gen.receipt.status == "completed" and gen.tokens == _solo("off", [4, 5, 6], 12)
+        # a request's own cancel still stops its decode, and clearing its token resumes it
+        token = CancelToken()
+        gen = s.start([7, 8], max_tokens=12, cancel=token)
+        rounds = gen.rounds()
+        next(rounds)
+        token.cancel()
+        with pytest.raises(Cancelled):
+            list(rounds)
+        token.reset()
+        assert gen.run().tokens == _solo("off", [7, 8], 12)
+
+
+class _SlowPasses:
+    """A batch runtime whose every pass takes at least ``seconds`` (a bigger model)."""
+
+    def __init__(self, inner, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode_batch(self, items):
+        time.sleep(self.seconds)
+        return self.inner.decode_batch(items)
+
+
+class SleepyObserver:
+    """A third-party observer whose ``power_request_end`` takes a second for short requests."""
+
+    __name__ = "sleepy-observer"
+
+    def __init__(self) -> None:
+        self.slept: list[tuple[float, str]] = []
+
+    @hookimpl
+    def power_request_end(self, receipt):
+        if receipt.output_tokens <= 3:
+            self.slept.append((time.monotonic(), threading.current_thread().name))
+            time.sleep(1.0)
+
+
+def test_a_slow_end_observer_never_stalls_another_request():
+    """An observer that sleeps 1 s when a short request ends must not add 1 s to the inter-token gap
+    of a request sharing its passes: observers run off the driver's thread (issue 44, item 5)."""
+    obs = SleepyObserver()
+    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins(obs)) as engine:
+        engine.runtime = _SlowPasses(engine.runtime, 0.005)
+        long = engine.submit([1, 2, 3], max_tokens=300)
+        stamps: list[float] = []
+        short: list = []
+
+        def read() -> None:
+            for _ in engine.rounds(long):
+                stamps.append(time.monotonic())
+                if len(stamps) == 1:  # it decodes: a short request joins its passes and ends
+                    gen = engine.submit([4, 5], max_tokens=3)
+                    threading.Thread(target=lambda g=gen: short.append(engine.run(g)), daemon=True).start()
+
+        assert _bounded(read, 60) is None
+        assert len(obs.slept) == 1
+        slept_at = obs.slept[0][0]
+        assert stamps[-1] > slept_at + 0.5, "the long request ended before the observer woke: nothing measured"
+        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        assert max(gaps) < 0.5, f"a {max(gaps):.2f} s gap between the long request's tokens"
+        assert obs.slept[0][1] != "power-engine"  # the short request's reader ran it
+        assert long.tokens == _solo("off", [1, 2, 3], 300)
+    deadline = time.monotonic() + 10
+    while not short and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert short and short[0].tokens == _solo("off", [4, 5], 3)
+
+
+def test_closing_a_batch_closes_every_session_when_one_close_fails():
+    """A proposer whose ``close`` raises: every other session of the batch still closes and the shared
+    runtime too, then the first failure is raised (issue 44, item 7)."""
+    import attrs
+
+    from power_core.errors import AdapterFault
+
+    class FailsToClose:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        @property
+        def capabilities(self):
+            return attrs.evolve(self.inner.capabilities, batch=None, close=self.close)
+
+        def close(self):
+            raise OSError("disk full")
+
+    batch = Session.open_batch(3, _config("ref-draft"), model=MODEL, plugins=core_plugins())
+    closed: list[bool] = []
+    real_close = batch.close_runtime
+    batch.close_runtime = lambda: (closed.append(True), real_close())
+    batch.sessions[0].proposer = FailsToClose(batch.sessions[0].proposer)
+    with pytest.raises(AdapterFault, match="disk full"):
+        batch.close()
+    assert [s.closed for s in batch.sessions] == [True, True, True] and closed == [True]

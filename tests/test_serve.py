@@ -331,3 +331,84 @@ def test_receipts_say_whether_requests_shared_target_passes(server, client, mode
         batch = httpx.get(f"{s.url}/v1/receipts/{r.id}").json()["receipt"]["backend"]["batch"]
         assert batch == {"shared_passes": 0, "independent_because": "--no-batch"}
         assert "independent: --no-batch" in s.stderr()
+
+
+# -- faults: every client gets an answer (issue 44) ----------------------------------------------------
+def _asgi(app, *calls):
+    """Send ``calls`` (``(method, path, json)``) to ``app`` in process, one after another, each within
+    30 s; their responses."""
+    import asyncio
+
+    async def go() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return [await asyncio.wait_for(client.request(method, path, json=body), 30)
+                    for method, path, body in calls]
+
+    return asyncio.run(go())
+
+
+def _sse_data(text: str) -> list[str]:
+    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_a_stream_whose_request_crashes_ends_with_an_error_event(monkeypatch):
+    """A defect (not a ``PowerError``) that the worker re-raises: a stream that has begun ends with an
+    OpenAI-shaped error event, and a whole request is a 500; neither shows the internals (issue 44,
+    item 3: the stream used to end with neither an error event nor ``[DONE]``)."""
+    from power_core.serve import ServeOptions, create_app
+    from power_core.session import Generation
+    from tests.helpers import open_session
+
+    def begin(self):
+        raise RuntimeError("a defect with internals")
+
+    monkeypatch.setattr(Generation, "begin", begin)
+    with open_session("reference", "ref-draft") as s:
+        app = create_app(s.driver(), ServeOptions(model_name="m"))
+        body = {"model": "m", "prompt": "abc", "max_tokens": 8}
+        streamed, whole, health = _asgi(app, ("POST", "/v1/completions", {**body, "stream": True}),
+                                        ("POST", "/v1/completions", body), ("GET", "/health", None))
+        app.state.power.executor.shutdown(wait=True)
+    assert streamed.status_code == 200
+    last = json.loads(_sse_data(streamed.text)[-1])
+    assert last["error"]["code"] == "internal_error" and last["error"]["type"] == "server_error"
+    assert whole.status_code == 500 and whole.json()["error"]["code"] == "internal_error"
+    assert "internals" not in streamed.text + whole.text
+    assert health.json()["slots_idle"] == 1  # the sequence went back
+
+
+def test_health_is_unhealthy_and_requests_fail_fast_once_the_engine_failed():
+    """A driver that died marks its engine failed: ``/health`` says so (503) and a request gets a typed
+    error at once instead of waiting forever (issue 44, item 2)."""
+    import threading
+
+    from power_core.config import PowerConfig
+    from power_core.errors import RuntimeFault
+    from power_core.serve import ServeOptions, create_app
+    from tests.helpers import core_plugins
+
+    engine = Session.open_engine(1, PowerConfig(spec_mode="off", n_ctx=256), model="reference",
+                                 plugins=core_plugins())
+    try:
+        def defect(*args):
+            raise RuntimeError("driver defect")
+
+        engine._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
+        engine._leave = defect
+        out: list = []
+        gen = engine.submit([1, 2, 3], max_tokens=4)
+        reader = threading.Thread(target=lambda: out.append(pytest.raises(RuntimeFault, engine.run, gen)),
+                                  daemon=True)
+        reader.start()
+        reader.join(20)
+        assert out and not reader.is_alive()
+        app = create_app(engine, ServeOptions(model_name="m"))
+        health, got = _asgi(app, ("GET", "/health", None),
+                            ("POST", "/v1/completions", {"model": "m", "prompt": "abc", "max_tokens": 4}))
+        app.state.power.executor.shutdown(wait=True)
+    finally:
+        engine.close()
+    assert health.status_code == 503 and health.json()["status"] == "failed"
+    assert "driver defect" in health.json()["error"]
+    assert got.status_code == 500 and got.json()["error"]["code"] == "runtime_fault"

@@ -181,8 +181,25 @@ def test_the_template_renders_tools_calls_and_results():
     assert json.dumps(WEATHER) in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
     assert "<tool_response>\n-3 C\n</tool_response>" in text and text.endswith("<|im_start|>assistant\n")
-    with pytest.raises(ConstraintError, match=r"tool_calls\[0\].function.arguments"):
-        tools.template_tool_calls([{"id": "c", "function": {"name": "f", "arguments": "{oops"}}])
+
+
+@pytest.mark.parametrize("arguments", ['{"city": "Oslo', "{oops", "[1, 2]", "7", ""])
+def test_a_past_call_whose_arguments_are_no_json_object_goes_back_as_written(arguments):
+    """OpenAI's ``arguments`` is an opaque string: a call cut off by ``max_tokens`` comes back as the
+    client got it (issue 45, point 1: the openai-agents SDK resends it; it was a 400). The template gets
+    the string, and Hermes' writes it verbatim, so the model reads its own words."""
+    calls = tools.template_tool_calls([
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}])
+    assert calls[0]["function"]["arguments"] == {"city": "Paris"} and calls[1]["function"]["arguments"] == arguments
+    messages = [{"role": "user", "content": "Weather in Paris and Oslo?"},
+                {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "content": "-3 C", "tool_call_id": "c2", "name": "get_weather"}]
+    text = ChatTemplate(source=HERMES_TEMPLATE.read_text()).render(messages)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>' in text
+    with pytest.raises(ConstraintError, match=r"tool_calls\[0\]"):
+        tools.template_tool_calls(["not a call"])  # type: ignore[list-item]
 
 
 def test_library_forced_call_matches_the_schema_on_the_reference_model():

@@ -46,7 +46,6 @@ from power_core.errors import (
     PowerError,
     RuntimeFault,
     SessionBusy,
-    StateLost,
 )
 from power_core.logs import get_logger
 from power_core.serve.audit import Auditor
@@ -88,6 +87,10 @@ class ServeOptions:
     drain_timeout: float = 30.0
     #: the fraction of completed speculative requests the audit re-decodes target-only (0: off)
     audit_rate: float = 0.0
+    #: the operator's cap on the tokens one answer writes (``--max-tokens``; llama-server's ``--n-predict``):
+    #: a request's ``max_tokens`` above it, or none, gets it. ``None``: no cap; a request without
+    #: ``max_tokens`` writes up to the rest of the context, as OpenAI's and llama-server's do
+    max_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
 
 
 def _server_template(state: ServerState) -> ChatTemplate | None:
@@ -305,9 +308,11 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
                        "least one more is needed to answer. Shorten the prompt (or start the server with a larger "
                        "--n-ctx)", param=param, code="context_length_exceeded")
     strategy = req.power.strategy if req.power is not None else None
-    lane = _lane(session, strategy)
-    default = lane.config.max_tokens
-    max_tokens = min(limit if limit is not None else default, room)
+    _lane(session, strategy)  # (a 400 for a strategy the server does not run, before the request waits)
+    # unset: the rest of the context (OpenAI's default, llama-server's n_predict = -1), never more than
+    # the operator's cap (--max-tokens) or the room the context has left
+    cap = state.options.max_tokens
+    max_tokens = min(limit if limit is not None else room, cap if cap is not None else room, room)
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
               target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user),
@@ -398,8 +403,8 @@ async def _admit(state: ServerState, job: Job) -> Session:
                                "retry later", type="server_error", code="server_overloaded",
                                headers={"Retry-After": "1"}) from None
             raise
-    if ticket.session is None:  # the wait ended without a sequence: the engine closed, or they were lost
-        if isinstance(ticket.failure, StateLost):
+    if ticket.session is None:  # the wait ended without a sequence: the engine closed, failed, or they were lost
+        if isinstance(ticket.failure, RuntimeFault):  # StateLost, or the engine's driver failed
             raise _from_power_error(ticket.failure)
         raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
                        code="shutting_down", headers={"Retry-After": "5"})
@@ -429,10 +434,14 @@ def _launch(state: ServerState, session: Session, job: Job,
 
 
 async def _outcome(fut: asyncio.Future[Outcome]) -> Outcome:
-    """The worker's outcome; a request the session refused to start (a typed error) is that error."""
+    """The worker's outcome; a request the session refused to start (a typed error) is that error, and
+    a defect is a 500 without its details (logged), also where a stream has begun."""
     try:
         return await asyncio.shield(fut)
     except PowerError as exc:
+        raise _from_power_error(exc) from None
+    except Exception as exc:
+        log.error("serve.request_crashed", exc_info=exc)
         raise _from_power_error(exc) from None
 
 
@@ -645,6 +654,8 @@ async def receipt(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     state = _state(request)
+    if state.engine.failure is not None:  # its driver died: every request fails, so send none here
+        return JSONResponse({"status": "failed", "error": state.engine.failure}, status_code=503)
     if state.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     running = state.engine.busy

@@ -296,7 +296,7 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
         error = exc
         log.error("serve.request_crashed", id=job.id, exc_info=True)
     if gen.receipt is None:  # it never started (the engine or the session refused it): no receipt to give
-        engine.release(session)
+        # (the engine gave the sequence back: once it ran the request, every way out of it does)
         assert error is not None
         raise error
     # the request has ended: the driver no longer touches it

@@ -1,9 +1,13 @@
 """The OpenAI wire format as ``power serve`` speaks it: typed requests, errors and response bodies.
 
-Requests are validated by pydantic in strict mode (a string where a number belongs is an error, not
-a conversion; NaN and infinities are refused) and every field is declared: a field Power does not
-implement is a 400 naming it, never silently ignored. Fields that only have a neutral value here
-(``n``, ``best_of``, ``echo``) are accepted at that value and refused otherwise.
+Every request field has one rule, in one table (:data:`FIELDS`, which ``docs/serving.md`` lists):
+*honoured* (it does what OpenAI's does), *neutral* (accepted at the one value that changes nothing
+here: ``n`` 1, ``echo`` false, ...), *no-op* (it cannot change the output: ``store``, ``metadata``,
+``service_tier``, ...; its value is checked, then dropped) or *refused* (it would change the output
+and Power cannot do it: a 400 that says why). A field in no row is a 400 naming it, never silently
+ignored. Requests are validated by pydantic in strict mode (a string where a number belongs is an
+error, not a conversion; NaN and infinities are refused); the honoured and neutral fields are the
+request models' fields, and a test keeps the two in step.
 
 What constrains the output (``response_format``, llama-server's ``grammar`` and ``json_schema``,
 ``tools`` with ``tool_choice``) becomes one :class:`~power_core.constraint.ConstraintSpec` and, for
@@ -19,12 +23,13 @@ Every error body has OpenAI's shape: ``{"error": {"message", "type", "param", "c
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import attrs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from power_core.config import SAMPLING_KEYS
 from power_core.constraint import ConstraintSpec
@@ -40,8 +45,8 @@ from power_core.tools import (
 )
 from power_core.transaction import TokenLogprob
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "PowerOptions", "Structure", "constraint_error",
-           "parse_request", "finish_reason"]
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "FIELDS", "FieldRule", "PowerOptions", "Structure",
+           "constraint_error", "fields_markdown", "parse_request", "finish_reason"]
 
 #: the stop strings one request may give (OpenAI allows 4; Power's configuration allows 64)
 STOP_MAX = 16
@@ -77,6 +82,142 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+# -- the request fields: one rule each -------------------------------------------------------------------
+CHAT, COMPLETIONS = "chat", "completions"
+BOTH = (CHAT, COMPLETIONS)
+Rule = Literal["honoured", "neutral", "no-op", "refused"]
+
+
+class PredictionText(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Strict):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (it never changes the answer)."""
+
+    type: Literal["content"]
+    content: str | list[PredictionText]
+
+
+@attrs.frozen
+class FieldRule:
+    """What ``power serve`` does with one request field: one row of :data:`FIELDS`."""
+
+    name: str
+    rule: Rule
+    #: the endpoints the field belongs to (a no-op or refused field: both, whichever OpenAI defines it for)
+    endpoints: tuple[str, ...]
+    #: what it does here, or why it is a no-op or refused (a refused field's 400 says this)
+    note: str
+    #: a no-op's values (checked strictly: another is a 400 naming it), or None
+    accepts: Any = None
+
+
+#: Every request field of OpenAI's chat completions and completions (and llama-server's and Power's own
+#: that ``power serve`` takes), with its rule. The honoured and neutral fields are the request models'
+#: fields (:class:`ChatRequest`, :class:`CompletionRequest`); no-op fields are checked and dropped before
+#: the models see the body; refused fields are a 400 with the note.
+FIELDS: tuple[FieldRule, ...] = (
+    FieldRule("model", "honoured", BOTH, "the served name (`--served-model-name`); another is `404 model_not_found`"),
+    FieldRule("prompt", "honoured", (COMPLETIONS,), "text, a one-element list of text, or token ids"),
+    FieldRule("messages", "honoured", (CHAT,),
+              "roles `system`, `developer` (rendered as `system`), `user`, `assistant` (`content`, `tool_calls` or "
+              "both), `tool` (`tool_call_id`); content a string or `text` parts; a past call's `arguments` is an "
+              "opaque string, as OpenAI's ([tools](#structured-output-and-tools))"),
+    FieldRule("max_tokens", "honoured", BOTH,
+              "tokens to write at most; unset: the rest of the context (as OpenAI's and llama-server's), both "
+              "capped by `--max-tokens` where the operator sets it and by the room the context has left"),
+    FieldRule("max_completion_tokens", "honoured", (CHAT,), "`max_tokens`' newer name (both given: equal)"),
+    FieldRule("temperature", "honoured", BOTH, "0–2"),
+    FieldRule("top_p", "honoured", BOTH, "(0, 1]"),
+    FieldRule("top_k", "honoured", BOTH, "llama-server's; 0: off"),
+    FieldRule("min_p", "honoured", BOTH, "llama-server's; [0, 1)"),
+    FieldRule("seed", "honoured", BOTH, "a seeded stochastic answer is reproducible, speculative or not"),
+    FieldRule("stop", "honoured", BOTH, "a string or up to 16"),
+    FieldRule("frequency_penalty", "honoured", BOTH, "−2–2"),
+    FieldRule("presence_penalty", "honoured", BOTH, "−2–2"),
+    FieldRule("repeat_penalty", "honoured", BOTH, "llama-server's; 1: off"),
+    FieldRule("repeat_last_n", "honoured", BOTH, "llama-server's: the penalties' window; 0: off, −1: the context"),
+    FieldRule("logit_bias", "honoured", BOTH, "token id → bias in −100–100"),
+    FieldRule("stream", "honoured", BOTH, "server-sent events"),
+    FieldRule("stream_options", "honoured", BOTH, "`include_usage` (with `stream`)"),
+    FieldRule("logprobs", "honoured", BOTH, "completions: the number of alternatives, ≤ 20; chat: `true`"),
+    FieldRule("top_logprobs", "honoured", (CHAT,), "≤ 20, with `logprobs`"),
+    FieldRule("user", "honoured", BOTH, "the tenant within the API key: whose cached prompts and drafts a "
+              "request may use ([tenants](#tenants))"),
+    FieldRule("response_format", "honoured", (CHAT,), "`json_schema`, `json_object`, `text`"),
+    FieldRule("grammar", "honoured", BOTH, "llama-server's: GBNF or Lark"),
+    FieldRule("json_schema", "honoured", BOTH, "llama-server's"),
+    FieldRule("tools", "honoured", (CHAT,), "function tools, rendered through the chat template"),
+    FieldRule("tool_choice", "honoured", (CHAT,), "`none`, `auto`, `required`, a named function"),
+    FieldRule("parallel_tool_calls", "honoured", (CHAT,), "with tools: `false` allows one call"),
+    FieldRule("power", "honoured", BOTH, "Power's extension: `power.strategy`"),
+    FieldRule("n", "neutral", BOTH, "1: one choice per request"),
+    FieldRule("best_of", "neutral", (COMPLETIONS,), "1"),
+    FieldRule("echo", "neutral", (COMPLETIONS,), "false"),
+    FieldRule("suffix", "neutral", (COMPLETIONS,), "null: no insertion"),
+    FieldRule("modalities", "neutral", (CHAT,), '`["text"]`: text is all it writes'),
+    FieldRule("store", "no-op", BOTH, "nothing is stored for later retrieval (receipts are kept: "
+              "`--receipts`)", bool | None),
+    FieldRule("metadata", "no-op", BOTH, "tags for stored completions: nothing is stored",
+              dict[str, str] | None),
+    FieldRule("service_tier", "no-op", BOTH, "one tier here; the response carries none", str | None),
+    FieldRule("prompt_cache_key", "no-op", BOTH, "the prompt cache matches prompts by their tokens, within "
+              "a tenant ([the prompt cache](#the-prompt-cache))", str | None),
+    FieldRule("prompt_cache_options", "no-op", BOTH, "the prompt cache keeps what `--cache-ram` holds, "
+              "least recently used out first", dict[str, Any] | None),
+    FieldRule("prompt_cache_retention", "no-op", BOTH, "as `prompt_cache_options`", str | None),
+    FieldRule("safety_identifier", "no-op", BOTH, "an end user's id for abuse checks, which do not run "
+              "here; it is no tenant (`user` is)", str | None),
+    FieldRule("prediction", "no-op", BOTH, "Predicted Outputs never change the answer; Power does not "
+              "draft from them yet", Prediction | None),
+    FieldRule("audio", "refused", BOTH, "power serve writes text only"),
+    FieldRule("functions", "refused", BOTH, "OpenAI's deprecated function calling: send `tools`"),
+    FieldRule("function_call", "refused", BOTH, "OpenAI's deprecated function calling: send `tool_choice`"),
+    FieldRule("moderation", "refused", BOTH, "no moderation model runs here"),
+    FieldRule("reasoning_effort", "refused", BOTH, "it would change a reasoning model's answer, and Power "
+              "does not map it onto a chat template's thinking switch"),
+    FieldRule("verbosity", "refused", BOTH, "it would change the answer, and no model here takes it"),
+    FieldRule("web_search_options", "refused", BOTH, "no web search here"),
+)
+
+_BY_NAME = {f.name: f for f in FIELDS}
+
+
+@functools.cache
+def _accepts(name: str) -> TypeAdapter[Any]:
+    return TypeAdapter(_BY_NAME[name].accepts, config=ConfigDict(strict=True))
+
+
+def _apply_rules(body: dict[str, Any]) -> dict[str, Any]:
+    """The body without its no-op fields (their values checked); a 400 for a refused field."""
+    out = dict(body)
+    for name in body:
+        rule = _BY_NAME.get(name)
+        if rule is None or rule.rule in ("honoured", "neutral"):
+            continue  # the request model's (a field in no row: its 400 names it)
+        if rule.rule == "refused":
+            raise APIError(400, f"unsupported field {name!r}: {rule.note} (docs/serving.md lists what each "
+                           "field does here)", param=name, code="unsupported_field")
+        try:
+            _accepts(name).validate_python(out.pop(name))
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            raise APIError(400, f"invalid value for {name!r}: {err['msg']} (it changes nothing here: "
+                           f"{rule.note})", param=name, code="invalid_value") from None
+    return out
+
+
+def fields_markdown() -> str:
+    """:data:`FIELDS` as the Markdown table ``docs/serving.md`` shows (a test keeps them equal)."""
+    rows = ["| field | endpoints | rule | what it does here |", "|---|---|---|---|"]
+    for f in FIELDS:
+        where = "both" if set(f.endpoints) == set(BOTH) else ", ".join(f.endpoints)
+        rows.append(f"| `{f.name}` | {where} | {f.rule} | {f.note} |")
+    return "\n".join(rows) + "\n"
 
 
 def _bounded_schema(v: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -240,6 +381,8 @@ def _one(found: Sequence[tuple[str, ConstraintSpec]]) -> ConstraintSpec | None:
 
 
 class CompletionRequest(_Sampling):
+    endpoint: ClassVar[str] = COMPLETIONS
+
     prompt: str | list[int] | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_MAX)
     echo: Literal[False] = False
@@ -371,6 +514,8 @@ class NamedToolChoice(_Strict):
 
 
 class ChatRequest(_Sampling):
+    endpoint: ClassVar[str] = CHAT
+
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -379,6 +524,7 @@ class ChatRequest(_Sampling):
     tools: list[ToolDef] | None = Field(default=None, max_length=TOOLS_MAX)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    modalities: list[Literal["text"]] | None = None
 
     @model_validator(mode="after")
     def _limits(self) -> ChatRequest:
@@ -494,6 +640,7 @@ def parse_request(kind: type[_Sampling], body: Any) -> Any:
     """Validate a decoded JSON body as ``kind``, or raise :class:`APIError` naming the first bad field."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, not {type(body).__name__}")
+    body = _apply_rules(body)
     try:
         return kind.model_validate(body)
     except ValidationError as exc:

@@ -189,3 +189,24 @@ def test_receipt_counts_are_per_request(tiny_llama):
         assert n_out > 1 and r.backend["rollback"] == {  # one prefill chunk, then one decode per token after it
             "rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": n_out}
     assert receipts[0].backend["rollback"] != receipts[1].backend["rollback"]
+
+
+def test_a_late_cancel_of_a_finished_request_never_aborts_the_next(tiny_llama):
+    """The target's abort listens to a request's cancel token only while that request runs: a late
+    ``cancel()`` of a finished request (``power serve``'s timeout firing just after it ended) must not
+    abort the decode of the next request on the context (issue 44, item 4)."""
+    from power_core.config import PowerConfig
+    from power_core.session import Session
+    from power_core.transaction import CancelToken
+
+    cfg = PowerConfig(spec_mode="off", n_ctx=256, n_threads=2)
+    with Session.open(cfg, model=str(tiny_llama)) as s:
+        want = s.generate(PROMPT.tolist(), max_tokens=8).tokens
+        done = CancelToken()
+        assert s.generate([3, 4, 5], max_tokens=4, cancel=done).receipt.status == "completed"
+        gen = s.start(PROMPT.tolist(), max_tokens=8)
+        rounds = gen.rounds()
+        next(rounds)
+        done.cancel()  # the finished request's late cancel
+        list(rounds)
+        assert gen.receipt.status == "completed" and gen.tokens == want
