@@ -205,15 +205,7 @@ def parse_store(path: Path, blob: bytes, vocab: str) -> Parsed:
     if first is None or first[0] != HEADER:
         raise corrupt(path, "its header record is damaged")
     kind, payload, at = first
-    try:
-        header = json.loads(bytes(payload))
-        fmt, theirs, snapshot = header["format"], header["vocab_sha256"], int(header["snapshot"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise corrupt(path, f"unreadable header: {exc}") from None
-    if fmt != STORE_FORMAT:
-        raise corrupt(path, f"format {fmt!r} under the magic of {STORE_FORMAT!r}")
-    if theirs != vocab:
-        raise _mismatch(path, theirs, vocab)
+    snapshot = _header(path, bytes(payload), STORE_FORMAT, "snapshot", vocab)
     ops: list[Op] = []
     while at < len(blob):
         rec = _read_record(blob, at)
@@ -231,6 +223,20 @@ def parse_store(path: Path, blob: bytes, vocab: str) -> Parsed:
                   torn_bytes=len(blob) - at)
 
 
+def _header(path: Path, raw: bytes, expected: str, count_key: str, vocab: str) -> int:
+    """A store header's count (``count_key``), once its format is ``expected`` and its vocabulary ``vocab``."""
+    try:
+        header = json.loads(raw)
+        fmt, theirs, count = header["format"], header["vocab_sha256"], int(header[count_key])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise corrupt(path, f"unreadable header: {exc}") from None
+    if fmt != expected:
+        raise corrupt(path, f"format {fmt!r}, expected {expected!r}")
+    if theirs != vocab:
+        raise _mismatch(path, theirs, vocab)
+    return count
+
+
 def _parse_v1(path: Path, blob: bytes, vocab: str) -> Parsed:
     """``power-suffix.store/1``: MAGIC_V1, sha256(body), body = u32 header length, JSON header, then per
     document u32 tenant length, u64 token count, the tenant, the tokens (i32le)."""
@@ -240,15 +246,7 @@ def _parse_v1(path: Path, blob: bytes, vocab: str) -> Parsed:
     if hashlib.sha256(body).digest() != digest:
         raise corrupt(path, "its sha256 does not match its contents")
     (n,) = struct.unpack_from("<I", body, 0)
-    try:
-        header = json.loads(body[4:4 + n])
-        fmt, theirs, count = header["format"], header["vocab_sha256"], int(header["documents"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise corrupt(path, f"unreadable header: {exc}") from None
-    if fmt != STORE_FORMAT_V1:
-        raise corrupt(path, f"format {fmt!r}, expected {STORE_FORMAT_V1!r}")
-    if theirs != vocab:
-        raise _mismatch(path, theirs, vocab)
+    count = _header(path, body[4:4 + n], STORE_FORMAT_V1, "documents", vocab)
     at = 4 + n
     ops: list[Op] = []
     try:
