@@ -473,7 +473,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("host", args.host, "a loopback address, or --api-key KEY (or POWER_API_KEY)",
                           "anyone who reaches the port could use the model; pass --no-auth to serve it open anyway")
     for flag, value, lo in (("--parallel", args.parallel, 1), ("--queue", args.queue, 0),
-                            ("--max-body", args.max_body, 1024), ("--receipts", args.receipts, 1)):
+                            ("--max-body", args.max_body, 1024), ("--receipts", args.receipts, 1),
+                            ("--receipts-ram", args.receipts_ram, 1)):
         if value < lo:
             raise UsageError(f"power serve: {flag} must be at least {lo}, not {value}")
     if not 0.0 <= args.audit_rate <= 1.0:
@@ -508,8 +509,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             chat_template.render([{"role": "user", "content": "ping"}])  # a broken template fails now, not per request
         name = args.served_model_name or Path(sessions[0].opened.model_path or "model").name.removesuffix(".gguf")
         options = ServeOptions(model_name=name, queue=args.queue, timeout=args.timeout, api_key=api_key,
-                               max_body=args.max_body, receipts=args.receipts, chat_template=chat_template,
-                               drain_timeout=args.drain_timeout, audit_rate=args.audit_rate,
+                               max_body=args.max_body, receipts=args.receipts, receipts_bytes=args.receipts_ram << 20,
+                               chat_template=chat_template, drain_timeout=args.drain_timeout, audit_rate=args.audit_rate,
                                max_tokens=_serve_max_tokens(args, config.max_tokens))
         serve(slots, options, args.host, args.port, log_level="info" if args.verbose else "warning")
     finally:
@@ -582,6 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--served-model-name", help="the model's name in the API (default: the GGUF's file name)")
     v.add_argument("--max-body", type=int, default=1 << 20, help="request body limit in bytes (default 1 MiB)")
     v.add_argument("--receipts", type=int, default=256, help="recent receipts kept for GET /v1/receipts/{id}")
+    v.add_argument("--receipts-ram", type=int, default=64, metavar="MiB",
+                   help="at most this many MiB of them (as JSON), the oldest dropped first (default 64)")
     v.add_argument("--audit-rate", type=float, default=0.0, metavar="R",
                    help="re-decode this fraction of completed speculative requests target-only on an idle slot and "
                         "compare output digests (power:audit_* metrics; with --require-identical a mismatch switches "

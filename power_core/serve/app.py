@@ -49,7 +49,7 @@ from power_core.errors import (
 )
 from power_core.logs import get_logger
 from power_core.serve.audit import Auditor
-from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, run_job
+from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, proposer_stores, run_job
 from power_core.serve.protocol import (
     APIError,
     ChatRequest,
@@ -80,6 +80,9 @@ class ServeOptions:
     api_key: str | None = None
     max_body: int = 1 << 20
     receipts: int = 256
+    #: bytes of receipts (as JSON) kept besides their count (``--receipts-ram`` MiB), the oldest dropped first;
+    #: a receipt larger than all of it is not kept (asking for it answers ``410 receipt_too_large``)
+    receipts_bytes: int = attrs.field(default=64 << 20, validator=attrs.validators.ge(1))
     #: the chat template instead of the GGUF's (``None``): a :class:`~power_core.chat.ChatTemplate`, or Jinja
     #: source, which the server builds into one (with the GGUF's BOS/EOS) and compiles once, when it is created
     chat_template: str | ChatTemplate | None = None
@@ -426,7 +429,7 @@ def _launch(state: ServerState, session: Session, job: Job,
         if not f.cancelled() and f.exception() is None:
             out = f.result()
             state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
-                                        "receipt": out.receipt})  # rendered when asked for
+                                        "receipt": out.receipt}, out.receipt_bytes)  # rendered when asked for
             state.auditor.consider(job, out)
 
     fut.add_done_callback(done)
@@ -647,8 +650,14 @@ async def receipt(request: Request) -> Response:
     rid = str(request.path_params["rid"])
     found = state.receipts.get(rid)
     if found is None:
-        raise APIError(404, f"no receipt {request.path_params['rid']!r}: unknown, or older than the "
-                       f"{state.options.receipts} most recent requests", param="id", code="receipt_not_found")
+        budget = f"{state.options.receipts_bytes / (1 << 20):g} MiB"
+        size = state.receipts.too_large(rid)
+        if size is not None:
+            raise APIError(410, f"receipt {rid!r} was not kept: its {size} bytes exceed the whole receipt budget "
+                           f"({budget}, --receipts-ram)", param="id", code="receipt_too_large")
+        raise APIError(404, f"no receipt {rid!r}: unknown, or older than the {state.options.receipts} most recent "
+                       f"requests or the {budget} of receipts kept (--receipts, --receipts-ram)", param="id",
+                       code="receipt_not_found")
     return JSONResponse({**found, "receipt": found["receipt"].to_dict()})
 
 
@@ -667,6 +676,8 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = _state(request)
     state.metrics.cache(state.sessions[0].prompt_cache)
+    state.metrics.receipts(state.receipts)
+    state.metrics.stores(proposer_stores(lane.proposer for s in state.sessions for lane in s.lanes))
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -682,7 +693,7 @@ def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
     metrics_ = Metrics()
     metrics_.running.set_function(lambda: engine.busy)
     metrics_.waiting.set_function(lambda: engine.waiting)
-    receipts = ReceiptStore(options.receipts)
+    receipts = ReceiptStore(options.receipts, options.receipts_bytes)
     executor = ThreadPoolExecutor(max_workers=len(engine.sessions), thread_name_prefix="power-slot")
     auditor = Auditor(rate=options.audit_rate, engine=engine, metrics=metrics_, receipts=receipts, executor=executor,
                       require_identical=engine.sessions[0].config.require_identical)

@@ -14,11 +14,13 @@ slot comes back within one target pass; the request's receipt says ``cancelled``
 from __future__ import annotations
 
 import collections
+import json
+import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -34,7 +36,8 @@ from power_core.session import Generation, Session
 from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob
 
-__all__ = ["Job", "Delta", "Outcome", "ReceiptStore", "Metrics", "run_job"]
+__all__ = ["Job", "Delta", "Outcome", "ReceiptStore", "Metrics", "run_job", "StoreReport", "DurableStore",
+           "StoreHolder", "SOURCE_LABELS_MAX"]
 
 log = get_logger(__name__)
 
@@ -91,6 +94,100 @@ class Outcome:
     receipt: Receipt
     logprobs: tuple[TokenLogprob, ...]
     error: BaseException | None = None
+    #: the receipt's size as JSON (what :class:`ReceiptStore` budgets), measured on the worker thread
+    receipt_bytes: int = 0
+
+
+#: distinct proposal sources (``Proposal.source``, text a proposer chooses) ``/metrics`` labels by name;
+#: later ones, and any that is not a short plain name, are counted under ``other``
+SOURCE_LABELS_MAX = 16
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
+
+
+@runtime_checkable
+class StoreReport(Protocol):
+    """What a proposer's durable store says of itself (power-suffix's ``StoreStats`` has this shape):
+    counters since the process started, read when ``/metrics`` is scraped."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def open(self) -> bool: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def records(self) -> int: ...
+    @property
+    def appended(self) -> int: ...
+    @property
+    def synced(self) -> int: ...
+    @property
+    def syncs(self) -> int: ...
+    @property
+    def compactions(self) -> int: ...
+    @property
+    def last_sync_age_s(self) -> float | None: ...
+    @property
+    def corrupt_moved_aside(self) -> int: ...
+    @property
+    def torn_bytes_cut(self) -> int: ...
+    @property
+    def stale_tmp_removed(self) -> int: ...
+    @property
+    def write_errors(self) -> int: ...
+
+
+@runtime_checkable
+class DurableStore(Protocol):
+    """A memory that may keep a durable store (power-suffix's ``SuffixMemory``): ``None``, it has none."""
+
+    def store_stats(self) -> StoreReport | None: ...
+
+
+@runtime_checkable
+class StoreHolder(Protocol):
+    """A proposer with a memory that outlives requests (power-suffix's ``SuffixProposer``): the seam
+    through which ``/metrics`` exports its store's counters without naming the plugin."""
+
+    @property
+    def memory(self) -> object | None: ...
+
+
+def proposer_stores(proposers: Iterable[object]) -> list[StoreReport]:
+    """The durable stores behind ``proposers`` (each memory once: sessions share one), as they stand."""
+    seen: set[int] = set()
+    reports: list[StoreReport] = []
+    for proposer in proposers:
+        memory = proposer.memory if isinstance(proposer, StoreHolder) else None
+        if not isinstance(memory, DurableStore) or id(memory) in seen:
+            continue
+        seen.add(id(memory))
+        report = memory.store_stats()
+        if isinstance(report, StoreReport):  # (None: the memory has no store)
+            reports.append(report)
+    return reports
+
+
+#: the store gauges: the metric's name after ``power:proposer_store_``, its value in a report, its help
+_STORE_GAUGES: tuple[tuple[str, Callable[[StoreReport], float | None], str], ...] = (
+    ("healthy", lambda r: r.healthy, "1 while the store is appended to without failing writes, else 0"),
+    ("open", lambda r: r.open, "1 while the store is open for appending"),
+    ("bytes", lambda r: r.bytes, "Bytes of the store's file"),
+    ("records", lambda r: r.records, "Whole records in the store"),
+    ("appended", lambda r: r.appended, "Records this process appended"),
+    ("synced", lambda r: r.synced, "Records this process appended and fsynced"),
+    ("syncs", lambda r: r.syncs, "fsyncs of the store"),
+    ("compactions", lambda r: r.compactions, "Compactions of the store's log to a snapshot"),
+    ("last_sync_age_seconds", lambda r: r.last_sync_age_s, "Seconds since the store's last fsync (absent: none "
+     "yet)"),
+    ("corrupt_moved_aside", lambda r: r.corrupt_moved_aside, "Damaged stores moved aside at startup (the memory "
+     "started empty)"),
+    ("torn_bytes_cut", lambda r: r.torn_bytes_cut, "Bytes of torn tail cut from the store at startup"),
+    ("stale_tmp_removed", lambda r: r.stale_tmp_removed, "Stale temporary files removed at startup"),
+    ("write_errors", lambda r: r.write_errors, "Failed writes and fsyncs of the store"),
+)
 
 
 class Metrics:
@@ -159,6 +256,14 @@ class Metrics:
         self._prompts = [0, 0]  # requests, hits
         self.cache_evictions = Gauge("power:prompt_cache_evictions", "Saved states evicted for the budget "
                                      "(since the cache was made)", registry=r)
+        self._sources: set[str] = set()
+        self._sources_lock = threading.Lock()
+        self.receipts_bytes = Gauge("power:receipts_bytes", "Bytes (as JSON) of the receipts kept for "
+                                    "GET /v1/receipts/{id}", registry=r)
+        self.receipts_kept = Gauge("power:receipts_kept", "Receipts kept for GET /v1/receipts/{id}", registry=r)
+        self.store = {name: Gauge(f"power:proposer_store_{name}", text + " (a proposer memory's durable store, "
+                                  "e.g. --suffix-store)", ["store"], registry=r)
+                      for name, _, text in _STORE_GAUGES}
 
     def set_memory(self, memory: Mapping[str, Any]) -> None:
         """``TargetCapabilities.memory``'s answer as gauges: ``context`` is ``target`` or ``draft:<kind>``."""
@@ -192,6 +297,37 @@ class Metrics:
         self.cache_restores.set(st.restores)
         self.cache_evictions.set(st.evictions)
 
+    def receipts(self, store: ReceiptStore) -> None:
+        """The receipt store's gauges, as it stands now (read when ``/metrics`` is scraped)."""
+        kept, nbytes = store.usage()
+        self.receipts_kept.set(kept)
+        self.receipts_bytes.set(nbytes)
+
+    def stores(self, reports: Iterable[StoreReport]) -> None:
+        """The proposer stores' gauges (:func:`proposer_stores`), labelled by the store's path."""
+        for report in reports:
+            for name, read, _ in _STORE_GAUGES:
+                value = read(report)
+                gauge = self.store[name]
+                if value is None:  # (no fsync yet)
+                    try:
+                        gauge.remove(report.path)
+                    except KeyError:
+                        pass
+                    continue
+                gauge.labels(store=report.path).set(float(value))
+
+    def source(self, source: str) -> str:
+        """``source``'s label: itself while fewer than :data:`SOURCE_LABELS_MAX` distinct sources have
+        been labelled and it is a short plain name, else ``other`` (a proposer chooses the text)."""
+        with self._sources_lock:
+            if source in self._sources:
+                return source
+            if len(self._sources) < SOURCE_LABELS_MAX and _SOURCE_NAME.fullmatch(source):
+                self._sources.add(source)
+                return source
+        return "other"
+
     def round(self, record: RoundRecord) -> None:
         self.generation_tokens.inc(record.emitted)
         if record.proposed:
@@ -201,34 +337,68 @@ class Metrics:
             for pos in range(record.accepted):
                 self.accepted_per_pos.labels(position=str(pos)).inc()
             if record.source is not None:
-                self.draft_tokens_by_source.labels(source=record.source).inc(record.proposed)
-                self.accepted_by_source.labels(source=record.source).inc(record.accepted)
+                source = self.source(record.source)
+                self.draft_tokens_by_source.labels(source=source).inc(record.proposed)
+                self.accepted_by_source.labels(source=source).inc(record.accepted)
 
 
 @attrs.define(eq=False)
 class ReceiptStore:
-    """The full receipts of the most recent requests, by request id (oldest dropped first): an envelope
-    per request whose ``receipt`` is the :class:`~power_core.receipt.Receipt` (rendered when asked for)."""
+    """The full receipts of the most recent requests, by request id: an envelope per request whose
+    ``receipt`` is the :class:`~power_core.receipt.Receipt` (rendered when asked for). At most
+    ``capacity`` of them and ``budget_bytes`` of their JSON, the oldest dropped first; a receipt larger
+    than the whole budget is not kept, and :meth:`too_large` says so for it (the last ``capacity`` such ids)."""
 
     capacity: int = 256
-    _items: collections.OrderedDict[str, dict[str, Any]] = attrs.field(factory=collections.OrderedDict)
+    budget_bytes: int = 64 << 20
+    _items: collections.OrderedDict[str, tuple[dict[str, Any], int]] = attrs.field(factory=collections.OrderedDict)
+    _bytes: int = 0
+    _too_large: collections.OrderedDict[str, int] = attrs.field(factory=collections.OrderedDict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    def put(self, rid: str, receipt: dict[str, Any]) -> None:
+    def put(self, rid: str, receipt: dict[str, Any], nbytes: int) -> None:
+        """Keep ``receipt``, an envelope of ``nbytes`` bytes as JSON, dropping the oldest for the bounds."""
         with self._lock:
-            self._items[rid] = receipt
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            old = self._items.pop(rid, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if nbytes > self.budget_bytes:
+                self._too_large[rid] = nbytes
+                while len(self._too_large) > self.capacity:
+                    self._too_large.popitem(last=False)
+                return
+            self._items[rid] = (receipt, nbytes)
+            self._bytes += nbytes
+            self._trim()
+
+    def _trim(self) -> None:
+        while self._items and (len(self._items) > self.capacity or self._bytes > self.budget_bytes):
+            _, (_, n) = self._items.popitem(last=False)
+            self._bytes -= n
 
     def annotate(self, rid: str, key: str, value: Any) -> None:
         """Add ``key`` to a stored request's envelope (next to its receipt), if it is still kept."""
         with self._lock:
             if rid in self._items:
-                self._items[rid] = {**self._items[rid], key: value}
+                envelope, n = self._items[rid]
+                self._items[rid] = ({**envelope, key: value}, n + len(json.dumps({key: value}, default=str)))
+                self._bytes += self._items[rid][1] - n
+                self._trim()
 
     def get(self, rid: str) -> dict[str, Any] | None:
         with self._lock:
-            return self._items.get(rid)
+            found = self._items.get(rid)
+            return found[0] if found is not None else None
+
+    def too_large(self, rid: str) -> int | None:
+        """The size of ``rid``'s receipt when it was not kept because it alone exceeded the budget."""
+        with self._lock:
+            return self._too_large.get(rid)
+
+    def usage(self) -> tuple[int, int]:
+        """Receipts kept, and their bytes."""
+        with self._lock:
+            return len(self._items), self._bytes
 
 
 def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
@@ -316,4 +486,5 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
         reason = "stop" if receipt.finish_reason == "stop" else "length"
     metrics.requests.labels(finished_reason=reason).inc()
     metrics.by_strategy.labels(strategy=str(receipt.strategy["name"])).inc()
-    return Outcome(tokens=gen.tokens, text=gen.text() or "", receipt=receipt, logprobs=gen.logprobs, error=error)
+    return Outcome(tokens=gen.tokens, text=gen.text() or "", receipt=receipt, logprobs=gen.logprobs, error=error,
+                   receipt_bytes=len(receipt.to_json(indent=None)))
