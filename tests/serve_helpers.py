@@ -88,3 +88,18 @@ def listening(cmd: list[str], *, startup_s: float = 180.0, env: dict[str, str] |
                 proc.kill()
                 proc.wait()
         reader.join(5)
+
+
+def asgi(app, *calls: tuple[str, str, dict | None], timeout: float = 30.0) -> list:
+    """Send ``calls`` (``(method, path, json)``) to the ASGI ``app`` in process, one after another, each
+    within ``timeout`` seconds; their ``httpx`` responses."""
+    import asyncio
+
+    import httpx
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return [await asyncio.wait_for(client.request(method, path, json=body), timeout)
+                    for method, path, body in calls]
+
+    return asyncio.run(go())

@@ -13,7 +13,7 @@ import pytest
 from power_core.errors import Cancelled, Overloaded
 from power_core.session import Session
 from power_core.transaction import CancelToken
-from tests.serve_helpers import power_cmd, served
+from tests.serve_helpers import asgi, power_cmd, served
 
 pytestmark = pytest.mark.slow
 
@@ -334,18 +334,6 @@ def test_receipts_say_whether_requests_shared_target_passes(server, client, mode
 
 
 # -- faults: every client gets an answer (issue 44) ----------------------------------------------------
-def _asgi(app, *calls):
-    """Send ``calls`` (``(method, path, json)``) to ``app`` in process, one after another, each within
-    30 s; their responses."""
-    import asyncio
-
-    async def go() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return [await asyncio.wait_for(client.request(method, path, json=body), 30)
-                    for method, path, body in calls]
-
-    return asyncio.run(go())
 
 
 def _sse_data(text: str) -> list[str]:
@@ -367,7 +355,7 @@ def test_a_stream_whose_request_crashes_ends_with_an_error_event(monkeypatch):
     with open_session("reference", "ref-draft") as s:
         app = create_app(s.driver(), ServeOptions(model_name="m"))
         body = {"model": "m", "prompt": "abc", "max_tokens": 8}
-        streamed, whole, health = _asgi(app, ("POST", "/v1/completions", {**body, "stream": True}),
+        streamed, whole, health = asgi(app, ("POST", "/v1/completions", {**body, "stream": True}),
                                         ("POST", "/v1/completions", body), ("GET", "/health", None))
         app.state.power.executor.shutdown(wait=True)
     assert streamed.status_code == 200
@@ -404,7 +392,7 @@ def test_health_is_unhealthy_and_requests_fail_fast_once_the_engine_failed():
         reader.join(20)
         assert out and not reader.is_alive()
         app = create_app(engine, ServeOptions(model_name="m"))
-        health, got = _asgi(app, ("GET", "/health", None),
+        health, got = asgi(app, ("GET", "/health", None),
                             ("POST", "/v1/completions", {"model": "m", "prompt": "abc", "max_tokens": 4}))
         app.state.power.executor.shutdown(wait=True)
     finally:

@@ -4,27 +4,16 @@ memory's durable store (``--suffix-store``) through a typed seam, without the co
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import attrs
-import httpx
 import pytest
 
 pytest.importorskip("prometheus_client")
 
 from power_core.serve.jobs import SOURCE_LABELS_MAX, Metrics, ReceiptStore, proposer_stores  # noqa: E402
 from power_core.transaction import RoundRecord  # noqa: E402
-
-
-def _asgi(app: Any, *calls: tuple[str, str, dict | None]) -> list[httpx.Response]:
-    async def go() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return [await asyncio.wait_for(client.request(method, path, json=body), 30)
-                    for method, path, body in calls]
-
-    return asyncio.run(go())
+from tests.serve_helpers import asgi  # noqa: E402
 
 
 def _sample(text: str, name: str, **labels: str) -> float | None:
@@ -85,9 +74,9 @@ def test_the_server_budgets_receipts_and_answers_410_for_one_too_large() -> None
     with open_session("reference", "ref-draft") as s:
         for budget in (64 << 20, 64):  # the default, and less than any receipt
             app = create_app(s.driver(), ServeOptions(model_name="m", receipts_bytes=budget))
-            done = _asgi(app, ("POST", "/v1/completions", body))[0]
+            done = asgi(app, ("POST", "/v1/completions", body))[0]
             rid = done.json()["power"]["receipt_id"]
-            got, missing, metrics = _asgi(app, ("GET", f"/v1/receipts/{rid}", None),
+            got, missing, metrics = asgi(app, ("GET", f"/v1/receipts/{rid}", None),
                                           ("GET", "/v1/receipts/cmpl-nope", None), ("GET", "/metrics", None))
             app.state.power.executor.shutdown(wait=True)
             results[budget] = done, got, missing, metrics
@@ -204,7 +193,7 @@ def test_a_suffix_store_is_in_metrics(tmp_path) -> None:
                       spec_suffix_store_sync_requests=1)
     with Session.open(cfg, model="reference") as s:
         app = create_app(s.driver(), ServeOptions(model_name="m"))
-        done, metrics = _asgi(app, ("POST", "/v1/completions", {"model": "m", "prompt": "abcabcabc", "max_tokens": 8}),
+        done, metrics = asgi(app, ("POST", "/v1/completions", {"model": "m", "prompt": "abcabcabc", "max_tokens": 8}),
                               ("GET", "/metrics", None))
         app.state.power.executor.shutdown(wait=True)
         path = s.proposer.memory.store_stats().path
@@ -224,6 +213,6 @@ def test_no_store_no_store_metrics() -> None:
 
     with open_session("reference", "ref-draft") as s:
         app = create_app(s.driver(), ServeOptions(model_name="m"))
-        (metrics,) = _asgi(app, ("GET", "/metrics", None))
+        (metrics,) = asgi(app, ("GET", "/metrics", None))
         app.state.power.executor.shutdown(wait=True)
     assert "power:proposer_store_healthy{" not in metrics.text

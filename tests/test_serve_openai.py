@@ -7,7 +7,6 @@ capped only by the operator's ``--max-tokens``."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import inspect
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 
 from power_core.serve import ServeOptions, create_app, protocol
 from tests.helpers import open_session
+from tests.serve_helpers import asgi
 
 ROOT = Path(__file__).resolve().parents[1]
 HERMES = (ROOT / "docs" / "examples" / "hermes-tools.jinja").read_text()
@@ -40,12 +40,7 @@ def _served(n_ctx: int = 256, **options: Any) -> Iterator[tuple[Any, Any]]:
 
 def _post(app: Any, *calls: tuple[str, dict[str, Any]]) -> list[httpx.Response]:
     """POST each ``(path, body)`` to ``app`` in process, one after another, each within 60 s."""
-
-    async def go() -> list[httpx.Response]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-            return [await asyncio.wait_for(client.post(path, json=body), 60) for path, body in calls]
-
-    return asyncio.run(go())
+    return asgi(app, *(("POST", path, body) for path, body in calls), timeout=60)
 
 
 # -- 1. a tool call's arguments is an opaque string ------------------------------------------------------
