@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(ROOT / "tests" / "native"))
 from bench_serve import LLAMA_ANNOUNCE, Quiet, _llama_result, _power_result, peer_bin_dir, percentile, power_run, stats  # noqa: E402
+from host_clock import compute_clock, split, traced_env  # noqa: E402
 
 from power_core.bench import peer_env  # noqa: E402
 from tests.serve_helpers import listening, power_cmd  # noqa: E402
@@ -74,7 +76,7 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
         try:
             with httpx.Client(timeout=1800) as c:
                 gate.wait()
-                t0 = time.perf_counter()
+                t0 = time.perf_counter_ns()  # CLOCK_MONOTONIC: the compute clock's (host_clock)
                 for body in per_client[k]:
                     t1 = time.perf_counter()
                     r = c.post(url + "/v1/completions", json=body)
@@ -82,7 +84,7 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
                     out = parse(r.json(), time.perf_counter() - t1)
                     out["prompt"] = PROMPTS.index(body["prompt"]) if body["prompt"] in PROMPTS else -1
                     results[k].append(out)
-                spans.append((t0, time.perf_counter()))
+                spans.append((t0, time.perf_counter_ns()))
         except BaseException as exc:  # reported after every thread ended
             errors.append(exc)
 
@@ -94,8 +96,10 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
     if errors:
         raise errors[0]
     flat = [r for rs in results for r in rs]
-    makespan = max(e for _, e in spans) - min(s for s, _ in spans)
-    return {"makespan_s": makespan, "aggregate_tok_s": sum(r["n"] for r in flat) / makespan, "results": flat}
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    makespan = (end - start) * 1e-9
+    return {"makespan_s": makespan, "aggregate_tok_s": sum(r["n"] for r in flat) / makespan, "results": flat,
+            "window_ns": (start, end)}
 
 
 def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path, quiet: Quiet) -> dict[str, Any]:
@@ -113,20 +117,30 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
             "--spec-draft-p-min", str(args.p_min), "--no-webui"]
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {"power": {1: [], 4: []}, "llama": {1: [], 4: []}}
 
+    shim = compute_clock(tmp)
+
     def measure(side: str, clients: int) -> dict[str, Any]:
         # one server at a time (an idle one's spinning threads would take the other's cores), fresh for each
-        # measurement (a server that learns across requests would copy an earlier answer), one warm-up request
+        # measurement (a server that learns across requests would copy an earlier answer), one warm-up request;
+        # both under the compute clock, so the window splits into llama.cpp compute and host time alike
+        trace = tmp / f"trace-{side}-{clients}.txt"
+        trace.unlink(missing_ok=True)
         if side == "power":
-            with listening(power) as s:
+            with listening(power, env=traced_env(dict(os.environ), shim, trace)) as s:
                 name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
                 bodies = [{"model": name, "prompt": p, "max_tokens": args.tokens} for p in PROMPTS]
                 _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _power_result)
-                return _clients(s.url, bodies, clients, _power_result)
-        with listening(peer, env=env, announce=LLAMA_ANNOUNCE) as s:
-            bodies = [{"model": "peer", "prompt": p, "max_tokens": args.tokens, "temperature": 0, "top_k": 1, "seed": 0}
-                      for p in PROMPTS]
-            _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _llama_result)
-            return _clients(s.url, bodies, clients, _llama_result)
+                res = _clients(s.url, bodies, clients, _power_result)
+        else:
+            with listening(peer, env=traced_env(env, shim, trace), announce=LLAMA_ANNOUNCE) as s:
+                bodies = [{"model": "peer", "prompt": p, "max_tokens": args.tokens, "temperature": 0, "top_k": 1,
+                           "seed": 0} for p in PROMPTS]
+                _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _llama_result)
+                res = _clients(s.url, bodies, clients, _llama_result)
+        host = split(trace, *res.pop("window_ns"))
+        res.update(compute_s=host.compute_s, host_s=host.host_s, rounds=host.rounds,
+                   host_us_per_request=host.host_us_per(len(res["results"])), host_us_per_round=host.host_us_per(host.rounds))
+        return res
 
     for i in range(args.runs):
         for clients in (1, 4):
@@ -154,7 +168,10 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
                               [r["acceptance"] for r in flat if PROMPTS[r["prompt"]] == p and r["acceptance"] is not None]
                               or [float("nan")]) for p in PROMPTS},
                           "same_text": all(r["same_text"] for r in flat), "requests": len(flat),
-                          "foreign_cpu": stats([r["foreign_cpu"] for r in runs])}
+                          "foreign_cpu": stats([r["foreign_cpu"] for r in runs]),
+                          "host_us_per_request": stats([r["host_us_per_request"] for r in runs]),
+                          "host_us_per_round": stats([r["host_us_per_round"] for r in runs]),
+                          "compute_share": stats([r["compute_s"] / r["makespan_s"] for r in runs])}
         cell["power_over_llama"] = stats([a["aggregate_tok_s"] / b["aggregate_tok_s"] for a, b in
                                           zip(raw["power"][clients], raw["llama"][clients], strict=True)])
         cell["per_run_ratios"] = [round(a["aggregate_tok_s"] / b["aggregate_tok_s"], 3) for a, b in
@@ -185,6 +202,20 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"{q['latency_p50_s']:.2f} / {q['latency_p99_s']:.2f} | {p['acceptance_median']:.3f} | "
                 f"{q['acceptance_median'] if q['acceptance_median'] is None else round(q['acceptance_median'], 3)} | "
                 f"{'yes' if p['same_text'] and q['same_text'] else 'NO'} |")
+    lines += ["", "Host time (wall minus the time inside llama.cpp's decode calls, both sides under "
+              "`tests/bench/compute_clock.c`; a round = one target pass; medians over the runs):", "",
+              "| drafter | clients | host µs / request Power | llama-server | host µs / round Power | llama-server | "
+              "compute share Power | llama-server |", "|---|---|---|---|---|---|---|---|"]
+
+    def num(x: dict[str, float] | None, fmt: str) -> str:
+        return "—" if x is None else format(x["median"], fmt)
+
+    for suite, r in report["suites"].items():
+        for c in (1, 4):
+            p, q = r[f"c{c}"]["power"], r[f"c{c}"]["llama"]
+            lines.append(f"| {suite} | {c} | {num(p['host_us_per_request'], '.0f')} | {num(q['host_us_per_request'], '.0f')} | "
+                         f"{num(p['host_us_per_round'], '.0f')} | {num(q['host_us_per_round'], '.0f')} | "
+                         f"{num(p['compute_share'], '.2f')} | {num(q['compute_share'], '.2f')} |")
     lines.append("")
     for suite, r in report["suites"].items():
         lines.append(f"- {suite}: acceptance at 4 clients minus 1 client: Power "

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,21 +47,13 @@ sys.path.insert(0, str(ROOT / "tests" / "native"))
 sys.path.insert(0, str(ROOT / "native" / "tools"))
 import build_llama  # noqa: E402
 from bench_native import ACCEPT_RE, SPEC_RE, run_measured, stats  # noqa: E402
+from host_clock import compute_clock  # noqa: E402
 
 PROMPT = "hello world, this is a test prompt for the speculative decoding benchmark"
 
 
 PEER_FAILURES: list[str] = []
 COUNT_RE = re.compile(r"(n_predict|n_accept)\s+=\s+(\d+)")
-
-
-def compute_clock(out_dir: Path) -> Path:
-    """Compile ``compute_clock.c`` against the pinned llama.cpp headers."""
-    inc = build_llama.source_dir()
-    lib = out_dir / "libcompute_clock.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(HERE.parent / "compute_clock.c"), f"-I{inc / 'include'}",
-                    f"-I{inc / 'ggml' / 'include'}", "-ldl", "-o", str(lib)], check=True)
-    return lib
 
 
 def peer_host_us(trace: Path, n_tokens: int, tok_s: float, rounds: int) -> float:

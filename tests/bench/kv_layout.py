@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from power_native import _llama
+from power_native.loading import load_model, numerics_guard
 from power_native.models import resolve_model
-from power_native.target import _numerics, load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
 from native_helpers import rollback_rows_differ  # noqa: E402
@@ -139,7 +139,7 @@ def first_differences(model: _llama.Model, unified: bool) -> list[int | None]:
 
 def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m"
-    _numerics.acquire("exact")
+    numerics_guard.acquire("exact")
     model = load_model(resolve_model(name), repack=False)  # exact numerics: weights as stored, as Power loads them
     for unified in (False, True):
         layout = "unified" if unified else "streams"

@@ -9,7 +9,8 @@ pytest.importorskip("power_native._llama")
 
 from native_helpers import write_metadata  # noqa: E402
 from power_native import _llama  # noqa: E402
-from power_native.target import load_model, open_target  # noqa: E402
+from power_native.loading import load_model
+from power_native.target import open_target  # noqa: E402
 
 from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault  # noqa: E402
 

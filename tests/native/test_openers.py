@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from power_native import _llama, draft, target  # noqa: E402
+from power_native import _llama, backend, draft, loading, target  # noqa: E402
 
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.errors import RuntimeFault  # noqa: E402
@@ -49,7 +49,7 @@ def contexts(monkeypatch):
 @pytest.fixture
 def numerics():
     """The open-target count per numerics mode before the test; the test compares after."""
-    return dict(target._numerics._open)
+    return dict(loading.numerics_guard._open)
 
 
 def _closed(ctx: _llama.Context) -> bool:
@@ -66,20 +66,20 @@ def _request(path, *, verify_cost: bool = False, **cfg) -> OpenRequest:
 
 
 def test_open_llama_batch_closes_its_batch_when_the_cost_curve_fails(tiny_llama, contexts, numerics, monkeypatch):
-    monkeypatch.setattr(target, "verify_cost_curve", _boom)
+    monkeypatch.setattr(backend, "verify_cost_curve", _boom)
     with pytest.raises(Boom) as failed:
-        target.open_llama_batch(_request(tiny_llama, verify_cost=True), 2)
+        backend.open_llama_batch(_request(tiny_llama, verify_cost=True), 2)
     assert failed.value is not None  # the traceback (and the opener's frame) is still alive here
     assert contexts and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_open_llama_batch_closes_its_context_when_warm_up_fails(tiny_llama, contexts, numerics, monkeypatch):
-    monkeypatch.setattr(target, "warm_up", _boom)
+    monkeypatch.setattr(backend, "warm_up", _boom)
     with pytest.raises(Boom):
-        target.open_llama_batch(_request(tiny_llama, warmup=True), 2)
+        backend.open_llama_batch(_request(tiny_llama, warmup=True), 2)
     assert contexts and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_open_target_closes_its_context_when_warm_up_fails(tiny_llama, contexts, numerics, monkeypatch):
@@ -87,35 +87,35 @@ def test_open_target_closes_its_context_when_warm_up_fails(tiny_llama, contexts,
     with pytest.raises(Boom):
         target.open_target(tiny_llama, n_ctx=256, max_block=4, snapshots=0, n_threads=2, warmup=True)
     assert contexts and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_open_llama_closes_its_target_when_the_cost_curve_fails(tiny_llama, contexts, numerics, monkeypatch):
-    monkeypatch.setattr(target, "verify_cost_curve", _boom)
+    monkeypatch.setattr(backend, "verify_cost_curve", _boom)
     with pytest.raises(Boom):
-        target.open_llama(_request(tiny_llama, verify_cost=True))
+        backend.open_llama(_request(tiny_llama, verify_cost=True))
     assert contexts and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_open_llama_closes_its_target_when_a_late_step_fails(tiny_llama, contexts, numerics, monkeypatch):
-    monkeypatch.setattr(target, "LlamaTokenizer", _boom)
+    monkeypatch.setattr(backend, "LlamaTokenizer", _boom)
     with pytest.raises(Boom):
-        target.open_llama(_request(tiny_llama))
+        backend.open_llama(_request(tiny_llama))
     assert contexts and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_open_llama_batch_closes_its_batch_when_a_late_step_fails(tiny_llama, contexts, numerics, monkeypatch):
-    monkeypatch.setattr(target, "LlamaTokenizer", _boom)
+    monkeypatch.setattr(backend, "LlamaTokenizer", _boom)
     with pytest.raises(Boom):
-        target.open_llama_batch(_request(tiny_llama), 2)
+        backend.open_llama_batch(_request(tiny_llama), 2)
     assert contexts and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_the_draft_model_context_closes_when_warm_up_fails(tiny_llama, contexts, monkeypatch):
-    model = target.load_model(tiny_llama, role="draft")
+    model = loading.load_model(tiny_llama, role="draft")
     monkeypatch.setattr(draft, "warm_up", _boom)
     with pytest.raises(Boom):
         draft.SharedDraftModel(model, n_ctx=256, k_max=4, n_threads=2, warmup=True)
@@ -135,7 +135,7 @@ def test_a_draft_model_session_closes_both_contexts_when_the_draft_fails(tiny_ll
     monkeypatch.setattr(draft, "warm_up", _boom)
     _session_open_fails(PowerConfig(spec_mode="draft-model", n_ctx=256, n_threads=2), tiny_llama, tiny_llama)
     assert len(contexts) == 2 and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_a_block_draft_session_closes_both_contexts_when_the_driver_fails(tiny_dir, tiny_llama, contexts,
@@ -146,7 +146,7 @@ def test_a_block_draft_session_closes_both_contexts_when_the_driver_fails(tiny_d
     monkeypatch.setattr(_llama, "BlockDraft", _boom)
     _session_open_fails(PowerConfig(spec_mode="dflash", n_ctx=256, n_threads=2), tiny_llama, dflash)
     assert len(contexts) == 2 and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics
 
 
 def test_an_mtp_session_closes_both_contexts_when_the_head_fails(tiny_qwen35_mtp, contexts, numerics, monkeypatch):
@@ -154,4 +154,4 @@ def test_an_mtp_session_closes_both_contexts_when_the_head_fails(tiny_qwen35_mtp
     monkeypatch.setattr(mtp, "MtpHead", _boom)
     _session_open_fails(PowerConfig(spec_mode="mtp", n_ctx=256, n_threads=2), tiny_qwen35_mtp)
     assert len(contexts) == 2 and all(_closed(c) for c in contexts)
-    assert target._numerics._open == numerics
+    assert loading.numerics_guard._open == numerics

@@ -123,6 +123,6 @@ def test_session_selftest_probes_the_padded_target(tiny_llama):
 
 
 def test_padded_cost_curve_is_cached_apart():
-    from power_native.target import _cost_cache
+    from power_native.backend import _cost_cache
 
     assert _cost_cache("d", 2, 8, "exact", 8) != _cost_cache("d", 2, 8, "exact", 0)

@@ -39,7 +39,7 @@ cnp.import_array()
 
 class NoMemorySlot(CapacityError):
     """llama_decode found no memory slot for the batch (rc=1): the context is full, or, in a cache
-    shared by several sequences, fragmented (:meth:`power_native.target.LlamaBatch.compact`)."""
+    shared by several sequences, fragmented (:meth:`power_native.batch.LlamaBatch.compact`)."""
 
 cdef extern from *:
     """

@@ -17,7 +17,7 @@ Everything but the readout lives here, once (``common/speculative.cpp``,
   plugin's :class:`Readout` and cut to the round's ``k``; the noise rows leave the KV again;
 * ``restore`` trims the draft KV back to the round's checkpoint;
 * one draft context serves every sequence of the target (its
-  :class:`~power_native.target.DraftPool`; a KV stream per sequence, each sequence's state its own):
+  :class:`~power_native.pool.DraftPool`; a KV stream per sequence, each sequence's state its own):
   concurrent requests are asked together (:meth:`SharedBlockDraft.propose_many`), their noise blocks
   decoded in one pass, each read through its own batch entries (``common_speculative_draft`` over
   llama.cpp's slots), so each proposal is the one its request would get alone.
@@ -96,7 +96,7 @@ _ALONE = {"draft_passes": 1.0, "draft_batch": 1.0}
 
 class SharedBlockDraft:
     """One DFlash-family draft context for every sequence of a target (held by its
-    :class:`~power_native.target.DraftPool`), and the :class:`~power_core.runtime.ProposalBatch` of
+    :class:`~power_native.pool.DraftPool`), and the :class:`~power_core.runtime.ProposalBatch` of
     the proposers on it: :meth:`propose_many` decodes every asking sequence's noise block in one
     pass, each at its own positions, and reads each block's rows by its own batch entries."""
 
@@ -117,7 +117,7 @@ class SharedBlockDraft:
 
     @property
     def ctx(self) -> _llama.Context:
-        """The draft's llama context (:class:`~power_native.target.SharedDraft`)."""
+        """The draft's llama context (:class:`~power_native.pool.SharedDraft`)."""
         return self.draft.ctx
 
     def rows(self) -> BlockRows:
@@ -315,7 +315,8 @@ def open_block_draft(req: ProposerRequest, make_readout: Callable[[_llama.Model,
     block size, causality, sample_from_anchor); the loaded model is cross-checked against it before
     any decode."""
     from power_native import _llama
-    from power_native.target import draft_graph_sampling, llama_target, load_model, offload
+    from power_native.loading import draft_graph_sampling, load_model, offload
+    from power_native.target import llama_target
 
     target = llama_target(req.opened.target, "block drafters run")
     tctx = target.ctx

@@ -7,7 +7,7 @@ the anchor) and decodes what is missing together with the anchor, then drafts on
 With the target file as its own draft every proposal is accepted.
 
 One draft context serves every sequence of the target (its
-:class:`~power_native.target.DraftPool`; a KV stream per sequence). Concurrent requests are asked
+:class:`~power_native.pool.DraftPool`; a KV stream per sequence). Concurrent requests are asked
 together (:meth:`SharedDraftModel.propose_many`, llama.cpp's ``common_speculative_draft`` over its
 slots): one pass decodes every request's missing history and anchor, then each step decodes one
 token per request still drafting; a request that drafts fewer tokens leaves the passes early.
@@ -24,7 +24,8 @@ from power_core.errors import ArtifactMismatch, CapacityError
 from power_core.runtime import DecodeResult, Proposal, ProposalContext, Proposer, ProposerCapabilities, TokenArray
 from power_core.spec import ProposerRequest
 from power_native import _llama
-from power_native.target import PREFILL_BATCH, draft_graph_sampling, llama_target, load_model, offload, warm_up
+from power_native.loading import draft_graph_sampling, load_model, offload, warm_up
+from power_native.target import PREFILL_BATCH, llama_target
 
 __all__ = ["SharedDraftModel", "DraftModelProposer", "make_draft_proposer"]
 

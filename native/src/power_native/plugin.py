@@ -27,13 +27,13 @@ def _resolve(model: str | None) -> str:
 
 
 def _open(req):
-    from power_native.target import open_llama
+    from power_native.backend import open_llama
 
     return open_llama(req)
 
 
 def _open_batch(req, n):
-    from power_native.target import open_llama_batch
+    from power_native.backend import open_llama_batch
 
     return open_llama_batch(req, n)
 

@@ -11,31 +11,24 @@ restored and the core replays the accepted prefix.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
 
-from power_core.artifacts import ArtifactView, check_architecture, file_digest
 from power_core.artifacts.archs import NEXTN_TAP_ARCHS
-from power_core.config import NUMERICS, PowerConfig
 from power_core.errors import ArtifactError, CapacityError, ConfigError, RuntimeFault, StateLost, StrategyNotFound
 from power_core.logs import get_logger
-from power_core.runtime import BatchItem, DecodeResult, TargetCapabilities, TokenArray
-from power_core.spec import Grammars, OpenedBatch, OpenedModel, OpenRequest, Vocabulary
-from power_native import _llama, build_info
-from power_native.models import resolve_model
+from power_core.runtime import DecodeResult, TargetCapabilities, TokenArray
+from power_native import _llama
+from power_native.loading import is_offloaded, load_model, numerics_guard, warm_up
+from power_native.pool import DraftPool, context_memory
 
-__all__ = ["LlamaCheckpoint", "LlamaTarget", "LlamaTokenizer", "Offload", "open_llama", "load_model", "layer_feature",
-           "llama_target", "offload", "PREFILL_BATCH", "TARGET_FEATURES", "NUMERICS", "CUDA_BUILD"]
+__all__ = ["LlamaCheckpoint", "LlamaTarget", "layer_feature", "llama_target", "open_target", "PREFILL_BATCH",
+           "TARGET_FEATURES"]
 
 log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
 _T = TypeVar("_T")
@@ -76,44 +69,6 @@ def layer_feature(layer: int) -> str:
     """The feature name of target layer ``layer``'s input tap."""
     return f"{_LAYER_PREFIX}{int(layer)}"
 
-
-class _NumericsGuard:
-    """The target's kernels (config ``numerics``). ``exact``: ggml-cpu's batch-invariant switch
-    (``native/patches/0002-batch-invariant-cpu.patch`` and ``0005-batch-invariant-fast-paths.patch``) is
-    on, so a verify row has the bits of a one-token decode (docs/numerics.md); it is on before a model
-    loads, which then repacks only the layouts whose kernels keep that promise. ``stock``: llama.cpp's
-    own kernels (tiled K-quant GEMM, n == 1 special cases), as its binaries run.
-
-    The switch is process-wide, so targets of both numerics cannot be open at once (a stock decode
-    would flip an exact one's kernels mid-pass): this counts the open targets per mode."""
-
-    def __init__(self) -> None:
-        # reentrant: a finalizer's release() may run from garbage collection inside acquire()
-        self._lock = threading.RLock()
-        self._open = {mode: 0 for mode in NUMERICS}
-
-    def acquire(self, mode: str) -> None:
-        if mode not in NUMERICS:
-            raise ConfigError("numerics", mode, " or ".join(repr(m) for m in NUMERICS))
-        with self._lock:
-            other = next((m for m in NUMERICS if m != mode and self._open[m]), None)
-            if other is not None:
-                raise ConfigError("numerics", mode, f"{other!r} while a target with numerics {other!r} is open in "
-                                  "this process", "ggml's batch-invariant switch is process-wide; close the other "
-                                  "session first or open both with the same numerics")
-            self._open[mode] += 1
-            _llama.set_batch_invariant(mode == "exact")
-
-    def release(self, mode: str) -> None:
-        with self._lock:
-            self._open[mode] = max(0, self._open[mode] - 1)
-            if not any(self._open.values()):
-                _llama.set_batch_invariant(False)  # back to stock: raw contexts see llama.cpp's kernels
-
-
-_numerics = _NumericsGuard()
-
-
 def _layer_of(name: str) -> int | None:
     rest = name[len(_LAYER_PREFIX):] if name.startswith(_LAYER_PREFIX) else ""
     return int(rest) if rest.isdigit() else None
@@ -131,252 +86,6 @@ class LlamaCheckpoint:
     state: bytes | bytearray | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
     slot: int = 0
     ident: int = 0
-
-
-#: the install that gives power-native llama.cpp's CUDA backend
-CUDA_BUILD = "POWER_NATIVE_CUDA=1 pip install ./native"
-
-
-@attrs.frozen
-class Offload:
-    """Where a session's layers go (config ``n_gpu_layers``, ``draft_gpu_layers``, ``devices``,
-    ``rpc_servers``), checked against this build by :func:`offload`."""
-
-    #: target layers offloaded (-1: all) to ``devices`` and the RPC servers
-    n_gpu_layers: int
-    #: this build's devices the target's offloaded layers go to (besides the RPC servers)
-    devices: tuple[str, ...]
-    draft_gpu_layers: int
-    draft_devices: tuple[str, ...]
-    #: every device that holds layers of the session: the CPU first
-    used: tuple[str, ...]
-
-
-def offload(cfg: PowerConfig) -> Offload:
-    """``cfg``'s offload on this build, before any model loads. Named ``devices`` must be GPUs of the
-    build; unnamed, offloaded layers go to every discrete GPU (integrated ones when there is none),
-    as llama.cpp picks. A GPU asked of a build without one is a :class:`ConfigError` naming the key
-    and :data:`CUDA_BUILD`, never a silent CPU run. ``n_gpu_layers = 0`` with ``rpc_servers`` puts
-    every target layer on the servers."""
-    found = _llama.backend_devices()
-    cpu = tuple(name for name, kind in found if kind == "cpu")
-    gpus = (tuple(name for name, kind in found if kind == "gpu")
-            or tuple(name for name, kind in found if kind == "igpu"))
-    local = cfg.n_gpu_layers != 0 and not cfg.rpc_servers  # target layers on this machine's GPUs
-    asked = [(k, v) for k, v in (("devices", list(cfg.devices)), ("n_gpu_layers", cfg.n_gpu_layers if local else 0),
-                                 ("draft_gpu_layers", cfg.draft_gpu_layers)) if v]
-    if asked and not gpus:
-        key, value = asked[0]
-        allowed = "no device names" if key == "devices" else "0"
-        raise ConfigError(key, value, f"{allowed} on this power-native build: it has no GPU device (its devices: "
-                          f"{', '.join(name for name, _ in found)})",
-                          f"reinstall it with llama.cpp's CUDA backend: {CUDA_BUILD}")
-    offloadable = {name for name, kind in found if kind in ("gpu", "igpu")}
-    unknown = [d for d in cfg.devices if d not in offloadable]
-    if unknown:
-        raise ConfigError("devices", list(cfg.devices),
-                          f"names of this build's GPU devices: {', '.join(sorted(offloadable))}",
-                          f"{', '.join(unknown)} is not one of them")
-    chosen = cfg.devices or gpus
-    devices = cfg.devices if cfg.rpc_servers else chosen if cfg.n_gpu_layers or cfg.devices else ()
-    draft_devices = chosen if cfg.draft_gpu_layers else ()
-    layers = cfg.n_gpu_layers or (-1 if cfg.rpc_servers else 0)
-    return Offload(n_gpu_layers=layers, devices=devices, draft_gpu_layers=cfg.draft_gpu_layers,
-                   draft_devices=draft_devices, used=cpu + tuple(dict.fromkeys(devices + draft_devices)))
-
-
-def warm_up(ctx: _llama.Context) -> None:
-    """One throwaway decode of ``[BOS, EOS]`` on ``ctx``, as llama.cpp's ``common_init_from_params``
-    does at load (``--warmup``): a context's first pass pages the weights in and sizes its compute
-    buffers, which no request should pay for (config ``warmup``). The memory is cleared after."""
-    model = ctx.model
-    toks = [t for t in (model.bos, model.eos) if 0 <= t < ctx.n_vocab] or [0]
-    ctx.decode(np.asarray(toks[: ctx.n_batch], dtype=np.int32), 0, all_outputs=False)
-    ctx.clear(False)
-
-
-def is_offloaded(rpc_servers: tuple[str, ...] | list[str], n_gpu_layers: int) -> bool:
-    """A target's layers run off the host (a GPU or rpc-server): its rows and state live there."""
-    return bool(rpc_servers) or n_gpu_layers != 0
-
-
-def draft_graph_sampling(cfg: PowerConfig, offloaded: bool) -> bool:
-    """Whether a drafter whose proposals are its rows' argmax samples them in its graph (config
-    ``sampling_in_graph``): ``on``, or ``auto`` where its rows would leave a device (``offloaded``).
-    Drafts are greedy whatever the request samples, so this is decided once, when the proposer opens."""
-    return cfg.sampling_in_graph == "on" or (cfg.sampling_in_graph == "auto" and offloaded)
-
-
-#: loaded models by (real path, size, mtime, load_mtp, repack, batch-invariant switch at load (it picks the
-#: repacked layouts), rpc servers, offload): sessions on the
-#: same file share one set of weights (each has its own contexts); an entry goes when its last context
-#: and session do
-_MODELS: weakref.WeakValueDictionary[tuple, _llama.Model] = weakref.WeakValueDictionary()
-_MODELS_LOCK = threading.Lock()
-
-
-def load_model(path: str | os.PathLike[str], *, role: str = "model", load_mtp: bool = False,
-               view: ArtifactView | None = None, repack: bool = True, rpc_servers: tuple[str, ...] = (),
-               n_gpu_layers: int = 0, devices: tuple[str, ...] = ()) -> _llama.Model:
-    """Inspect the file with the core's bounded GGUF parser (missing, directory, not GGUF, truncated,
-    lying tensor table: typed errors before llama.cpp sees it), then load it — or return the model
-    already loaded from the same unchanged file with the same options (``POWER_NATIVE_SHARED_WEIGHTS=0``
-    loads a private copy each time, e.g. to measure what sharing saves). ``n_gpu_layers`` layers go to
-    ``devices`` and ``rpc_servers`` (:class:`Offload`); none: every layer on the CPU."""
-    share = os.environ.get("POWER_NATIVE_SHARED_WEIGHTS", "1") not in ("0", "false", "no")
-    try:
-        st = os.stat(path)
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, load_mtp, repack, _llama.batch_invariant(),
-               tuple(rpc_servers), n_gpu_layers, tuple(devices))
-    except OSError:
-        key = None  # missing or unreadable: _load says so with its typed error
-    if share and key is not None:
-        with _MODELS_LOCK:
-            model = _MODELS.get(key)
-            if model is None:
-                model = _MODELS[key] = _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack,
-                                             rpc_servers=rpc_servers, n_gpu_layers=n_gpu_layers, devices=devices)
-        return model
-    return _load(path, role=role, load_mtp=load_mtp, view=view, repack=repack, rpc_servers=rpc_servers,
-                 n_gpu_layers=n_gpu_layers, devices=devices)
-
-
-def _load(path: str | os.PathLike[str], *, role: str, load_mtp: bool, view: ArtifactView | None,
-          repack: bool, rpc_servers: tuple[str, ...], n_gpu_layers: int, devices: tuple[str, ...]) -> _llama.Model:
-    try:
-        view = view or ArtifactView.from_gguf(path)
-    except ArtifactError as exc:
-        raise ArtifactError(f"{role} file: {exc}", reason=exc.reason, evidence=exc.evidence) from None
-    check_architecture(view, role)  # the core's table of the pinned build: arch_missing / arch_unknown
-    try:
-        if not rpc_servers:
-            return _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, n_gpu_layers=n_gpu_layers,
-                                     devices=devices)
-        from power_native import rpc
-
-        for endpoint in rpc_servers:
-            # ggml-rpc aborts the process on an unreachable server: fail typed first (a server this
-            # process already holds a connection to serves it, and would not answer a second one)
-            if not rpc.connected(endpoint):
-                rpc.probe(endpoint)
-        model = _llama.Model.load(os.fspath(path), load_mtp=load_mtp, repack=repack, rpc_servers=tuple(rpc_servers),
-                                  n_gpu_layers=n_gpu_layers, devices=devices)
-        rpc.hold(rpc_servers, model)
-        return model
-    except ArtifactError as exc:
-        said = " | ".join(_llama.last_errors()) or str(exc)
-        if "unknown model architecture" in said:
-            raise ArtifactError(f"{role} file {os.fspath(path)!r} declares architecture {view.architecture!r}, "
-                                "which the pinned llama.cpp does not know", reason="arch_unknown",
-                                evidence="general.architecture") from None
-        raise ArtifactError(f"llama.cpp could not load {role} file {os.fspath(path)!r} "
-                            f"(arch {view.architecture!r}): {said}", reason="gguf_load_failed") from None
-
-
-class LlamaTokenizer:
-    """Text codec through llama_tokenize / llama_token_to_piece (BOS as llama-completion adds it)."""
-
-    def __init__(self, model: _llama.Model) -> None:
-        self.model = model
-
-    def encode(self, text: str) -> TokenArray:
-        return self.model.tokenize(text, add_special=True, parse_special=True)
-
-    def decode(self, tokens: TokenArray) -> str:
-        return self.model.detokenize(np.asarray(tokens, dtype=np.int32)).decode("utf-8", "replace")
-
-    def vocabulary(self) -> Vocabulary:
-        """Every id's piece as llama.cpp renders it with special tokens shown; a control token (one
-        that renders empty without them) is prefixed by ``0xff`` as llama.cpp's llguidance glue marks
-        it, so no text spells it. Generation ends at any end-of-generation id."""
-        model = self.model
-        pieces = []
-        for t in range(model.n_vocab):
-            piece = model.token_to_piece(t, special=True)
-            if piece and not model.token_to_piece(t, special=False):
-                piece = b"\xff" + piece
-            pieces.append(piece)
-        return Vocabulary(tuple(pieces), tuple(sorted(model.eog_ids())),
-                          lambda text: model.tokenize(text, add_special=False, parse_special=False).tolist())
-
-
-class SharedDraft(Protocol):
-    """What a :class:`DraftPool` holds: a draft context (and its state) that the proposers of several
-    sequences share; closed once, with the pool."""
-
-    @property
-    def ctx(self) -> _llama.Context: ...
-
-    def close(self) -> None: ...
-
-
-def context_memory(ctx: _llama.Context, *, weights: bool = True) -> dict[str, int]:
-    """Bytes ``ctx`` holds, summed over its buffer types: ``weights`` (its model's; 0 when
-    ``weights`` is False, for a context on a model counted elsewhere), ``context`` (KV cells,
-    recurrent states and their rollback snapshots, for every sequence) and ``compute`` (llama.cpp
-    reserves the widest pass's buffers when the context is made)."""
-    total = {"weights": 0, "context": 0, "compute": 0}
-    for part in ctx.memory().values():
-        total["weights"] += part["model"] if weights else 0
-        total["context"] += part["context"]
-        total["compute"] += part["compute"]
-    return total
-
-
-_D = TypeVar("_D", bound=SharedDraft)
-
-
-class DraftPool:
-    """The draft contexts of one target's sequences: one per kind of draft (``key``), each holding a
-    sequence per target sequence (``n_seq``), so one draft pass decodes every request's draft tokens
-    (:class:`power_core.runtime.ProposalBatch`; llama.cpp's server drafts all its slots in one batch
-    the same way). A target of its own has a pool of one sequence; a :class:`LlamaBatch` shares one
-    pool among its sequences and closes it before its own context."""
-
-    def __init__(self, n_seq: int) -> None:
-        self.n_seq = n_seq
-        self._shared: dict[tuple[object, ...], SharedDraft] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def shared(self, key: tuple[object, ...], make: Callable[[int], _D], kind: type[_D]) -> _D:
-        """The pool's draft for ``key``, made by ``make(n_seq)`` the first time it is asked for; every
-        setting that changes what the draft computes belongs in ``key`` (sequences configured apart
-        get drafts apart)."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeFault("the target's draft pool is closed")
-            found = self._shared.get(key)
-            if found is None:
-                found = self._shared[key] = make(self.n_seq)
-        if not isinstance(found, kind):
-            raise RuntimeFault(f"draft pool key {key!r} holds a {type(found).__name__}, not a {kind.__name__}")
-        return found
-
-    def memory(self, target_model: _llama.Model) -> dict[str, dict[str, int]]:
-        """:func:`context_memory` of each draft context, by kind (the key's first part); a draft on the
-        target's own model (an MTP head) counts no weights."""
-        with self._lock:
-            drafts = list(self._shared.items())
-        out: dict[str, dict[str, int]] = {}
-        for key, draft in drafts:
-            name = str(key[0])
-            name = name if name not in out else f"{name}#{len(out)}"
-            out[name] = context_memory(draft.ctx, weights=draft.ctx.model is not target_model)
-        return out
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            shared, self._shared = list(self._shared.values()), {}
-        failure: BaseException | None = None
-        for draft in shared:
-            try:
-                draft.close()
-            except BaseException as exc:  # close every one; report the first failure
-                failure = failure or exc
-        if failure is not None:
-            raise failure
 
 
 class LlamaTarget:
@@ -516,7 +225,7 @@ class LlamaTarget:
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
 
     def _decode(self, toks: TokenArray, all_outputs: bool = True) -> None:
-        _or_compact(self._compact, self.ctx.decode, toks, self._n_past, self.seq_id, all_outputs)
+        or_compact(self._compact, self.ctx.decode, toks, self._n_past, self.seq_id, all_outputs)
 
     def _decode_padded(self, toks: TokenArray) -> DecodeResult:
         """One pass of exactly ``verify_capacity`` tokens: ``toks``, then the last token repeated at
@@ -777,7 +486,7 @@ def state_format(digest: str | None, *, numerics: str, flash_attn: str, n_gpu_la
             f"/rpc={','.join(rpc_servers)}")
 
 
-def _context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) -> dict[str, Any]:
+def context_shape(max_block: int, snapshots: int, n_ctx: int, recurrent: bool) -> dict[str, Any]:
     n_rs = snapshots if recurrent else 0
     need = max(max_block, n_rs + 2)  # llama.cpp asserts n_ubatch > n_rs_seq + 1
     n_batch = max(min(PREFILL_BATCH, n_ctx), need)
@@ -794,11 +503,11 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
     pads every decode pass to B tokens (the context gets B cells more than ``n_ctx`` for the padding
     of a pass at the end)."""
     with contextlib.ExitStack() as undo:  # a failing step closes what the steps before it opened
-        _numerics.acquire(numerics)
-        undo.callback(_numerics.release, numerics)
+        numerics_guard.acquire(numerics)
+        undo.callback(numerics_guard.release, numerics)
         model = load_model(path, load_mtp="mtp_head" in features, rpc_servers=rpc_servers,
                            n_gpu_layers=n_gpu_layers, devices=devices)
-        shape = _context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
+        shape = context_shape(max_block, snapshots, n_ctx, model.is_recurrent or model.is_hybrid)
         # padded: the cells an unpadded context gets, plus the padding of a pass at the last position
         cells = -(-n_ctx // KV_CELLS_PAD) * KV_CELLS_PAD if verify_capacity else n_ctx
         ctx = _llama.Context(model, n_ctx=cells + verify_capacity, n_threads=n_threads or os.cpu_count(),
@@ -814,63 +523,12 @@ def open_target(path: str | os.PathLike[str], *, n_ctx: int, max_block: int, sna
                                                        rpc_servers=rpc_servers))
         undo.pop_all()  # opened: the target owns its context and the numerics mode now
     # released once: by close(), or when a target nobody closed is collected
-    target._release = weakref.finalize(target, _numerics.release, numerics)
+    target._release = weakref.finalize(target, numerics_guard.release, numerics)
     return target
 
-
-def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str, verify_capacity: int) -> Path:
-    info = build_info()
-    padded = [verify_capacity] if verify_capacity else []  # a padded target's curve is its own (flat)
-    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info, *padded],
-                                    sort_keys=True).encode()).hexdigest()[:20]
-    root = Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
-    return root / "verify-cost" / f"{key}.json"
-
-
-def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> tuple[float, ...]:
-    """The cost of a verify pass of 1..max_block tokens relative to one token, on this model,
-    build and thread count: measured once (median of ``reps`` timed passes per width after a
-    warm-up, at a context position of about 200 tokens, like a request in progress) and cached
-    under the model's digest (``POWER_VERIFY_COST_REFRESH=1`` measures again, e.g. after a
-    measurement on a busy machine)."""
-    b_max = target.capabilities.max_block
-    path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics,
-                       target.capabilities.verify_capacity)
-    try:
-        if os.environ.get("POWER_VERIFY_COST_REFRESH", "") in ("1", "true", "yes"):
-            raise OSError("refresh requested")
-        cached = json.loads(path.read_text())
-        if len(cached["relative"]) == b_max:
-            return tuple(float(x) for x in cached["relative"])
-    except (OSError, ValueError, KeyError):
-        pass
-    n_vocab = target.capabilities.n_vocab
-    base = max(1, min(200, target.capabilities.n_ctx - b_max - 1))
-    rng = np.random.default_rng(0)
-    target.reset()
-    target.prefill(rng.integers(0, n_vocab, base).astype(np.int32))
-    seconds = []
-    for b in range(1, b_max + 1):
-        block = rng.integers(0, n_vocab, b).astype(np.int32)
-        times = []
-        for _ in range(reps + 1):  # the first pass warms up (graph allocation for this shape)
-            cp = target.checkpoint()
-            t0 = time.perf_counter()
-            target.decode(block)
-            times.append(time.perf_counter() - t0)
-            target.restore(cp)
-        seconds.append(float(np.median(times[1:])))
-    target.reset()
-    relative = tuple(t / seconds[0] for t in seconds)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"digest": target.capabilities.digest, "n_threads": n_threads,
-                                "one_token_s": seconds[0], "relative": relative}))
-    return relative
-
-
-def _or_compact(compact: Callable[[], bool] | None, decode: Callable[..., _T], *args: Any) -> _T:
+def or_compact(compact: Callable[[], bool] | None, decode: Callable[..., _T], *args: Any) -> _T:
     """``decode(*args)``; when it finds no memory slot, ``compact()`` (a shared cache's
-    :meth:`LlamaBatch.compact`) and ``decode(*args)`` once more. The failed call changed nothing:
+    :meth:`~power_native.batch.LlamaBatch.compact`) and ``decode(*args)`` once more. The failed call changed nothing:
     llama.cpp looks for the slots before it computes."""
     try:
         return decode(*args)
@@ -878,221 +536,3 @@ def _or_compact(compact: Callable[[], bool] | None, decode: Callable[..., _T], *
         if compact is None or not compact():
             raise
         return decode(*args)
-
-
-class LlamaBatch:
-    """Several sequences on one llama.cpp context (``n_seq_max`` = ``n``; one KV cache for all of them
-    when ``unified``, else a stream each), each a :class:`LlamaTarget`; :meth:`decode_batch` decodes
-    every sequence's tokens of a round in one ``llama_decode`` (:class:`power_core.runtime.BatchRuntime`)."""
-
-    #: set by :func:`open_llama_batch`: releases the numerics mode once
-    _release: weakref.finalize
-
-    def __init__(self, model: _llama.Model, ctx: _llama.Context, targets: tuple[LlamaTarget, ...], *,
-                 unified: bool = False) -> None:
-        self.model = model
-        self.ctx = ctx
-        self.sequences = targets
-        self.passes = 0
-        #: one KV cache for every sequence (else a stream each): :meth:`compact` packs it
-        self.unified = unified
-        #: compactions of the shared cache (:meth:`compact`) over the batch's life
-        self.compactions = 0
-        self._index = {id(t): t for t in targets}
-        for t in targets:
-            t._compact = self.compact
-        #: a sequence may decode alone between the shared passes (a recurrent rollback past its snapshots)
-        self._replays = model.is_recurrent or model.is_hybrid
-
-    @property
-    def token_budget(self) -> int:
-        """The most tokens one pass takes (the context's ``n_batch``)."""
-        return self.ctx.n_batch
-
-    def compute_seconds(self) -> float:
-        """Seconds inside llama.cpp's decode calls on the shared context (``BatchRuntime.compute_seconds``)."""
-        return float(self.ctx.compute_ns) * 1e-9
-
-    def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
-        index = self._index
-        placed: list[tuple[LlamaTarget, np.ndarray, int, int]] = []  # target, tokens, length, output rows
-        for item in items:
-            target = index.get(id(item.target))
-            if target is None or any(p[0] is target for p in placed):
-                raise ConfigError("decode_batch", item.target, "each a distinct sequence of this batch")
-            toks = np.ascontiguousarray(item.tokens, dtype=np.int32)
-            n = toks.shape[0]
-            if n == 0:
-                raise CapacityError("decode_batch: an item without tokens")
-            target._room(n)
-            placed.append((target, toks, n, item.n_rows))
-        # the pass holds the sequences in id order: with a KV stream per sequence llama.cpp cuts a pass
-        # into ubatches at every sequence id that is not the previous one + 1 (a graph each, no reuse)
-        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id)
-        placed = [placed[i] for i in order]
-        total = sum(p[2] for p in placed)
-        pos = np.empty(total, dtype=np.int32)
-        seq = np.empty(total, dtype=np.int32)
-        out = np.zeros(total, dtype=np.uint8)
-        at = 0
-        for target, _, n, k in placed:
-            pos[at:at + n] = range(target.n_past, target.n_past + n)
-            seq[at:at + n] = target.seq_id
-            if k:
-                out[at + n - k:at + n] = 1  # every row ("all") or the last one ("last")
-            at += n
-        tokens = placed[0][1] if len(placed) == 1 else np.concatenate([p[1] for p in placed])
-        rows = _or_compact(self.compact, self.ctx.decode_multi, tokens, pos, seq, out)
-        self.passes += 1
-        # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
-        taps = self.sequences[0]._features()
-        if self._replays:
-            # a recurrent sequence whose rejection runs deeper than its snapshots replays alone on this
-            # context while the other rounds of the pass still read their rows: they get copies
-            rows = np.array(rows)
-            taps = {name: np.array(v) for name, v in taps.items()}
-        results: dict[int, DecodeResult] = {}  # by the item's index
-        at, t_at = 0, 0
-        for (target, toks, n, k), i in zip(placed, order, strict=True):
-            item = items[i]
-            target._advance(n, rollable=item.rows == "all")
-            results[i] = DecodeResult(tokens=toks, logits=rows[at:at + k],
-                                      features={name: v[t_at:t_at + n] for name, v in taps.items()} if taps else {},
-                                      kind="verify" if item.rows == "all" else "prompt")
-            at += k
-            t_at += n
-        return [results[i] for i in range(len(items))]
-
-    def compact(self) -> bool:
-        """Pack a shared cache's sequences into cells in sequence order, each one's in position order;
-        False when this batch's sequences have a stream each (nothing to pack).
-
-        In one cache for every sequence, the patched llama.cpp gives a sequence new cells only after
-        all of its own cells (batch-invariant kernels: attention sums over cells in cell order), so
-        cells freed below them (a finished request's, a rejected block's) may stay unused and a pass
-        can find no slot while the cache has room. Called then, before the pass runs again: each
-        sequence's state (its cells' bytes, positions) is saved, the cache cleared, and the states
-        restored one after the other. Rows read afterwards are bit for bit what they were."""
-        if not self.unified:
-            return False
-        states = [(t.seq_id, self.ctx.state_get(t.seq_id, 0)) for t in self.sequences if t.n_past > 0]
-        for t in self.sequences:
-            self.ctx.seq_rm(t.seq_id, 0, -1)
-        try:
-            for seq_id, state in states:
-                self.ctx.state_set(state, seq_id, 0)
-        except BaseException as exc:
-            raise StateLost(f"compacting the shared cache lost a sequence's state: {exc}") from exc
-        self.compactions += 1
-        log.info("native.batch_compact", sequences=len(states), compactions=self.compactions)
-        return True
-
-    def close(self) -> None:
-        try:
-            self.sequences[0].drafts.close()  # the draft contexts first: they refer to this context
-        finally:
-            self.ctx.close()
-        release = getattr(self, "_release", None)
-        if release is not None:
-            release()
-
-
-def _offload_info(placed: Offload, cfg: PowerConfig) -> dict[str, Any]:
-    """The receipt's ``backend`` facts of where layers ran."""
-    return {"devices": list(placed.used), "n_gpu_layers": placed.n_gpu_layers,
-            "draft_gpu_layers": placed.draft_gpu_layers, "flash_attn": cfg.flash_attn}
-
-
-def open_llama_batch(req: OpenRequest, n: int) -> OpenedBatch:
-    """The ``llama`` backend's batch: ``n`` sequences of ``req.model`` on one context whose passes
-    hold every active request's verify block (and prompt chunks)."""
-    cfg = req.config
-    placed = offload(cfg)
-    path = resolve_model(req.model)
-    digest = file_digest(path).sha256
-    with contextlib.ExitStack() as undo:  # a failing step (the cost curve too) closes what was opened
-        _numerics.acquire(cfg.numerics)
-        undo.callback(_numerics.release, cfg.numerics)
-        model = load_model(path, load_mtp="mtp_head" in req.features, rpc_servers=cfg.rpc_servers,
-                           n_gpu_layers=placed.n_gpu_layers, devices=placed.devices)
-        # recurrent state: one cell per sequence, each with its own n_rs_seq rollback snapshots
-        # (llama.cpp keeps a sequence's trailing 1 + n_rs_seq tokens of a pass in one ubatch)
-        recurrent = model.is_recurrent or model.is_hybrid
-        shape = _context_shape(req.max_block, req.snapshots, PREFILL_BATCH, recurrent)
-        n_batch = max(shape["n_batch"], n * req.max_block)
-        # n x n_ctx cells, so each request gets the configured context, as a session of its own would.
-        # Attention-only targets with flash attention: one cache for every sequence (one ubatch per
-        # pass; with one stream per sequence llama.cpp cuts a pass into ubatches holding as many
-        # tokens of each sequence, one per distinct block length, and each reads all the weights
-        # again). Batch-invariant kernels keep each sequence's cells in position order there
-        # (native/patches/0003-kv-cache-ordered-cells.patch), so its rows stay its solo rows.
-        # Recurrent state and attention without flash attention keep one stream per sequence.
-        unified = not recurrent and cfg.flash_attn != "off"
-        ctx = _llama.Context(model, n_ctx=cfg.n_ctx * n, n_threads=cfg.n_threads or os.cpu_count(), n_batch=n_batch,
-                             n_ubatch=n_batch, n_outputs_max=n_batch, n_seq_max=n, kv_unified=unified,
-                             n_rs_seq=shape["n_rs_seq"], flash_attn=cfg.flash_attn)
-        undo.callback(ctx.close)
-        if cfg.warmup:
-            warm_up(ctx)
-        per_seq = ctx.n_ctx // n
-        formats = state_format(digest, numerics=cfg.numerics, flash_attn=cfg.flash_attn,
-                               n_gpu_layers=placed.n_gpu_layers, devices=placed.devices, rpc_servers=cfg.rpc_servers)
-        drafts = DraftPool(n)
-        targets = tuple(LlamaTarget(model, ctx, max_block=req.max_block, digest=digest, features=req.features,
-                                    numerics=cfg.numerics, seq_id=i, shared=True, n_ctx=per_seq, drafts=drafts,
-                                    offloaded=is_offloaded(cfg.rpc_servers, placed.n_gpu_layers),
-                                    state_format=formats) for i in range(n))
-        batch = LlamaBatch(model, ctx, targets, unified=unified)
-        if req.verify_cost:
-            relative = verify_cost_curve(targets[0], n_threads=cfg.n_threads or os.cpu_count() or 1)
-            for t in targets:
-                t.set_verify_cost(relative)
-        info = dict(build_info())
-        info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers),
-                    **_offload_info(placed, cfg), arch=model.arch, desc=model.desc, n_ctx=per_seq,
-                    n_ctx_total=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, n_rs_seq=ctx.n_rs_seq,
-                    rollback_window=targets[0].capabilities.rollback_window,
-                    state_checkpoints=targets[0].state_checkpoints,
-                    n_threads=cfg.n_threads or os.cpu_count(), n_seq=n, kv_unified=unified,
-                    verify_cost=list(targets[0].capabilities.verify_cost) if targets[0].capabilities.verify_cost
-                    else None)
-        tokenizer = LlamaTokenizer(model)
-        grammars = Grammars(tokenizer.vocabulary)
-        models = tuple(OpenedModel(target=t, tokenizer=tokenizer, grammars=grammars, model_path=str(path),
-                                   artifacts={"target": digest},
-                                   backend_info={**info, "seq_id": t.seq_id}) for t in targets)
-        undo.pop_all()  # opened: the batch owns its context and the numerics mode now
-    # released once: by close(), or when a batch nobody closed is collected
-    batch._release = weakref.finalize(batch, _numerics.release, cfg.numerics)
-    return OpenedBatch(runtime=batch, models=models, close=batch.close)
-
-
-def open_llama(req: OpenRequest) -> OpenedModel:
-    """The ``llama`` backend: open ``req.model`` (``None``: embedded SmolLM2) as a :class:`LlamaTarget`."""
-    cfg = req.config
-    placed = offload(cfg)
-    path = resolve_model(req.model)
-    digest = file_digest(path).sha256
-    target = open_target(path, n_ctx=cfg.n_ctx, max_block=req.max_block, snapshots=req.snapshots,
-                         n_threads=cfg.n_threads, features=req.features, digest=digest, numerics=cfg.numerics,
-                         rpc_servers=cfg.rpc_servers, n_gpu_layers=placed.n_gpu_layers, devices=placed.devices,
-                         flash_attn=cfg.flash_attn, verify_capacity=cfg.verify_capacity, warmup=cfg.warmup)
-    try:  # a failing step (the cost curve too) closes the target
-        if req.verify_cost:
-            target.set_verify_cost(verify_cost_curve(target, n_threads=cfg.n_threads or os.cpu_count() or 1))
-        info = dict(build_info())
-        info.update(backend="llama", numerics=cfg.numerics, rpc_servers=list(cfg.rpc_servers),
-                    **_offload_info(placed, cfg), arch=target.model.arch, desc=target.model.desc,
-                    n_ctx=target.capabilities.n_ctx, n_batch=target.ctx.n_batch, n_ubatch=target.ctx.n_ubatch,
-                    n_rs_seq=target.ctx.n_rs_seq, snapshots_requested=req.snapshots,
-                    rollback_window=target.capabilities.rollback_window, state_checkpoints=target.state_checkpoints,
-                    n_threads=cfg.n_threads or os.cpu_count(),
-                    verify_cost=list(target.capabilities.verify_cost) if target.capabilities.verify_cost else None)
-        tokenizer = LlamaTokenizer(target.model)
-    except BaseException:
-        target.close()
-        raise
-    log.info("native.open", model=str(path), arch=target.model.arch, n_ctx=target.ctx.n_ctx,
-             n_rs_seq=target.ctx.n_rs_seq)
-    return OpenedModel(target=target, tokenizer=tokenizer, grammars=Grammars(tokenizer.vocabulary), model_path=str(path),
-                       artifacts={"target": digest}, backend_info=info, close=target.close)

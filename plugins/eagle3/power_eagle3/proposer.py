@@ -57,7 +57,7 @@ def target_features(verified: Any) -> frozenset[str]:
 
 
 class Eagle3Shared:
-    """The EAGLE3 draft context of one target's sequences (a :class:`power_native.target.DraftPool`
+    """The EAGLE3 draft context of one target's sequences (a :class:`power_native.pool.DraftPool`
     entry): a sequence per target sequence, and the :class:`~power_core.runtime.ProposalBatch` that
     drafts for all of them in one decode per step (llama.cpp's ``draft()`` over its slots)."""
 
@@ -153,7 +153,8 @@ class Eagle3Proposer:
 def open_eagle3(req: ProposerRequest) -> Eagle3Proposer:
     """Strategy factory: load ``req.draft`` on the target's context, cross-checked against the validator's head."""
     from power_native import _llama
-    from power_native.target import draft_graph_sampling, llama_target, load_model, offload
+    from power_native.loading import draft_graph_sampling, load_model, offload
+    from power_native.target import llama_target
 
     from power_eagle3._eagle3 import Eagle3Draft
 

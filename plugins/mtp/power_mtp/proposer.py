@@ -17,7 +17,7 @@ loaded model (:class:`power_mtp._mtp.MtpHead`, Cython). Per round, exactly as ll
 * ``restore``: KV length and boundary row of the checkpoint.
 
 The sequences of a shared-pass batch share one MTP context (:class:`MtpDraft`, one KV stream per
-sequence, from the target's :class:`~power_native.target.DraftPool`), and it drafts for all of
+sequence, from the target's :class:`~power_native.pool.DraftPool`), and it drafts for all of
 them at once (:class:`~power_core.runtime.ProposalBatch`): each draft step is one pass over every
 drafting request's token, as llama.cpp's server drafts its slots.
 """
@@ -41,7 +41,7 @@ TARGET_FEATURES = frozenset({"mtp_head", "h_nextn"})
 
 
 class MtpDraft:
-    """The MTP context of one target's sequences (a :class:`~power_native.target.DraftPool` entry):
+    """The MTP context of one target's sequences (a :class:`~power_native.pool.DraftPool` entry):
     a KV stream per sequence, and the :class:`~power_core.runtime.ProposalBatch` that drafts for
     several of them in one pass per step. Closed by the last of its proposers, or with the pool."""
 
@@ -143,7 +143,8 @@ class MtpProposer:
 def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
     """Strategy factory: an MTP context on the target's loaded model (``ctx_other`` = the target)."""
     from power_native import _llama
-    from power_native.target import draft_graph_sampling, llama_target
+    from power_native.loading import draft_graph_sampling
+    from power_native.target import llama_target
 
     from power_mtp._mtp import MtpHead
 
