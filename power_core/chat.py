@@ -64,13 +64,29 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _generation_extension() -> Any:
+    """``{% generation %}...{% endgeneration %}``: transformers' marker of the assistant's own tokens
+    (for training masks); rendering it is rendering its body."""
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return Generation
+
+
 def _environment() -> Any:
     """The sandboxed Jinja environment chat templates compile in (as transformers')."""
     try:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError as exc:  # pragma: no cover - jinja2 is a dependency
         raise ConfigError("chat_template", "jinja2", "jinja2 installed", "pip install jinja2") from exc
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", _generation_extension()])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -152,7 +168,8 @@ class ChatTemplate:
         """The prompt text for ``messages`` (``extra`` reaches the template as variables, e.g. ``tools``).
 
         Raises :class:`~power_core.errors.ConfigError` when the template fails or rejects the
-        conversation (its ``raise_exception``, e.g. roles that do not alternate).
+        conversation (its ``raise_exception``, e.g. roles that do not alternate), also when it fails
+        on a value it did not expect (a ``TypeError`` inside the template, e.g. ``tojson`` of a generator).
         """
         from jinja2 import TemplateError
 
@@ -160,7 +177,7 @@ class ChatTemplate:
         try:
             return self._template().render(messages=msgs, add_generation_prompt=add_generation_prompt,
                                            bos_token=self.bos_token, eos_token=self.eos_token, **extra)
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             raise ConfigError("messages", f"{len(msgs)} messages", f"a conversation {self.model}'s chat template "
                               "accepts", f"the template said: {exc}") from None
 

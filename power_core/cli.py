@@ -21,11 +21,14 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import structlog
 
 from power_core.errors import Cancelled, ConfigError, PowerError
+
+if TYPE_CHECKING:
+    from power_core.config import PowerConfig
 
 __all__ = ["main", "build_parser"]
 
@@ -414,6 +417,8 @@ def _strategy_flags(r: argparse.ArgumentParser) -> None:
         if key.flag is None:
             continue
         text = f"{key.name} ({', '.join(key_owners(key.name))}): {key.help}"
+        if key.serve_default is not None:
+            text += f" (default {key.default}; power serve: {key.serve_default})"
         if key.type is bool:
             r.add_argument(key.flag, dest=key.name, action="store_const", const=True, help=text)
         elif key.type is tuple:  # a list of values (the key's convert makes it its tuple)
@@ -445,20 +450,42 @@ def _serve_strategies(mode: str | None) -> list[str] | None:
     return names
 
 
+def _config_file_keys(args: argparse.Namespace) -> set[str]:
+    """The keys ``--config`` sets (none without it; the file loaded once already, so it parses)."""
+    if not args.config:
+        return set()
+    import tomllib
+
+    data = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
+    if set(data) == {"power"} and isinstance(data["power"], dict):
+        data = data["power"]
+    return set(data)
+
+
 def _serve_max_tokens(args: argparse.Namespace, configured: int) -> int | None:
     """``power serve``'s cap on an answer's tokens: ``--max-tokens``, or ``max_tokens`` in ``--config``;
     ``None`` when the operator set neither (an answer may then fill the context, as OpenAI's does)."""
-    if args.max_tokens is not None:
+    if args.max_tokens is not None or "max_tokens" in _config_file_keys(args):
         return configured
-    if args.config:
-        import tomllib
-
-        data = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))  # (it loaded once already)
-        if set(data) == {"power"} and isinstance(data["power"], dict):
-            data = data["power"]
-        if "max_tokens" in data:
-            return configured
     return None
+
+
+def _serve_config(args: argparse.Namespace, strategies: list[str] | None) -> PowerConfig:
+    """The configuration ``power serve`` runs: the flags and ``--config``, then, for each key the operator
+    set in neither, its ``serve_default`` where a strategy this server runs owns it (power-suffix's
+    cross-request memory: on in a server, off in a library session)."""
+    import attrs
+
+    from power_core.config import key_owners
+
+    # several strategies: the configuration carries every one's keys (as under auto); each takes its own
+    config = _config_from_args(args, mode="auto" if strategies is not None else None)
+    running = set(strategies or [config.spec_mode])
+    in_file = _config_file_keys(args)
+    defaults = {key.name: key.serve_default for key in _strategy_keys()
+                if key.serve_default is not None and getattr(args, key.name, None) is None
+                and key.name not in in_file and running & set(key_owners(key.name))}
+    return attrs.evolve(config, **defaults) if defaults else config
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -487,8 +514,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.cache_ram < 0:
         raise UsageError(f"power serve: --cache-ram must be a number of MiB >= 0 (0: off), not {args.cache_ram}")
     strategies = _serve_strategies(args.mode)
-    # several strategies: the configuration carries every one's keys (as under auto); each takes its own
-    config = _config_from_args(args, mode="auto" if strategies is not None else None)
+    config = _serve_config(args, strategies)
     template = _chat_template(args)
     from power_core.memory import PromptCache
 

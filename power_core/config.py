@@ -50,8 +50,10 @@ FLASH_ATTN = ("auto", "on", "off")
 VERIFY_CAPACITY_MAX = 256
 #: values of the ``sampling_in_graph`` key
 SAMPLING_IN_GRAPH = ("auto", "on", "off")
-#: at most this many stop strings per request
-STOP_MAX = 64
+#: at most this many stop strings per request (every commit checks each; OpenAI allows 4), in the library and the server
+STOP_MAX = 16
+#: at most this many alternatives per emitted token (``logprobs``; OpenAI: completions 5, chat 20)
+LOGPROBS_MAX = 20
 #: the token biases one request may give
 LOGIT_BIAS_MAX = 1024
 
@@ -92,7 +94,9 @@ class ConfigKey:
     exclude the bound), ``optional`` admits ``None`` (unset), ``hint`` is appended to every error.
     ``scope`` is when it may change (:data:`SCOPES`), ``flag`` its ``power run``/``power serve`` option,
     ``owner`` the core component for a core key (a strategy's key leaves it empty: the strategies that
-    declare it own it, :func:`key_owners`).
+    declare it own it, :func:`key_owners`). ``serve_default`` is the key's default under ``power serve``
+    where that differs (``None``: ``default`` there too): a server outlives its requests, so what
+    learns across them (a cross-request memory) pays there, not in a library session that may answer once.
     """
 
     name: str = attrs.field(validator=_check_key_name)
@@ -113,6 +117,8 @@ class ConfigKey:
     convert: Callable[[Any], Any] | None = attrs.field(default=None, eq=False)
     #: replaces the type/range check: ``(key, value) -> None`` or :class:`ConfigError`
     validate: Callable[[ConfigKey, Any], None] | None = attrs.field(default=None, eq=False)
+    #: the default under ``power serve``, where it differs from ``default`` (``None``: the same)
+    serve_default: Any = None
 
     def __attrs_post_init__(self) -> None:
         if self.type not in (int, float, bool, str, tuple):
@@ -124,6 +130,11 @@ class ConfigKey:
                 self.check(self.default)
             except ConfigError as exc:
                 raise PluginError(f"ConfigKey {self.name!r}: its default is invalid ({exc})") from None
+        if self.serve_default is not None:
+            try:
+                self.check(self.serve_default)
+            except ConfigError as exc:
+                raise PluginError(f"ConfigKey {self.name!r}: its serve_default is invalid ({exc})") from None
 
     def allowed(self) -> str:
         """The accepted values in words (the ``allowed`` of the :class:`ConfigError`)."""
@@ -498,12 +509,14 @@ SEQUENCE_KEYS: Sequence[str] = ScopedKeys("sequence")
 
 
 def config_table(keys: Iterable[ConfigKey]) -> str:
-    """The Markdown table of ``keys`` (key, flag, default, scope, owner, help): README's configuration table."""
+    """The Markdown table of ``keys`` (key, flag, default, scope, owner, help): README's configuration table.
+    A key's default under ``power serve``, where it differs, follows its default."""
     rows = ["| key | flag | default | scope | owner | meaning |", "|---|---|---|---|---|---|"]
     for k in keys:
         default = "unset" if k.default is None else json.dumps(list(k.default) if k.type is tuple else k.default)
+        default = f"`{default}`" + ("" if k.serve_default is None else f" (serve: `{json.dumps(k.serve_default)}`)")
         flag = f"`{k.flag}`" if k.flag else ""
-        rows.append(f"| `{k.name}` | {flag} | `{default}` | {k.scope} | {', '.join(key_owners(k.name))} | "
+        rows.append(f"| `{k.name}` | {flag} | {default} | {k.scope} | {', '.join(key_owners(k.name))} | "
                     f"{k.help.replace('|', '/')} |")
     return "\n".join(rows)
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 __all__ = ["Constraint", "ConstraintSpec", "ConstraintStats", "Grammars", "GrammarConstraint", "JsonKeys",
-           "KeyTables", "Vocabulary", "KINDS", "FREE_TEXT", "JSON_STYLE", "close_objects"]
+           "KeyTables", "Vocabulary", "KINDS", "FREE_TEXT", "JSON_STYLE", "close_objects", "hoist_defs"]
 
 #: what a :class:`ConstraintSpec` may hold
 KINDS = ("json_schema", "regex", "grammar")
@@ -245,6 +245,19 @@ def close_objects(schema: Mapping[str, Any]) -> dict[str, Any]:
     its own beside ``anyOf``/``oneOf``), and the definitions they refer to, are left as written. Key
     order is kept (it is the order the output writes properties in)."""
     return dict(_close(schema, _part_refs(schema, set()), part=False))
+
+
+def hoist_defs(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` (a part of ``root``, e.g. one property's) as a schema of its own: ``root``'s
+    definitions (``$defs``, ``definitions``) travel with it, so its ``$ref: "#/$defs/..."`` (as pydantic
+    writes nested models) still resolve once it is compiled alone. Its own definitions win."""
+    out = dict(schema)
+    for key in ("$defs", "definitions"):
+        defs = root.get(key)
+        if isinstance(defs, Mapping) and defs:
+            mine = out.get(key)
+            out[key] = {**defs, **(mine if isinstance(mine, Mapping) else {})}
+    return out
 
 
 def _close(node: Any, parts: set[str], *, part: bool) -> Any:

@@ -103,6 +103,9 @@ class Receipt:
     #: the request's constraint (:class:`power_core.constraint.ConstraintStats`): kind, digest, lazy,
     #: cuts, cut_tokens, cuts_per_round, masks; ``None`` when the output was unconstrained
     constraint: dict[str, Any] | None = None
+    #: the request's prediction (OpenAI's Predicted Outputs, :mod:`power_core.prediction`): ``tokens``, and
+    #: how many of them the output repeated (``accepted``) or not (``rejected``); ``None`` without one
+    prediction: dict[str, int] | None = None
     schema: str = SCHEMA
     _digest: str | None = attrs.field(default=None, init=False, eq=False, repr=False)
 

@@ -33,7 +33,7 @@ import numpy as np
 import pluggy
 
 from power_core.chat import ChatTemplate, template_for
-from power_core.config import MODE_AUTO, MODE_OFF, SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig, key_owners
+from power_core.config import LOGPROBS_MAX, MODE_AUTO, MODE_OFF, SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig, key_owners
 from power_core.constraint import Constraint, ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import (
@@ -50,6 +50,7 @@ from power_core.logs import get_logger
 from power_core.memory import PromptCache, reusable_prefix
 from power_core.numerics import DEFAULT_WIDTHS, SelftestReport, batch_probe, selftest
 from power_core.plugins import PowerPlugins, check_observers_only, get_plugins
+from power_core.prediction import PredictedProposer, Prediction
 from power_core.receipt import Receipt, token_digest
 from power_core.runtime import (
     BatchRuntime,
@@ -115,9 +116,6 @@ def in_own_thread(fn: Callable[[], _T], *, discard: Callable[[_T], None] | None 
 
 # SAMPLING_KEYS (what a request may set for itself, Session.start's ``sampling``) and SEQUENCE_KEYS (what one
 # sequence of a shared-pass batch may set, SequenceSpec) are read from the keys' declared scopes (config.py)
-#: at most this many alternatives per emitted token (``logprobs``)
-LOGPROBS_MAX = 20
-
 #: text, or token ids (a sequence or a 1-D integer array)
 Prompt = str | Sequence[int] | np.ndarray
 
@@ -780,7 +778,15 @@ class Session:
 
     def _save(self, tokens: TokenArray, tenant: str) -> None:
         """Save what the target holds (``tokens``, of ``tenant``) into the prompt cache, unless it
-        already keeps them; a state the target cannot copy is only not cached."""
+        already keeps them; a state the target cannot copy is only not cached.
+
+        On the thread that drives the target (the shared passes' driver), between passes, on purpose:
+        the capture (``save_state``, the copy of the memory) must come before the memory changes and
+        while no other thread decodes on the target (one llama.cpp context for every sequence of
+        shared passes). Filing the captured state (``PromptCache.put``: no copy of the state, a scan of
+        the entries) costs microseconds against the capture's copy, and filing it later, on the
+        request's reader, made requests joining at the same pass boundary miss it (issue 44: measured
+        with ``test_four_concurrent_requests_share_the_warm_cache_and_equal_cold_runs``), so it stays."""
         cache, caps = self.prompt_cache, self.opened.target.capabilities
         if cache is None or not caps.saves_states or tokens.shape[0] == 0:
             return
@@ -833,7 +839,8 @@ class Session:
               max_tokens: int | None = None, stop: Sequence[str] | None = None,
               sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
               target_only: bool = False, tenant: str | None = None,
-              constraint: ConstraintSpec | None = None, strategy: str | None = None) -> Generation:
+              constraint: ConstraintSpec | None = None, strategy: str | None = None,
+              prediction: str | Prediction | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
@@ -851,6 +858,10 @@ class Session:
         ``strategy``: which of the session's strategies runs it (:meth:`lane`: ``None`` the default,
         ``auto`` the library's pick among them); the request starts from that lane's configuration,
         and its receipt names the strategy that ran and the one asked for.
+        ``prediction``: text the answer is expected to repeat (OpenAI's Predicted Outputs), or a
+        :class:`~power_core.prediction.Prediction` of it: a speculative lane drafts from it first
+        (:class:`~power_core.prediction.PredictedProposer`), and the receipt's ``prediction`` counts how
+        much of it the output repeated; a target-only lane only counts.
         """
         lane = self.lane(strategy)
         config = lane.config
@@ -878,9 +889,12 @@ class Session:
                               "the number of alternatives recorded per emitted token")
         tokens = self.encode(prompt)
         compiled = self.compile(constraint) if constraint is not None else None
+        if prediction is not None and not isinstance(prediction, Prediction):
+            prediction = Prediction.from_text(prediction, self.opened.tokenizer,
+                                              self.opened.target.capabilities.n_ctx)
         return Generation(self, tokens, cancel or CancelToken(), config.max_tokens, config=config,
                           top_logprobs=logprobs, target_only=target_only, constraint=compiled, lane=lane,
-                          requested=strategy)
+                          requested=strategy, prediction=prediction)
 
     def compile(self, spec: ConstraintSpec) -> Constraint:
         """``spec`` compiled against this model's vocabulary, at the start of an output."""
@@ -1030,6 +1044,8 @@ class Generation:
     lane: Lane | None = None
     #: the strategy the request asked for (:meth:`Session.start`'s ``strategy``; the receipt says it)
     requested: str | None = None
+    #: what the answer is expected to repeat (:meth:`Session.start`'s ``prediction``), or ``None``
+    prediction: Prediction | None = None
     #: observer hooks (``power_request_start``/``power_request_end``) that raised for this request:
     #: logged, counted here and in the receipt, never a failure of the request or of anyone else's
     observer_faults: int = attrs.field(default=0, init=False)
@@ -1070,6 +1086,8 @@ class Generation:
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
         caps = s.opened.target.capabilities
         proposer = None if self.target_only else lane.proposer
+        if proposer is not None and self.prediction is not None:  # the prediction first, then the strategy
+            proposer = PredictedProposer(self.prediction, proposer)
         scheduler = Scheduler.for_request(lane.config, caps.rollback_window, enabled=proposer is not None,
                                           costs=caps.verify_cost if lane.selection.strategy.cost_aware else None)
         # the transaction's own assembler: it runs on the driver's thread, the request's text on the reader's
@@ -1363,4 +1381,5 @@ class Generation:
             constraint=self.constraint.stats.to_dict(len(txn.rounds) if txn else 0)
             if self.constraint is not None else None,
             selftest={k: v for k, v in s.numerics.to_dict().items() if k != "seconds"} if s.numerics else None,
+            prediction=self.prediction.usage(self.tokens).to_dict() if self.prediction is not None else None,
         )

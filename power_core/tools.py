@@ -1,25 +1,32 @@
-"""Tool calls: OpenAI function tools through a model's chat template, constrained and parsed.
+"""Tool calls: OpenAI function tools through a model's chat template, in the model's own format,
+constrained and parsed.
 
-One place holds what a model's tool-call format is (:class:`ToolFormat`: the tags around a call and
-the keys of its JSON), how tools reach a chat template (:func:`template_tools`,
-:func:`template_tool_calls`), the grammar that forces or allows calls (:meth:`ToolPlan.constraint`)
-and the parser that takes calls out of the output, whole or as it streams (:class:`ToolCallParser`).
-``power serve`` uses it for ``tools`` / ``tool_choice``; a library user does the same::
+What a model's tool-call format is lives in :mod:`power_core.tool_formats` (one table of formats and
+:func:`detect_format`, which reads it off the chat template); the parser that takes calls out of the
+output, whole or as it streams, in :mod:`power_core.tool_parser`. This module holds the request side:
+tools as OpenAI defines them (:class:`Function`), how they reach a chat template (:func:`template_tools`,
+:func:`template_tool_calls`) and one request's plan (:class:`ToolPlan`: the grammar that forces or
+allows calls, and the parser). ``power serve`` uses it for ``tools`` / ``tool_choice``; a library user
+does the same::
 
     from power_core import tools
 
-    plan = tools.ToolPlan.make(my_tools, choice="auto")          # OpenAI tool definitions
+    fmt = tools.detect_format(template_source) or tools.HERMES
+    plan = tools.ToolPlan.make(my_tools, choice="auto", format=fmt)    # OpenAI tool definitions
     prompt = session.chat_prompt(messages, **plan.template_vars())
     result = session.generate(prompt, constraint=plan.constraint())
-    message = plan.parse(result.text)                             # .content, .tool_calls
+    message = plan.parse(result.text)                                   # .content, .tool_calls
 
-Formats: Hermes / Qwen (``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``), which is
-also what :func:`detect_format` returns for a template that writes those tags. ``tool_choice``:
+``tool_choice``:
 
 - ``required`` (or a named function): a grammar, active from the first token, that forces one call
-  (with ``parallel_tool_calls``, one or more) whose ``arguments`` match that function's ``parameters``;
-- ``auto``: a *lazy* grammar: free text, and from the opening tag on, a call as above;
+  (with ``parallel_tool_calls``, one or more, where the format has several) whose arguments match that
+  function's ``parameters``;
+- ``auto``: a *lazy* grammar: free text, and from the format's trigger on, calls as above;
 - ``none``: no tools reach the template and nothing is constrained.
+
+A format Power cannot serve (``ToolFormat.unsupported``: GPT-OSS's harmony channels, Gemma 4's
+notation, ...) refuses tools with a :class:`~power_core.errors.ConstraintError` saying why.
 """
 
 from __future__ import annotations
@@ -27,18 +34,27 @@ from __future__ import annotations
 import functools
 import json
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
 
-from power_core.constraint import FREE_TEXT, JSON_STYLE, ConstraintSpec, close_objects
+from power_core.constraint import ConstraintSpec
 from power_core.errors import ConstraintError
+from power_core.tool_formats import FORMATS, HERMES, ToolFormat, detect_format
+from power_core.tool_parser import (
+    ParsedDelta,
+    ParsedMessage,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallParser,
+    new_call_id,
+    parse,
+)
 
 __all__ = ["HERMES", "FORMATS", "TOOLS_MAX", "Function", "NamedChoice", "ParsedDelta", "ParsedMessage",
            "ToolCall", "ToolCallDelta", "ToolCallParser", "ToolChoice", "ToolFormat", "ToolPlan", "detect_format",
-           "template_renders_tools", "template_tool_calls", "template_tools"]
+           "parse", "template_renders_tools", "template_tool_calls", "template_tools"]
 
 #: tools one request may define (OpenAI's limit)
 TOOLS_MAX = 128
@@ -46,7 +62,6 @@ TOOLS_MAX = 128
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: the characters of a function's parameter schema, as canonical JSON, at most
 PARAMETERS_MAX_CHARS = 32768
-#: free text before, between or after calls
 
 
 @attrs.frozen
@@ -113,132 +128,6 @@ class Function:
     def parameters_spec(self, field: str) -> ConstraintSpec:
         """The arguments' schema alone, to check that the grammar engine takes it (errors name ``field``)."""
         return ConstraintSpec.json_schema(self.parameters, field=field)
-
-
-@attrs.frozen
-class ToolCall:
-    """A call the model made: ``arguments`` is JSON text, as OpenAI's ``function.arguments``."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def to_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@attrs.frozen
-class ToolCallDelta:
-    """One piece of a streamed call, as OpenAI's ``delta.tool_calls[i]``: the first piece of a call
-    has its ``id`` and ``name``; every piece may carry a fragment of ``arguments``."""
-
-    index: int
-    arguments: str = ""
-    id: str | None = None
-    name: str | None = None
-
-    def to_openai(self) -> dict[str, Any]:
-        if self.id is None:
-            return {"index": self.index, "function": {"arguments": self.arguments}}
-        return {"index": self.index, "id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@attrs.frozen
-class ParsedDelta:
-    """What a piece of output adds: content text and tool-call pieces (empty: nothing yet)."""
-
-    content: str = ""
-    tool_calls: tuple[ToolCallDelta, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.content or self.tool_calls)
-
-
-@attrs.frozen
-class ParsedMessage:
-    """A whole answer: its content without the tool-call markup (``None`` when it made calls and said
-    nothing else) and its calls."""
-
-    content: str | None
-    tool_calls: tuple[ToolCall, ...]
-
-
-def _new_id(index: int) -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-@attrs.frozen
-class ToolFormat:
-    """How a model writes one tool call: ``open``, a JSON object ``{name_key: NAME, arguments_key:
-    {...}}`` on its own line, ``close``. Calls follow each other on separate lines."""
-
-    name: str
-    open: str
-    close: str
-    name_key: str = "name"
-    arguments_key: str = "arguments"
-
-    def call_schema(self, functions: Sequence[Function]) -> dict[str, Any]:
-        """The JSON schema of one call's object: the name first, then arguments matching its function's
-        (whose objects are closed unless they say otherwise, :func:`~power_core.constraint.close_objects`)."""
-        options = [{"type": "object",
-                    "properties": {self.name_key: {"const": f.name},
-                                   self.arguments_key: close_objects(f.parameters)},
-                    "required": [self.name_key, self.arguments_key], "additionalProperties": False}
-                   for f in functions]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
-        # JSON spelled as every constraint spells it (one line, json.dumps separators: as templates write
-        # past calls with ``tojson``, so a model copies its own format and cannot pad a call)
-        return {"x-guidance": dict(JSON_STYLE), **schema}
-
-    def grammar(self, functions: Sequence[Function], *, lazy: bool, parallel: bool) -> str:
-        """An llguidance Lark grammar: calls of ``functions`` (one, or with ``parallel`` one or more on
-        separate lines); ``lazy``: free text until the opening tag, which starts the constrained call,
-        and free text instead of any call."""
-        nl = json.dumps("\n")
-        rest = f"{nl} %json {json.dumps(self.call_schema(functions))} {json.dumps(chr(10) + self.close)}"
-        if not lazy:
-            start = f"start: call ({nl} call)*" if parallel else "start: call"
-            return f"%llguidance {{}}\n{start}\ncall: {json.dumps(self.open)} {rest}\n"
-        # the trigger is a lazy lexeme: free text that ends as soon as the opening tag is written; text
-        # after the last call (or instead of any) never contains the tag
-        import llguidance
-
-        tag = llguidance.regex_to_lark(re.escape(self.open))
-        start = "start: call* free" if parallel else "start: free | call"
-        return (f"%llguidance {{}}\n{start}\ncall: trigger {rest}\n"
-                f"trigger[lazy]: FREE_TEXT {json.dumps(self.open)}\nfree: TAIL\n"
-                f"FREE_TEXT: /{FREE_TEXT}/\nTAIL: /{FREE_TEXT}/ & ~/{FREE_TEXT}{tag}{FREE_TEXT}/\n")
-
-    def parser(self, new_id: Callable[[int], str] = _new_id) -> ToolCallParser:
-        return ToolCallParser(self, new_id)
-
-    def parse(self, text: str, new_id: Callable[[int], str] = _new_id) -> ParsedMessage:
-        """A whole output's content and calls (the same as feeding it to :meth:`parser` piece by piece)."""
-        p = self.parser(new_id)
-        p.feed(text)
-        p.finish()
-        return p.message()
-
-    def render_call(self, name: str, arguments: Mapping[str, Any]) -> str:
-        """One call as the model writes it (e.g. to show it a past call in a template-less prompt)."""
-        obj = {self.name_key: name, self.arguments_key: dict(arguments)}
-        return f"{self.open}\n{json.dumps(obj, ensure_ascii=False)}\n{self.close}"
-
-
-#: Hermes / Qwen 2.5 / Qwen 3 style: ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``
-HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
-#: the formats :func:`detect_format` recognises in a chat template
-FORMATS: tuple[ToolFormat, ...] = (HERMES,)
-
-
-def detect_format(template_source: str) -> ToolFormat | None:
-    """The tool-call format a chat template declares (it writes the format's opening tag), or ``None``."""
-    for fmt in FORMATS:
-        if fmt.open in template_source and fmt.close in template_source:
-            return fmt
-    return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -319,6 +208,10 @@ class ToolPlan:
             raise ConstraintError(choice_field, f"tool_choice {_shown(parsed)} needs tools")
         if isinstance(parsed, NamedChoice) and parsed.name not in seen:
             raise ConstraintError(choice_field, f"no tool is named {parsed.name!r} (tools: {', '.join(sorted(seen))})")
+        if parsed != "none" and format.unsupported is not None:
+            raise ConstraintError(field, f"this model's tool-call format ({format.name}: {format.models}) is not "
+                                  f"supported: {format.unsupported}; send tool_choice \"none\", or give a chat "
+                                  "template in a supported format (docs/tools.md)")
         return cls(functions=functions, choice=parsed, parallel=parallel, format=format, field=field)
 
     @staticmethod
@@ -357,235 +250,26 @@ class ToolPlan:
         forced = self.choice != "auto"
         parallel = self.parallel and not isinstance(self.choice, NamedChoice)
         text = self.format.grammar(self.callable, lazy=not forced, parallel=parallel)
-        # every call's JSON follows its opening tag: no object of it repeats a key
-        return ConstraintSpec.grammar(text, field=self.field, json_after=self.format.open)
+        # every call's JSON arguments follow the same text: no object of theirs repeats a key
+        return ConstraintSpec.grammar(text, field=self.field, json_after=self.format.args_marker)
 
     def parameter_specs(self) -> list[ConstraintSpec]:
         """Each function's parameter schema alone, its errors naming its field (check these first, so
         a schema the engine refuses names its tool)."""
         return [f.parameters_spec(f"{self.field}[{i}].function.parameters") for i, f in enumerate(self.functions)]
 
-    def parser(self, new_id: Callable[[int], str] = _new_id) -> ToolCallParser:
-        return self.format.parser(new_id)
+    def parser(self, new_id: Callable[[int], str] = new_call_id) -> ToolCallParser:
+        """A streaming parser of this request's output (its format; XML parameters typed by the tools)."""
+        return ToolCallParser(self.format, new_id, self._strings())
 
-    def parse(self, text: str, new_id: Callable[[int], str] = _new_id) -> ParsedMessage:
-        return self.format.parse(text, new_id)
+    def parse(self, text: str, new_id: Callable[[int], str] = new_call_id) -> ParsedMessage:
+        """A whole output's content and calls (the same as feeding it to :meth:`parser` piece by piece)."""
+        return parse(self.format, text, new_id, self._strings())
+
+    def _strings(self) -> dict[str, dict[str, bool]]:
+        """Which parameters of each function are strings (XML formats read the others as JSON)."""
+        return {f.name: self.format.string_params(f) for f in self.functions}
 
 
 def _shown(choice: ToolChoice) -> str:
     return repr(choice.name) if isinstance(choice, NamedChoice) else repr(choice)
-
-
-_TEXT, _HEAD, _ARGS, _TAIL, _WHOLE = "text", "head", "args", "tail", "whole"
-
-
-class ToolCallParser:
-    """Takes tool calls out of output text as it arrives (committed deltas, in order).
-
-    :meth:`feed` returns what the new text adds: content (the text outside calls, without the markup)
-    and :class:`ToolCallDelta` pieces — a call's ``id`` and ``name`` as soon as its name is written,
-    then its ``arguments`` text as it arrives (exactly the text the model wrote for them, so the
-    fragments join into the same JSON the whole-output parse gives). Text that may be the start of an
-    opening tag is held back until it is resolved; whitespace just before a call (or after the last
-    one) is not content. :meth:`finish` flushes; :meth:`message` is the whole answer.
-    """
-
-    def __init__(self, fmt: ToolFormat, new_id: Callable[[int], str] = _new_id) -> None:
-        self.format = fmt
-        self._new_id = new_id
-        self._buf = ""
-        self._state = _TEXT
-        self._pending_ws = ""
-        self._content: list[str] = []
-        self._calls: list[list[str]] = []  # [id, name, arguments]
-        self._header = re.compile(r"\s*\{\s*" + re.escape(json.dumps(fmt.name_key)) + r"\s*:\s*\"((?:[^\"\\]|\\.)*)\"\s*,"
-                                  r"\s*" + re.escape(json.dumps(fmt.arguments_key)) + r"\s*:\s*")
-        # the arguments' JSON value as it is scanned: nesting depth, inside a string, after a backslash
-        self._depth = 0
-        self._in_str = False
-        self._escape = False
-        self._started = False
-
-    # -- public --------------------------------------------------------------------------------
-    def feed(self, text: str) -> ParsedDelta:
-        self._buf += text
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
-        while self._step(content, calls):
-            pass
-        return self._delta(content, calls)
-
-    def finish(self) -> ParsedDelta:
-        """The output ended: held-back text is content; a call cut off before its name is dropped (one
-        cut off in its arguments keeps what it has)."""
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
-        if self._state == _TEXT:
-            self._emit(self._buf, content)
-        self._buf = ""
-        if self._pending_ws and not self._calls:
-            content.append(self._pending_ws)
-            self._content.append(self._pending_ws)
-        self._pending_ws = ""
-        return self._delta(content, calls)
-
-    @property
-    def calls(self) -> tuple[ToolCall, ...]:
-        return tuple(ToolCall(id=c[0], name=c[1], arguments=c[2]) for c in self._calls)
-
-    @property
-    def content(self) -> str:
-        return "".join(self._content)
-
-    def message(self) -> ParsedMessage:
-        content = self.content
-        return ParsedMessage(content=None if self._calls and not content else content, tool_calls=self.calls)
-
-    # -- the states ----------------------------------------------------------------------------
-    def _delta(self, content: list[str], calls: list[ToolCallDelta]) -> ParsedDelta:
-        merged: list[ToolCallDelta] = []
-        for d in calls:  # consecutive argument fragments of one call travel as one piece
-            if merged and merged[-1].index == d.index and d.id is None:
-                last = merged[-1]
-                merged[-1] = attrs.evolve(last, arguments=last.arguments + d.arguments)
-            else:
-                merged.append(d)
-        return ParsedDelta("".join(content), tuple(merged))
-
-    def _emit(self, text: str, out: list[str]) -> None:
-        """Content, with a trailing whitespace run held back (it is dropped if a call follows)."""
-        if not text:
-            return
-        text = self._pending_ws + text
-        stripped = text.rstrip()
-        self._pending_ws = text[len(stripped):]
-        if stripped:
-            out.append(stripped)
-            self._content.append(stripped)
-
-    def _step(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
-        """Advance over the buffer once; False when it needs more text."""
-        fmt = self.format
-        buf = self._buf
-        if self._state == _TEXT:
-            at = buf.find(fmt.open)
-            if at < 0:
-                keep = _partial_suffix(buf, fmt.open)
-                self._emit(buf[: len(buf) - keep], content)
-                self._buf = buf[len(buf) - keep:]
-                return False
-            self._emit(buf[:at], content)
-            self._pending_ws = ""  # whitespace before a call is not content
-            self._buf = buf[at + len(fmt.open):]
-            self._state = _HEAD
-            return True
-        if self._state == _HEAD:
-            m = self._header.match(buf)
-            if m is not None:
-                try:
-                    name = json.loads(f'"{m.group(1)}"')
-                except json.JSONDecodeError:
-                    name = m.group(1)
-                index = len(self._calls)
-                call_id = self._new_id(index)
-                self._calls.append([call_id, name, ""])
-                calls.append(ToolCallDelta(index=index, id=call_id, name=name))
-                self._buf = buf[m.end():]
-                self._state = _ARGS
-                self._depth, self._in_str, self._escape, self._started = 0, False, False, False
-                return True
-            if fmt.close in buf:  # another shape (keys in another order): parse the call whole
-                self._state = _WHOLE
-                return True
-            return False
-        if self._state == _ARGS:
-            return self._scan_arguments(calls)
-        if self._state == _TAIL:
-            at = buf.find(fmt.close)
-            if at < 0:
-                return False
-            self._buf = buf[at + len(fmt.close):]
-            self._state = _TEXT
-            return True
-        # _WHOLE: the call between the tags, parsed at once
-        at = buf.find(fmt.close)
-        if at < 0:
-            return False
-        raw, self._buf, self._state = buf[:at], buf[at + len(fmt.close):], _TEXT
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict) or not isinstance(obj.get(fmt.name_key), str):
-            return True  # not a call this format knows: the markup is dropped, not shown as content
-        args = obj.get(fmt.arguments_key, {})
-        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        index = len(self._calls)
-        call_id = self._new_id(index)
-        self._calls.append([call_id, obj[fmt.name_key], text])
-        calls.append(ToolCallDelta(index=index, id=call_id, name=obj[fmt.name_key], arguments=text))
-        return True
-
-    def _scan_arguments(self, calls: list[ToolCallDelta]) -> bool:
-        """The arguments' JSON value, character by character, until it is complete."""
-        buf = self._buf
-        if not self._started:  # whitespace before the value is not part of it
-            buf = buf.lstrip()
-            if not buf:
-                self._buf = ""
-                return False
-        end = None
-        for i, ch in enumerate(buf):
-            if not self._started:
-                self._started = True
-                if ch in "{[":
-                    self._depth = 1
-                    continue
-                if ch == '"':
-                    self._in_str = True
-                    continue
-                self._depth = 0  # a bare scalar: it ends at a delimiter
-            if self._in_str:
-                if self._escape:
-                    self._escape = False
-                elif ch == "\\":
-                    self._escape = True
-                elif ch == '"':
-                    self._in_str = False
-                    if self._depth == 0:
-                        end = i + 1
-                        break
-                continue
-            if ch == '"':
-                self._in_str = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                if self._depth == 0:  # the scalar ended at the call object's brace
-                    end = i
-                    break
-                self._depth -= 1
-                if self._depth == 0:
-                    end = i + 1
-                    break
-            elif self._depth == 0 and (ch == "," or ch.isspace()):
-                end = i
-                break
-        piece = buf if end is None else buf[:end]
-        if piece:
-            index = len(self._calls) - 1
-            self._calls[index][2] += piece
-            calls.append(ToolCallDelta(index=index, arguments=piece))
-        self._buf = "" if end is None else buf[end:]
-        if end is None:
-            return False
-        self._state = _TAIL
-        return True
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0

@@ -126,3 +126,23 @@ def test_power_serve_builds_the_template_once_and_the_server_reuses_it(tmp_path,
     assert isinstance(got["template"], ChatTemplate) and got["template"].source == SOURCE
     assert len(got["responses"]) == 3
     assert compilations[0] == 1  # the startup check compiled it; the requests reused it
+
+
+# -- what real templates use ------------------------------------------------------------------------------
+def test_a_generation_block_renders_its_body():
+    """``{% generation %}`` (transformers' marker of the assistant's tokens, in LFM2.5's and Poolside's
+    templates) renders its body; it was a compile error."""
+    source = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}[{{ m['content'] }}]"
+              "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+    got = ChatTemplate(source=source).render([{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "yo"}], add_generation_prompt=False)
+    assert got == "hi[yo]"
+
+
+def test_a_template_failing_on_a_value_is_a_typed_error_not_a_crash():
+    """A ``TypeError`` inside a template (llama.cpp's ``llama-cpp-deepseek-r1.jinja`` applies ``tojson`` to
+    a generator) is a :class:`ConfigError` naming the messages, as a ``raise_exception`` is."""
+    from power_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not JSON serializable"):
+        ChatTemplate(source="{{ (messages | map(attribute='role')) | tojson }}").render(MSGS)

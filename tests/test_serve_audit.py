@@ -99,3 +99,36 @@ def test_a_mismatch_under_require_identical_switches_the_server_to_target_only()
         state.executor.shutdown(wait=True)
     assert "require_identical" in health["target_only"]
     assert body["power"]["proposed"] == 0 and body["usage"]["completion_tokens"] == 8  # decoded target-only
+
+
+@pytest.mark.parametrize("raised, expect", [(RuntimeError("begin bug"), "never began: RuntimeError: begin bug"),
+                                            (None, "target state was lost")], ids=["foreign", "typed"])
+def test_an_audit_whose_redecode_never_begins_fails_typed(monkeypatch, raised, expect):
+    """The re-decode's ``begin`` fails (the engine gives its sequence back, no receipt is made): the
+    audit ends with a typed :class:`PowerError` (a foreign exception wrapped in a ``RuntimeFault``), not
+    an ``AssertionError``, and the sequence is the engine's again, once (issue 44)."""
+    from power_core.errors import PowerError, RuntimeFault, StateLost
+    from power_core.serve import ServeOptions, create_app
+    from power_core.serve.jobs import Job
+    from power_core.session import Generation
+    from power_core.transaction import CancelToken
+    from tests.helpers import open_session
+
+    def begin(self):
+        raise raised if raised is not None else StateLost("the target state was lost (test)")
+
+    with open_session("reference", "ref-draft") as s:
+        engine = s.driver()
+        app = create_app(engine, ServeOptions(model_name="m", audit_rate=1.0))
+        auditor = app.state.power.auditor
+        job = Job(prompt=np.asarray([1, 2, 3]), max_tokens=8, stop=(), sampling={}, top_logprobs=None, stream=False)
+        monkeypatch.setattr(Generation, "begin", begin)
+        ticket = engine.reserve()
+        assert ticket.ready and engine.busy == 1
+        with pytest.raises(PowerError, match=expect) as info:
+            auditor._redecode(ticket.session, job, CancelToken())
+        assert isinstance(info.value, RuntimeFault if raised is not None else StateLost)
+        assert engine.busy == 0  # given back by the engine, and not a second time
+        monkeypatch.undo()
+        assert s.generate([1, 2, 3], max_tokens=4).receipt.status == "completed"
+        app.state.power.executor.shutdown(wait=True)

@@ -77,7 +77,7 @@ def test_a_cut_off_tool_call_sent_back_is_taken_and_rendered_as_written():
 # -- 2. every field has a rule ----------------------------------------------------------------------------
 NO_OPS = {"store": False, "metadata": {"run": "bfcl-7"}, "service_tier": "auto", "prompt_cache_key": "agent-1",
           "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}, "prompt_cache_retention": "24h",
-          "safety_identifier": "u-42", "prediction": {"type": "content", "content": "abc"}}
+          "safety_identifier": "u-42"}
 
 
 def test_fields_that_cannot_change_the_output_are_taken_and_change_nothing():
@@ -120,7 +120,7 @@ def test_fields_that_would_change_the_output_are_refused_saying_why(field, value
     ("store", "no", "store"),
     ("metadata", {"k": 1}, "metadata"),
     ("service_tier", 3, "service_tier"),
-    ("prediction", {"type": "content"}, "prediction"),
+    ("prediction", {"type": "content"}, "prediction.content"),
     ("modalities", ["text", "audio"], "modalities[1]"),
     ("mystery", 1, "mystery"),  # in no row: named, never ignored
 ])

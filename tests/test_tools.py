@@ -69,10 +69,10 @@ OUTPUTS = [
 
 @pytest.mark.parametrize("text", OUTPUTS)
 def test_streamed_pieces_assemble_to_the_whole_parse(text):
-    whole = tools.HERMES.parse(text, _ids())
+    whole = tools.parse(tools.HERMES, text, _ids())
     rng = random.Random(text)
     for trial in range(20):
-        p = tools.HERMES.parser(_ids())
+        p = tools.ToolCallParser(tools.HERMES, _ids())
         deltas, at = [], 0
         while at < len(text):
             n = 1 if trial == 0 else rng.randint(1, 12)
@@ -87,20 +87,20 @@ def test_streamed_pieces_assemble_to_the_whole_parse(text):
 
 
 def test_parse_takes_calls_out_and_keeps_the_text():
-    assert tools.HERMES.parse(OUTPUTS[0]) == tools.ParsedMessage(OUTPUTS[0], ())
-    assert tools.HERMES.parse(OUTPUTS[1]).content == OUTPUTS[1]
-    two = tools.HERMES.parse(OUTPUTS[3], _ids())
+    assert tools.parse(tools.HERMES, OUTPUTS[0]) == tools.ParsedMessage(OUTPUTS[0], ())
+    assert tools.parse(tools.HERMES, OUTPUTS[1]).content == OUTPUTS[1]
+    two = tools.parse(tools.HERMES, OUTPUTS[3], _ids())
     assert two.content == "Let me check."
     assert [(c.name, json.loads(c.arguments)) for c in two.tool_calls] == [
         ("get_weather", {"city": 'P"a}r{is', "unit": "celsius"}), ("get_time", {})]
     assert [c.id for c in two.tool_calls] == ["call_0", "call_1"]
-    other = tools.HERMES.parse(OUTPUTS[4])
+    other = tools.parse(tools.HERMES, OUTPUTS[4])
     assert other.content is None and other.tool_calls[0].name == "get_time"
     assert json.loads(other.tool_calls[0].arguments) == {"city": "Oslo"}
-    cut = tools.HERMES.parse(OUTPUTS[5])
+    cut = tools.parse(tools.HERMES, OUTPUTS[5])
     assert cut.tool_calls[0].arguments == '{"city": "Ber' and cut.content is None
-    assert tools.HERMES.parse(OUTPUTS[6]) == tools.ParsedMessage("text", ())
-    assert tools.HERMES.parse(OUTPUTS[7]).content == OUTPUTS[7]
+    assert tools.parse(tools.HERMES, OUTPUTS[6]) == tools.ParsedMessage("text", ())
+    assert tools.parse(tools.HERMES, OUTPUTS[7]).content == OUTPUTS[7]
     assert two.tool_calls[0].to_openai() == {"id": "call_0", "type": "function", "function": {
         "name": "get_weather", "arguments": '{"city": "P\\"a}r{is", "unit": "celsius"}'}}
 
@@ -162,6 +162,7 @@ def test_grammars_force_calls_with_valid_arguments_and_auto_starts_at_the_tag():
         assert _accepts(s, auto, "Checking. " + call)
         assert not _accepts(s, auto, "Checking. " + bad_args)  # constrained from the opening tag on
         assert not _accepts(s, auto, call + " then <tool_call>\nfree text")  # every call is one
+        assert not _accepts(s, auto, call + "\nDone.")  # after the calls: the end of the answer
         single = tools.ToolPlan.make([WEATHER], "auto", parallel=False).constraint()
         assert _accepts(s, single, "Checking. " + call) and not _accepts(s, single, call + "\n" + call)
 

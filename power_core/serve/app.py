@@ -48,6 +48,7 @@ from power_core.errors import (
     SessionBusy,
 )
 from power_core.logs import get_logger
+from power_core.prediction import Prediction
 from power_core.serve.audit import Auditor
 from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, proposer_stores, run_job
 from power_core.serve.protocol import (
@@ -312,6 +313,13 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
                        "--n-ctx)", param=param, code="context_length_exceeded")
     strategy = req.power.strategy if req.power is not None else None
     _lane(session, strategy)  # (a 400 for a strategy the server does not run, before the request waits)
+    prediction = None
+    if req.prediction is not None:  # tokenized once, here: too many tokens is a 400 before the request waits
+        try:
+            prediction = Prediction.from_text(req.prediction.text, session.opened.tokenizer, n_ctx)
+        except ConfigError as exc:
+            raise APIError(400, f"invalid value for 'prediction': {exc}", param="prediction",
+                           code="invalid_value") from None
     # unset: the rest of the context (OpenAI's default, llama-server's n_predict = -1), never more than
     # the operator's cap (--max-tokens) or the room the context has left
     cap = state.options.max_tokens
@@ -319,7 +327,8 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
               target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user),
-              constraint=structure.constraint if structure is not None else None, strategy=strategy)
+              constraint=structure.constraint if structure is not None else None, strategy=strategy,
+              prediction=prediction)
     tools = structure.tools if structure is not None and structure.tools is not None and structure.tools.active \
         else None
     return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools)
@@ -360,10 +369,15 @@ def _power_extension(state: ServerState, job: Job, outcome: Outcome) -> dict[str
             "decode_tok_s": r.timings.get("decode_tok_s")}
 
 
-def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, int]:
+def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, Any]:
     n = len(outcome.tokens)
-    return {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": n,
-            "total_tokens": prepared.prompt_tokens + n}
+    usage: dict[str, Any] = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": n,
+                             "total_tokens": prepared.prompt_tokens + n}
+    predicted = outcome.receipt.prediction
+    if predicted is not None:  # OpenAI's counts of a prediction (docs/serving.md#predicted-outputs)
+        usage["completion_tokens_details"] = {"accepted_prediction_tokens": predicted["accepted"],
+                                              "rejected_prediction_tokens": predicted["rejected"]}
+    return usage
 
 
 async def _admit(state: ServerState, job: Job) -> Session:
@@ -546,12 +560,13 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
         return [chunk(choice)] if choice is not None else []
 
     async def events() -> AsyncIterator[str]:
+        getter: asyncio.Future[Any] | None = None
         try:
             if chat:
                 yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None})
             while True:
-                getter: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
+                getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
                     for c in chunks(getter.result()):
@@ -585,6 +600,8 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
                 yield chunk(last, power=ext)
             yield "[DONE]"
         finally:
+            if getter is not None and not getter.done():  # the client went away while this waited for a delta:
+                getter.cancel()  # no task is left pending on a queue nobody reads (found by the chaos soak)
             if not fut.done():  # the client went away (or the server is stopping) mid-stream
                 job.stop_now("disconnected" if not state.draining else "shutdown")
 

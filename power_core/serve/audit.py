@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from power_core.engine import Engine
-from power_core.errors import PowerError
+from power_core.errors import PowerError, RuntimeFault
 from power_core.logs import get_logger
 from power_core.receipt import Receipt
 from power_core.serve.jobs import Job, Metrics, Outcome, ReceiptStore
@@ -85,8 +85,11 @@ class Auditor:
             token = self.running = CancelToken()
             try:
                 audit = await loop.run_in_executor(self.executor, self._redecode, session, job, token)
-            except Exception as exc:  # noqa: BLE001 - an audit that could not run checks nothing
-                log.warning("audit.failed", id=job.id, error=f"{type(exc).__name__}: {exc}")
+            except PowerError as exc:  # an audit that could not run checks nothing; the server serves on
+                log.warning("audit.failed", id=job.id, error=f"{exc.code}: {exc}")
+                continue
+            except Exception:  # noqa: BLE001 - a defect: logged with its traceback, the audits go on
+                log.error("audit.crashed", id=job.id, exc_info=True)
                 continue
             finally:
                 self.running = None
@@ -108,7 +111,10 @@ class Auditor:
             await asyncio.sleep(0.02)
 
     def _redecode(self, session: Session, job: Job, token: CancelToken) -> Receipt:
-        """``job`` again, target-only, on ``session`` (a worker thread)."""
+        """``job`` again, target-only, on ``session`` (a worker thread): the re-decode's receipt, which
+        says how it ended. A re-decode that never began (the engine or the session refused it, or its
+        ``begin`` failed; the engine has given the sequence back) is a :class:`PowerError`: the
+        refusal itself, or a :class:`RuntimeFault` wrapping a foreign exception."""
         try:
             gen = session.start(job.prompt, cancel=token, max_tokens=job.max_tokens, stop=job.stop,
                                 sampling=job.sampling, target_only=True, constraint=job.constraint,
@@ -117,12 +123,17 @@ class Auditor:
         except BaseException:
             self.engine.release(session)
             raise
+        failure: Exception | None = None
         try:
             self.engine.run(gen)
-        except Exception:  # noqa: BLE001 - its receipt says how it ended
-            pass
-        assert gen.receipt is not None
-        return gen.receipt
+        except Exception as exc:  # noqa: BLE001 - a re-decode that ran has a receipt that says how it ended
+            failure = exc
+        if gen.receipt is not None:
+            return gen.receipt
+        if isinstance(failure, PowerError):
+            raise failure
+        raise RuntimeFault(f"the audit's re-decode of request {job.id} never began: "
+                           f"{type(failure).__name__}: {failure}") from failure
 
     def _record(self, job: Job, receipt: Receipt, audit: Receipt) -> None:
         identical = audit.output_sha256 == receipt.output_sha256

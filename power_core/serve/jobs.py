@@ -31,6 +31,7 @@ from power_core.engine import Engine
 from power_core.errors import Cancelled, PowerError
 from power_core.logs import get_logger
 from power_core.memory import PromptCache
+from power_core.prediction import Prediction
 from power_core.receipt import Receipt
 from power_core.session import Generation, Session
 from power_core.text import TextAssembler
@@ -70,6 +71,8 @@ class Job:
     constraint: ConstraintSpec | None = None
     #: the strategy the request asked for (its ``power.strategy``; ``None``: the server's default)
     strategy: str | None = None
+    #: what the answer is expected to repeat (OpenAI's ``prediction``, tokenized), or ``None``
+    prediction: Prediction | None = None
 
     def stop_now(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -423,7 +426,8 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                             sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
-                            tenant=job.tenant, constraint=job.constraint, strategy=job.strategy)
+                            tenant=job.tenant, constraint=job.constraint, strategy=job.strategy,
+                            prediction=job.prediction)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise

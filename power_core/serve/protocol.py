@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import attrs
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from power_core.config import SAMPLING_KEYS
+from power_core.config import LOGPROBS_MAX, SAMPLING_KEYS, STOP_MAX
 from power_core.constraint import ConstraintSpec
 from power_core.errors import ConstraintError
 from power_core.tools import (
@@ -48,10 +48,6 @@ from power_core.transaction import TokenLogprob
 __all__ = ["APIError", "ChatRequest", "CompletionRequest", "FIELDS", "FieldRule", "PowerOptions", "Structure",
            "constraint_error", "fields_markdown", "parse_request", "finish_reason"]
 
-#: the stop strings one request may give (OpenAI allows 4; Power's configuration allows 64)
-STOP_MAX = 16
-#: completions' ``logprobs`` and chat's ``top_logprobs`` upper bound (OpenAI: 5 and 20)
-LOGPROBS_MAX = 20
 #: the roles a chat message may have; ``developer`` is OpenAI's newer name for ``system``
 ROLES = ("system", "developer", "user", "assistant", "tool")
 #: a grammar's or a schema's characters (a schema as compact JSON) at most
@@ -90,16 +86,36 @@ BOTH = (CHAT, COMPLETIONS)
 Rule = Literal["honoured", "neutral", "no-op", "refused"]
 
 
+#: a prediction's characters at most (its text parts together); its tokens are bounded by the context
+PREDICTION_MAX_CHARS = 1 << 18
+
+
 class PredictionText(_Strict):
     type: Literal["text"]
     text: str
 
 
 class Prediction(_Strict):
-    """OpenAI's Predicted Outputs: text the answer is expected to repeat (it never changes the answer)."""
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat. Power drafts from it and
+    verifies every token, so it never changes the answer (:mod:`power_core.prediction`)."""
 
     type: Literal["content"]
     content: str | list[PredictionText]
+
+    @field_validator("content")
+    @classmethod
+    def _bounded(cls, v: str | list[PredictionText]) -> str | list[PredictionText]:
+        if isinstance(v, list) and not v:
+            raise ValueError("at least one text part (or a string)")
+        n = len(v) if isinstance(v, str) else sum(len(p.text) for p in v)
+        if n > PREDICTION_MAX_CHARS:
+            raise ValueError(f"a prediction of at most {PREDICTION_MAX_CHARS} characters, not {n}")
+        return v
+
+    @property
+    def text(self) -> str:
+        """The predicted text (text parts joined)."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 @attrs.frozen
@@ -151,9 +167,13 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("response_format", "honoured", (CHAT,), "`json_schema`, `json_object`, `text`"),
     FieldRule("grammar", "honoured", BOTH, "llama-server's: GBNF or Lark"),
     FieldRule("json_schema", "honoured", BOTH, "llama-server's"),
-    FieldRule("tools", "honoured", (CHAT,), "function tools, rendered through the chat template"),
+    FieldRule("tools", "honoured", (CHAT,), "function tools, rendered through the chat template; calls in the "
+              "model's own format ([tools.md](tools.md))"),
     FieldRule("tool_choice", "honoured", (CHAT,), "`none`, `auto`, `required`, a named function"),
     FieldRule("parallel_tool_calls", "honoured", (CHAT,), "with tools: `false` allows one call"),
+    FieldRule("prediction", "honoured", BOTH, "Predicted Outputs: `{\"type\": \"content\", \"content\": text or "
+              "text parts}`, drafted from first and verified token by token, so the answer is unchanged; counted "
+              "in `usage.completion_tokens_details` ([predicted outputs](#predicted-outputs))"),
     FieldRule("power", "honoured", BOTH, "Power's extension: `power.strategy`"),
     FieldRule("n", "neutral", BOTH, "1: one choice per request"),
     FieldRule("best_of", "neutral", (COMPLETIONS,), "1"),
@@ -172,8 +192,6 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("prompt_cache_retention", "no-op", BOTH, "as `prompt_cache_options`", str | None),
     FieldRule("safety_identifier", "no-op", BOTH, "an end user's id for abuse checks, which do not run "
               "here; it is no tenant (`user` is)", str | None),
-    FieldRule("prediction", "no-op", BOTH, "Predicted Outputs never change the answer; Power does not "
-              "draft from them yet", Prediction | None),
     FieldRule("audio", "refused", BOTH, "power serve writes text only"),
     FieldRule("functions", "refused", BOTH, "OpenAI's deprecated function calling: send `tools`"),
     FieldRule("function_call", "refused", BOTH, "OpenAI's deprecated function calling: send `tool_choice`"),
@@ -320,6 +338,8 @@ class _Sampling(_Strict):
     #: llama-server's: a GBNF (or llguidance Lark) grammar, and a JSON schema, the output must match
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    #: OpenAI's Predicted Outputs (:class:`Prediction`)
+    prediction: Prediction | None = None
     #: Power's extension (:class:`PowerOptions`)
     power: PowerOptions | None = None
 

@@ -18,7 +18,8 @@ after another, concurrency 4 at once on 4 slots):
 
 - ``power serve --mode suffix`` with its memories: the prompt cache (``--cache-ram``, on by default)
   and the cross-request suffix index (``--suffix-memory``);
-- the same without them (``--cache-ram 0``, no suffix memory);
+- the same without them (``--cache-ram 0 --suffix-memory 0``);
+- the same with the prompt cache but no suffix memory (``--suffix-memory 0``: what the serve default buys);
 - ``power serve --mode off`` with the prompt cache (the per-request 2 % check);
 - ``llama-server`` of the pinned build with its defaults (its own prompt cache in RAM) and each n-gram
   ``--spec-type``: every type is tried once, the best is then paired with Power's sides.
@@ -141,11 +142,12 @@ def run_workload(url: str, kind: str, conversations: int, turns: int, tokens: in
             "reused": [r["reused"] for r in reqs]}
 
 
-def power_side(model: str, mode: str, memory: bool, parallel: int, threads: int, n_ctx: int) -> list[str]:
+def power_side(model: str, mode: str, memory: bool, parallel: int, threads: int, n_ctx: int,
+               suffix_memory: bool = True) -> list[str]:
     args = ["serve", "--port", "0", "--model", model, "--mode", mode, "--threads", str(threads),
             "--n-ctx", str(n_ctx), "--parallel", str(parallel)]
-    if mode == "suffix" and memory:
-        args += ["--suffix-memory", "200000"]
+    if mode == "suffix" and not (memory and suffix_memory):
+        args += ["--suffix-memory", "0"]  # (on by default under power serve)
     if not memory:
         args += ["--cache-ram", "0"]
     return power_cmd(*args)
@@ -186,6 +188,9 @@ def bench_model(alias: str, model: str, args: argparse.Namespace, quiet: Quiet,
         if "power-no-memory" not in args.skip:
             sides["power-no-memory"] = (power_side(model, "suffix", False, parallel, args.threads, args.n_ctx), None,
                                         False)
+        if "power-no-suffix-memory" not in args.skip:
+            sides["power-no-suffix-memory"] = (power_side(model, "suffix", True, parallel, args.threads, args.n_ctx,
+                                                          suffix_memory=False), None, False)
         if clients == 1:
             sides["power-off"] = (power_side(model, "off", True, parallel, args.threads, args.n_ctx), None, False)
         # every llama-server type once (at the first concurrency); the best one is paired with Power's sides
@@ -240,7 +245,8 @@ def _summary(raw: dict[str, list[dict[str, Any]]], screen: dict[str, float], bes
                            "runs": {k: [round(x, 2) for x in v] for k, v in agg.items()},
                            "foreign_cpu": {k: [round(r.get("foreign_cpu", 0.0), 3) for r in v] for k, v in raw.items()}}
     mem = raw["power-memory"]
-    for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory")):
+    for other, key in (("llama-server", "over_llama_server"), ("power-no-memory", "over_no_memory"),
+                       ("power-no-suffix-memory", "over_no_suffix_memory")):
         if other not in raw:
             continue
         ratios = [a / b for a, b in zip(agg["power-memory"], agg[other], strict=True)]
@@ -290,6 +296,10 @@ def _markdown(report: dict[str, Any]) -> str:
             if "over_no_memory" in c:
                 lines.append(f"- with / without memories: x{c['over_no_memory']['median']:.3f} (goal ≥ {GOAL_SELF}); "
                              f"identical texts: {c['identical_texts_vs_power-no-memory']}")
+            if "over_no_suffix_memory" in c:
+                lines.append(f"- with / without the suffix memory (prompt cache on both): "
+                             f"x{c['over_no_suffix_memory']['median']:.3f}; identical texts: "
+                             f"{c['identical_texts_vs_power-no-suffix-memory']}")
             if "per_request_over_off" in c:
                 p = c["per_request_over_off"]
                 lines.append(f"- per request, latency with memories / `--mode off` (median over runs): worst "
