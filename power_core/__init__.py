@@ -23,6 +23,7 @@ from power_core.errors import (
     StrategyNotFound,
     StrategyNotInstalled,
 )
+from power_core.generation import Generation, Result
 from power_core.memory import PromptCache, PromptCacheStats
 from power_core.plugins import get_plugins
 from power_core.receipt import Receipt, token_digest
@@ -39,7 +40,7 @@ from power_core.runtime import (
 )
 from power_core.sampling import TargetSampler
 from power_core.scheduler import RoundOutcome, RoundPlan, Scheduler
-from power_core.session import Generation, Result, Session
+from power_core.session import Session
 from power_core.spec import Backend, OpenedModel, OpenRequest, ProposerRequest, Strategy, Tokenizer, hookimpl
 from power_core.streaming import Stream
 from power_core.tools import ToolPlan

@@ -111,7 +111,7 @@ SlotT = TypeVar("SlotT", bound=Slot)
 
 
 class Request(Protocol[ResultT]):
-    """What the engine needs of one request (a :class:`~power_core.session.Generation`): the small
+    """What the engine needs of one request (a :class:`~power_core.generation.Generation`): the small
     public interface a driver runs an attempt through."""
 
     @property

@@ -58,7 +58,7 @@ def power_register_backends(register: Callable[[Backend], None]) -> None:
 def power_request_start(request: RequestInfo) -> None:
     """A request is about to prefill its prompt.
 
-    Called by the engine (:meth:`power_core.session.Generation.begin`) when a request's first
+    Called by the engine (:meth:`power_core.generation.Generation.begin`) when a request's first
     attempt starts, before its prefill, on the thread that reads the request (the caller of
     :meth:`~power_core.engine.Engine.run` or ``rounds``; a ``power-slot-N`` worker in ``power
     serve``), never on the shared passes' driver. An implementation that raises is logged
@@ -105,7 +105,7 @@ def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> An
 def power_request_end(receipt: Receipt) -> None:
     """A request finished (completed, stopped, cancelled or failed); its receipt is final.
 
-    Called by the engine (:meth:`power_core.session.Generation.report`) once per attempt at a
+    Called by the engine (:meth:`power_core.generation.Generation.report`) once per attempt at a
     request, also when it ends with an exception (the receipt's ``status`` then says why), on the
     thread that reads the request (as ``power_request_start``), after the engine has given its
     sequence back: never on the shared passes' driver, so a slow observer delays only its own

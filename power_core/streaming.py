@@ -36,7 +36,7 @@ ResultT = TypeVar("ResultT")
 
 class StreamSource(Protocol[ResultT]):
     """What a :class:`Stream` reads from: the request behind it (a
-    :class:`~power_core.session.Generation`, whose result type is :class:`~power_core.session.Result`).
+    :class:`~power_core.generation.Generation`, whose result type is :class:`~power_core.generation.Result`).
 
     A protocol, so that this module does not depend on the session that builds streams.
     """

@@ -222,7 +222,7 @@ def test_receipt_splits_decode_time_into_compute_and_host(mode, draft):
 
 
 def test_a_timed_proposer_counts_as_draft_compute():
-    from power_core.session import DecodeClock
+    from power_core.generation import DecodeClock
 
     class Timed:
         def __init__(self, timed: bool = True) -> None:

@@ -331,7 +331,7 @@ def test_events_go_to_the_hosts_logging(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert any(line.startswith("power_core.transaction txn.commit round=") for line in lines)
-    assert sum(line.startswith("power_core.session request.end status='completed'") for line in lines) >= 3
+    assert sum(line.startswith("power_core.generation request.end status='completed'") for line in lines) >= 3
     assert any("request.end status='cancelled'" in line for line in lines)
 
 

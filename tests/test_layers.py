@@ -490,7 +490,7 @@ def private_reads(source: str, where: str, privates: frozenset[str]) -> list[str
 def test_nothing_outside_generation_reads_its_private_attributes():
     """A driver runs a request through Generation's public interface (begin, prefill_done, charge,
     end, ...), never its private state: one owner for it."""
-    privates = generation_privates((CORE / "session.py").read_text())
+    privates = generation_privates((CORE / "generation.py").read_text())
     assert {"_prefilled", "_clock", "_decode_s", "_batch"} <= privates
     found = [hit for path in sorted(CORE.rglob("*.py"))
              for hit in private_reads(path.read_text(), str(path.relative_to(ROOT)), privates)]

@@ -1,6 +1,6 @@
 """Opening computes (warm-up, the verify-cost curve, probes) on a thread that ends with the open, so the
 thread that decodes afterwards leads the process's only OpenMP team on llama.cpp's CPU backend
-(power_core.session.in_own_thread); what the open returns or raises is unchanged."""
+(power_core.opening.in_own_thread); what the open returns or raises is unchanged."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One session, several strategies (:meth:`Session.open`'s ``strategies``; ``power serve --mode a,b,c``):
-one :class:`~power_core.session.Lane` per strategy on one target, the first the default; a request
+one :class:`~power_core.opening.Lane` per strategy on one target, the first the default; a request
 picks its lane and equals a session of that strategy alone; every sequence of an engine runs any
 strategy; prompt reuse follows each request's lane."""
 

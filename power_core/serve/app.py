@@ -5,7 +5,7 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE wit
 request carries the extension object ``power`` (the last chunk when streaming): the receipt's
 summary (the strategy that ran included) and the id under which ``/v1/receipts/{id}`` returns the
 full receipt. A request picks one of the server's strategies with its own ``power.strategy``: every
-sequence carries every strategy (:class:`~power_core.session.Lane`), so a request of any strategy
+sequence carries every strategy (:class:`~power_core.opening.Lane`), so a request of any strategy
 runs on any free sequence, in the same shared target passes as the others.
 """
 
@@ -48,6 +48,7 @@ from power_core.errors import (
     SessionBusy,
 )
 from power_core.logs import get_logger
+from power_core.opening import Lane
 from power_core.prediction import Prediction
 from power_core.serve.audit import Auditor
 from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, proposer_stores, run_job
@@ -62,7 +63,7 @@ from power_core.serve.protocol import (
     finish_reason,
     parse_request,
 )
-from power_core.session import Lane, Session
+from power_core.session import Session
 from power_core.tools import HERMES, ToolCallParser, ToolFormat, ToolPlan, detect_format, template_renders_tools
 
 __all__ = ["ServeOptions", "create_app"]

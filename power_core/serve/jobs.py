@@ -29,11 +29,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from power_core.constraint import ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import Cancelled, PowerError
+from power_core.generation import Generation
 from power_core.logs import get_logger
 from power_core.memory import PromptCache
 from power_core.prediction import Prediction
 from power_core.receipt import Receipt
-from power_core.session import Generation, Session
+from power_core.session import Session
 from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob
 

@@ -20,10 +20,11 @@ import pytest
 from power_core.config import ConfigKey, PowerConfig
 from power_core.constraint import ConstraintSpec, Vocabulary
 from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError, RuntimeFault
+from power_core.generation import Result
 from power_core.plugins import PowerPlugins, build_plugins
 from power_core.reference.proposers import NoisyProposer, ProposerWrapper
 from power_core.runtime import Proposal, ProposalContext, Proposer, ProposerCapabilities
-from power_core.session import Result, Session
+from power_core.session import Session
 from power_core.spec import Strategy, hookimpl
 from power_core.transaction import PHASES, CancelToken
 

@@ -84,7 +84,7 @@ def bench(model: str | None, mode: str, n: int, runs: int, tokens: int, threads:
     engine = Session.open_engine(n, cfg, model=model)
     try:
         prompts = _prompts(sessions[0], n)
-        # on a thread that ends: a thread that decoded keeps its OpenMP team (power_core.session.in_own_thread)
+        # on a thread that ends: a thread that decoded keeps its OpenMP team (power_core.opening.in_own_thread)
         solo = in_own_thread(lambda: [sessions[0].generate(p).tokens for p in prompts])
         rows = []
         for r in range(runs):
@@ -115,7 +115,7 @@ def bench(model: str | None, mode: str, n: int, runs: int, tokens: int, threads:
 def bench_one(model: str | None, mode: str, runs: int, tokens: int, threads: int) -> dict:
     """One request: ``Session.generate`` vs the engine with one request, each run in a fresh process
     (a process holding both would hold two OpenMP teams, the engine driver's and the session's, and
-    libgomp then slows both: power_core.session.in_own_thread)."""
+    libgomp then slows both: power_core.opening.in_own_thread)."""
     ratios, rates = [], {"session": [], "engine": []}
     for r in range(runs):
         got = {}
