@@ -162,3 +162,37 @@ def test_serving_md_lists_every_request_field_rule():
         for f in FIELDS:
             if f.rule == rule:
                 assert f"| `{f.name}` | both | {rule} |" in text, f.name
+
+
+def _hops() -> list[tuple[str, str]]:
+    """(dotted name, file) of every row of docs/architecture.md's "One request, hop by hop" table."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("### One request, hop by hop"):]
+    section = section[:section.index("\n**")]
+    return re.findall(r"^\| \d+ \| `([\w.<>]+)` \| ([\w/.]+) \|", section, flags=re.M)
+
+
+def test_every_hop_of_the_request_path_exists():
+    import importlib
+
+    hops = _hops()
+    assert len(hops) >= 10, hops
+    for dotted, file in hops:
+        parts = dotted.split(".")
+        for cut in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        else:
+            raise AssertionError(f"{dotted}: no module")
+        assert obj.__file__ is not None and obj.__file__.endswith(file.split("/")[-1]), (dotted, file, obj.__file__)
+        for name in parts[cut:]:
+            if name == "<locals>":
+                continue
+            if not hasattr(obj, name):  # a nested function: named in its enclosing function's code
+                code = getattr(obj, "__code__", None)
+                assert code is not None and name in {c.co_name for c in code.co_consts if hasattr(c, "co_name")}, dotted
+                break
+            obj = getattr(obj, name)
