@@ -222,6 +222,16 @@ def bench_predict(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_breakdown(session: nox.Session) -> None:
+    """A served request's time cost by cost (llama.cpp compute via compute_clock.c, Python via py-spy --gil):
+    power serve --mode mtp on the predictable qwen35 + MTP fixture, 1 and 4 clients (issue 46)."""
+    install_all(session, models=False)
+    session.install("py-spy>=0.3")
+    session.run("python", "tests/bench/bench_breakdown.py", "--out", str(ROOT / "docs" / "evidence" / "bench_breakdown"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_drafts(session: nox.Session) -> None:
     """Batched draft passes: power serve --parallel 4 vs llama-server -np 4 with the same drafter (draft-mtp,
     draft-dflash, draft-dspark) at 1 and 4 clients: aggregate tok/s, p50/p99 latency, acceptance; paired, exact
