@@ -48,12 +48,14 @@ import numpy as np
 import numpy.typing as npt
 
 from power_core.errors import ConstraintError
+from power_core.runtime import TokenArray
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 __all__ = ["Constraint", "ConstraintSpec", "ConstraintStats", "Grammars", "GrammarConstraint", "JsonKeys",
-           "KeyTables", "Vocabulary", "KINDS", "FREE_TEXT", "JSON_STYLE", "close_objects", "hoist_defs"]
+           "KeyTables", "Markers", "PreservedTokens", "Vocabulary", "KINDS", "FREE_TEXT", "JSON_STYLE", "NO_PRESERVED",
+           "close_objects", "hoist_defs"]
 
 #: what a :class:`ConstraintSpec` may hold
 KINDS = ("json_schema", "regex", "grammar")
@@ -90,6 +92,107 @@ class Vocabulary:
         return h.hexdigest()
 
 
+@attrs.frozen
+class PreservedTokens:
+    """Control tokens that a grammar takes as the tokens they are and an output's text shows (llama.cpp's
+    ``preserved_tokens``): the markers of a tool-call format (Mistral's ``[TOOL_CALLS]``, ``[ARGS]``) that
+    the model's vocabulary holds as one control token each. Its other control tokens (the end of
+    generation, ...) stay out of the text. Found once per compiled constraint
+    (:meth:`Grammars.preserved`, from the spec's :class:`Markers`); empty where every marker is text."""
+
+    #: (marker text, token id), longest text first
+    tokens: tuple[tuple[str, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.tokens)
+
+    @property
+    def ids(self) -> frozenset[int]:
+        return frozenset(i for _, i in self.tokens)
+
+    @classmethod
+    def find(cls, texts: Sequence[str], controls: Mapping[str, int]) -> PreservedTokens:
+        """The control tokens (``controls``: text -> id) whose text occurs in ``texts``."""
+        longest = max(map(len, controls), default=0)
+        found: dict[str, int] = {}
+        for text in texts:
+            at = 0
+            while at < len(text):  # left to right, the longest control text at each place (as split reads it)
+                n = next((n for n in range(min(longest, len(text) - at), 0, -1) if text[at:at + n] in controls), 0)
+                if n:
+                    found[text[at:at + n]] = controls[text[at:at + n]]
+                at += n or 1
+        return cls(tuple(sorted(found.items(), key=lambda kv: (-len(kv[0]), kv[0]))))
+
+    def split(self, text: str) -> list[str | int]:
+        """``text`` as plain runs and the ids of the preserved tokens it spells (longest first, left to right)."""
+        if not self.tokens:
+            return [text] if text else []
+        ids = dict(self.tokens)
+        out: list[str | int] = []
+        at = 0
+        for m in re.finditer("|".join(re.escape(t) for t, _ in self.tokens), text):
+            if m.start() > at:
+                out.append(text[at:m.start()])
+            out.append(ids[m.group()])
+            at = m.end()
+        if at < len(text):
+            out.append(text[at:])
+        return out
+
+    def lark(self, text: str) -> str:
+        """``text`` as Lark items in sequence: string literals, and ``<[id]>`` for each preserved token."""
+        return " ".join(f"<[{p}]>" if isinstance(p, int) else json.dumps(p, ensure_ascii=False)
+                        for p in self.split(text))
+
+    def shown(self, pieces: Sequence[bytes]) -> tuple[bytes, ...]:
+        """A vocabulary's pieces with each preserved token's piece its text (no ``0xff`` prefix)."""
+        out = list(pieces)
+        for text, tok in self.tokens:
+            out[tok] = text.encode()
+        return tuple(out)
+
+    def decoder(self, decode: Callable[[TokenArray], str]) -> Callable[[TokenArray], str]:
+        """``decode`` (a tokenizer's, which leaves control tokens out) with each preserved token shown as
+        its text; ``decode`` itself when there is none. Runs between them decode on their own (decoding
+        is concatenative at a control token, which never splits a character)."""
+        if not self.tokens:
+            return decode
+        texts = {i: t for t, i in self.tokens}
+        ids = np.fromiter(texts, dtype=np.int32)
+
+        def decode_preserving(tokens: TokenArray) -> str:
+            arr = np.asarray(tokens, dtype=np.int32)
+            hits = np.flatnonzero(np.isin(arr, ids)).tolist()
+            if not hits:
+                return decode(arr)
+            out, at = [], 0
+            for h in hits:
+                if h > at:
+                    out.append(decode(arr[at:h]))
+                out.append(texts[int(arr[h])])
+                at = h + 1
+            if at < arr.shape[0]:
+                out.append(decode(arr[at:]))
+            return "".join(out)
+
+        return decode_preserving
+
+
+#: no preserved tokens: every marker is text
+NO_PRESERVED = PreservedTokens()
+
+
+@attrs.frozen
+class Markers:
+    """A grammar's markup that a model's vocabulary may hold as control tokens (a tool-call format's
+    literals: ``texts``), and the grammar again given those it does hold (``grammar``: each of their
+    literals takes the token, :meth:`PreservedTokens.lark`). :meth:`Grammars.compile` looks them up."""
+
+    texts: tuple[str, ...]
+    grammar: Callable[[PreservedTokens], str] = attrs.field(eq=False, repr=False)
+
+
 def _canonical(source: str | Mapping[str, Any]) -> str:
     # key order kept: a schema's ``properties`` order is the order the output writes them in
     return json.dumps(source, separators=(",", ":")) if isinstance(source, Mapping) else source
@@ -106,6 +209,8 @@ class ConstraintSpec:
     trigger may complete anywhere, also inside a speculated block. ``json_after``: a grammar whose
     output holds JSON values, each right after this text (a tool call's opening tag): no object of
     theirs repeats a key (a JSON schema's output is watched from its start, or from its trigger).
+    ``markers``: the grammar's markup that may be control tokens of the model's vocabulary (tool-call
+    markers): where they are, the grammar takes those tokens and the output's text shows them.
     """
 
     kind: Kind = attrs.field(validator=attrs.validators.in_(KINDS))
@@ -114,6 +219,7 @@ class ConstraintSpec:
     #: where the spec came from, for error messages (``response_format``, ``--grammar``, ...)
     field: str = attrs.field(default="constraint", eq=False)
     json_after: str | None = attrs.field(default=None, kw_only=True)
+    markers: Markers | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if not self.source.strip():
@@ -139,8 +245,8 @@ class ConstraintSpec:
 
     @classmethod
     def grammar(cls, text: str, *, trigger: str | None = None, field: str = "grammar",
-                json_after: str | None = None) -> ConstraintSpec:
-        return cls("grammar", text, trigger, field, json_after=json_after)
+                json_after: str | None = None, markers: Markers | None = None) -> ConstraintSpec:
+        return cls("grammar", text, trigger, field, json_after=json_after, markers=markers)
 
     @property
     def json_from(self) -> str | None:
@@ -173,6 +279,10 @@ class Constraint(Protocol):
     @property
     def stats(self) -> ConstraintStats:
         """What it cost and cut so far (the transaction counts the cuts here)."""
+
+    @property
+    def preserved(self) -> PreservedTokens:
+        """The control tokens its grammar takes as markers, which the output's text shows."""
 
     def allows(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar accepts in order from the current state (no advance)."""
@@ -554,8 +664,10 @@ class GrammarConstraint:
     """A :class:`Constraint` over an llguidance matcher."""
 
     def __init__(self, spec: ConstraintSpec, matcher: Any, n_vocab: int, eos: frozenset[int],
-                 stats: ConstraintStats, keys: JsonKeys | None = None) -> None:
+                 stats: ConstraintStats, keys: JsonKeys | None = None,
+                 preserved: PreservedTokens = NO_PRESERVED) -> None:
         self._spec = spec
+        self._preserved = preserved
         self._m = matcher
         self._n_vocab = n_vocab
         self._eos = eos
@@ -575,6 +687,10 @@ class GrammarConstraint:
     @property
     def spec(self) -> ConstraintSpec:
         return self._spec
+
+    @property
+    def preserved(self) -> PreservedTokens:
+        return self._preserved
 
     @property
     def consumed(self) -> int:
@@ -705,7 +821,8 @@ class Grammars:
         self._vocab: Vocabulary | None = None
         self._n_vocab = 0
         self._eos: frozenset[int] = frozenset()
-        self._keys: KeyTables | None = None
+        self._keys: dict[PreservedTokens, KeyTables] = {}
+        self._controls: dict[str, int] | None = None
 
     def vocabulary(self) -> Vocabulary:
         """The model's vocabulary (read once)."""
@@ -742,8 +859,10 @@ class Grammars:
         naming what the engine refused (a syntax error, an unsupported schema keyword)."""
         import llguidance
 
+        preserved = self.preserved(spec.markers.texts) if spec.markers is not None else NO_PRESERVED
         try:
-            grammar = _lark_of(spec)
+            grammar = _lark_of(spec if spec.markers is None or not preserved
+                               else attrs.evolve(spec, source=spec.markers.grammar(preserved)))
         except (ValueError, TypeError, KeyError) as exc:
             raise ConstraintError(spec.field, f"the {spec.kind} does not compile: {exc}") from None
         tok = self._llg_tokenizer()
@@ -754,13 +873,28 @@ class Grammars:
         if matcher.is_error():
             raise ConstraintError(spec.field, f"the {spec.kind} does not compile: {matcher.get_error()}")
         marker = spec.json_from
-        keys = None if marker is None else JsonKeys(marker, self._key_tables())
-        return GrammarConstraint(spec, matcher, self._n_vocab, self._eos, ConstraintStats(spec), keys)
+        keys = None if marker is None else JsonKeys(marker, self._key_tables(preserved))
+        return GrammarConstraint(spec, matcher, self._n_vocab, self._eos, ConstraintStats(spec), keys, preserved)
 
-    def _key_tables(self) -> KeyTables:
-        """The vocabulary's tables for :class:`JsonKeys` (built once)."""
+    def preserved(self, texts: Sequence[str]) -> PreservedTokens:
+        """The control tokens of the vocabulary whose text occurs in ``texts`` (a grammar's markers),
+        but no end of generation: llama.cpp's ``preserved_tokens`` (none where every marker is text)."""
         vocab = self.vocabulary()
         with self._lock:
-            if self._keys is None:
-                self._keys = KeyTables.of(vocab.pieces)
-            return self._keys
+            if self._controls is None:
+                ends = set(vocab.eos)
+                controls: dict[str, int] = {}
+                for i, p in enumerate(vocab.pieces):
+                    if p[:1] == b"\xff" and len(p) > 1 and i not in ends:
+                        controls.setdefault(p[1:].decode("utf-8", errors="replace"), i)
+                self._controls = controls
+            return PreservedTokens.find(texts, self._controls)
+
+    def _key_tables(self, preserved: PreservedTokens) -> KeyTables:
+        """The vocabulary's tables for :class:`JsonKeys`, its preserved tokens read as their text (built
+        once for each set)."""
+        vocab = self.vocabulary()
+        with self._lock:
+            if preserved not in self._keys:
+                self._keys[preserved] = KeyTables.of(preserved.shown(vocab.pieces))
+            return self._keys[preserved]

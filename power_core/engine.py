@@ -1,4 +1,5 @@
-"""The engine: the one loop that runs rounds, and the admission of requests to its sequences.
+"""The engine: requests over the sequences of one model, from their admission to a sequence to the end
+of the driver that runs them.
 
 Every request runs here, whoever sends it: :meth:`Session.generate` (a request on the session's
 own engine, one sequence), :class:`Engine` requests over the sequences of one target that share its
@@ -15,25 +16,16 @@ oldest waiting ticket that fits.
 
 **Passes.** The engine runs one of two drivers, by what its target can do:
 
-* *shared*: the sequences are one :class:`~power_core.runtime.BatchRuntime`'s. A driver thread runs
-  one target pass at a time for every active request: between passes new requests join and finished
-  ones leave; each decoding request opens its round (checkpoint, propose:
-  :meth:`Transaction.open_round`), one :meth:`~power_core.runtime.BatchRuntime.decode_batch` decodes
-  all their verify blocks plus prompt chunks of joining requests up to the pass's token budget
-  (round-robin, so a long prompt never stalls the others and no prompt starves), and each request
-  accepts, commits and emits from its own rows (:meth:`Transaction.close_round`). Whether a
-  request's rows in a shared pass equal its solo rows is the target's numerics: with ``numerics =
-  "exact"`` on llama.cpp's CPU backend they are bit-identical (:func:`power_core.numerics.batch_probe`
-  checks it at start), so every output equals its solo run.
+* *shared*: the sequences are one :class:`~power_core.runtime.BatchRuntime`'s; one driver thread
+  runs one target pass at a time for every active request (:class:`~power_core.passes.SharedPasses`).
 * *solo*: each sequence has a target of its own. The thread that reads a request's rounds runs them
   (prefill, then one pass per round), so independent requests decode in parallel threads without a
   hand-off per round.
 
-Either way :meth:`Engine.rounds` yields :class:`Commit` values: each round's record with a snapshot
-of the request taken when the round committed, so a reader in another thread never reads the
-request while the driver changes it. A request's cancel, fault or stop restores only its own
-transaction and sequence. A failure of the shared pass itself restores every round of it. A
-request whose target state could not be restored marks its session lost
+Either way :meth:`Engine.rounds` yields :class:`~power_core.passes.Commit` values: each round's record
+with a snapshot of the request taken when the round committed, so a reader in another thread never
+reads the request while the driver changes it. A request's cancel, fault or stop restores only its own
+transaction and sequence. A request whose target state could not be restored marks its session lost
 (:class:`~power_core.errors.StateLost` for every later request).
 """
 
@@ -41,25 +33,24 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-import attrs
 import numpy as np
 
 from power_core.constraint import ConstraintSpec
 from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, RuntimeFault, SessionBusy, StateLost
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
-from power_core.receipt import Receipt
-from power_core.runtime import BatchItem, BatchRuntime, DecodeResult, Proposal
-from power_core.scheduler import PassLoad
-from power_core.transaction import CancelToken, PendingRound, RoundRecord, TokenLogprob, Transaction
+from power_core.passes import Charged, Commit, Ended, Request, SharedPasses, commit_of
+from power_core.rounds import CancelToken
+from power_core.runtime import BatchRuntime
 
 __all__ = ["Commit", "Engine", "Request", "Slot", "Ticket"]
+
+log = get_logger(__name__)
 
 ResultT = TypeVar("ResultT", covariant=True)
 
@@ -108,67 +99,6 @@ class Slot(Protocol):
 
 
 SlotT = TypeVar("SlotT", bound=Slot)
-
-
-class Request(Protocol[ResultT]):
-    """What the engine needs of one request (a :class:`~power_core.generation.Generation`): the small
-    public interface a driver runs an attempt through."""
-
-    @property
-    def session(self) -> Any: ...
-
-    @property
-    def prompt(self) -> np.ndarray: ...
-
-    @property
-    def cancel(self) -> CancelToken: ...
-
-    @property
-    def txn(self) -> Transaction | None: ...
-
-    @property
-    def prefilled(self) -> bool: ...
-
-    @property
-    def thread(self) -> threading.Thread | None: ...
-
-    def begin(self) -> Transaction: ...
-
-    def resident_prefix(self) -> np.ndarray | None: ...
-
-    def prefill_done(self, seconds: float) -> None: ...
-
-    def clock(self) -> tuple[float | None, float]: ...
-
-    def charge(self, before: tuple[float | None, float], seconds: float, rounds: int) -> None: ...
-
-    def charge_shared_pass(self, compute: float | None) -> None: ...
-
-    def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> None: ...
-
-    def report(self) -> Receipt | None: ...
-
-    def result(self) -> ResultT: ...
-
-log = get_logger(__name__)
-
-_END = object()
-
-
-@attrs.frozen
-class Commit:
-    """One committed round of a request, as its reader sees it: the round's record and a snapshot of
-    the request taken by the driver right after the round committed."""
-
-    record: RoundRecord
-    #: the tokens this round emitted
-    tokens: tuple[int, ...]
-    #: tokens the request has emitted so far, these included
-    n_tokens: int
-    #: the request ended with this round
-    finished: bool
-    #: the log-probabilities of this round's tokens (when the request asked for ``logprobs``)
-    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Ticket(Generic[SlotT]):
@@ -223,23 +153,6 @@ class Ticket(Generic[SlotT]):
         self._engine._withdraw(self)
 
 
-@attrs.define(eq=False)
-class _Active:
-    """A request the shared driver runs."""
-
-    gen: Request[Any]
-    events: queue.Queue[Any]
-    remaining: np.ndarray  # prompt tokens still to prefill (empty once decoding)
-    t0: float
-    #: its reader wants the end only (:meth:`Engine.run`): rounds are not handed to its thread one by one
-    quiet: bool = False
-    #: its round opened in the pass now running and not yet closed (restored when the pass fails)
-    pending: PendingRound | None = None
-    passes: int = 0
-    pass_tokens: int = 0
-    peak: int = 0
-
-
 class Engine(Generic[SlotT]):
     """Requests over the sequences of one model. Thread-safe: any thread may :meth:`submit` or
     :meth:`reserve`; :meth:`rounds` runs one request and yields its commits to the thread that reads it."""
@@ -250,8 +163,6 @@ class Engine(Generic[SlotT]):
         if not sessions:
             raise ConfigError("parallel", 0, "at least one sequence")
         self.sessions = tuple(sessions)
-        #: the shared passes' runtime (``None``: every sequence decodes alone, on its reader's thread)
-        self.runtime = runtime
         #: how many tickets may wait for a sequence (``None``: no bound)
         self.queue_max = queue_max
         self._closer = closer
@@ -265,30 +176,30 @@ class Engine(Generic[SlotT]):
         #: are a sequence's rows in a shared pass its solo rows on this target? (every receipt says)
         self.probe = probe
         self.token_budget = 0
-        self._thread: threading.Thread | None = None
-        self._joining: collections.deque[_Active] = collections.deque()
-        self._active: list[_Active] = []
-        self._rr = 0  # round-robin start among prefilling requests (and among decoding ones' width turns)
-        self._last_prefill = 0  # prompt tokens in the previous pass
-        self._held = 0  # held(): no pass starts
-        self._driver_done = False  # the driver thread has ended
         self._failure: str | None = None  # why the driver thread died (the engine then serves nothing)
         self._close_deferred = False  # close() timed out waiting for it: the driver closes the target
-        self._compute: Callable[[], float] | None = None
+        #: the driver of the shared passes (``None``: solo sequences)
+        self._driver: SharedPasses | None = None
         if runtime is not None:
-            self._start_driver(runtime, token_budget)
+            budget = runtime.token_budget if token_budget is None else token_budget
+            max_block = max(s.max_block for s in self.sessions)
+            if budget < len(self.sessions) * max_block:
+                raise PowerError(f"a pass budget of {budget} tokens cannot hold {len(self.sessions)} verify blocks "
+                                 f"of {max_block}")
+            self.token_budget = budget
+            self._driver = SharedPasses(runtime, budget, self._cv, self, n_seq=len(self.sessions), probe=probe)
 
-    def _start_driver(self, runtime: BatchRuntime, token_budget: int | None) -> None:
-        budget = runtime.token_budget if token_budget is None else token_budget
-        max_block = max(s.max_block for s in self.sessions)
-        if budget < len(self.sessions) * max_block:
-            raise PowerError(f"a pass budget of {budget} tokens cannot hold {len(self.sessions)} verify blocks of "
-                             f"{max_block}")
-        self.token_budget = budget
-        # the shared passes' compute clock (BatchRuntime.compute_seconds), bound once
-        self._compute = runtime.compute_seconds
-        self._thread = threading.Thread(target=self._loop, name="power-engine", daemon=True)
-        self._thread.start()
+    @property
+    def runtime(self) -> BatchRuntime | None:
+        """The shared passes' runtime (``None``: every sequence decodes alone, on its reader's thread)."""
+        return self._driver.runtime if self._driver is not None else None
+
+    @runtime.setter
+    def runtime(self, runtime: BatchRuntime) -> None:
+        """Decode the next shared passes with ``runtime`` (e.g. the same runtime, wrapped)."""
+        if self._driver is None:
+            raise ConfigError("runtime", type(runtime).__name__, "an engine of shared passes (this one has none)")
+        self._driver.runtime = runtime
 
     # -- admission ------------------------------------------------------------------------------------------
     def _fits(self, session: SlotT, strategy: str | None) -> bool:
@@ -366,7 +277,7 @@ class Engine(Generic[SlotT]):
                     self._waiting.remove(ticket)
                     ticket._give(None, StateLost("every sequence this request could run on lost its target state "
                                                  "(a failed restore); close the engine and open a new one"))
-            close_now = self._close_deferred and self.runtime is None and not self._running
+            close_now = self._close_deferred and self._driver is None and not self._running
             self._cv.notify_all()
         if close_now:  # close() stopped waiting for this request: free the sequences now that it ended
             self._close_sequences()
@@ -432,7 +343,7 @@ class Engine(Generic[SlotT]):
         """Requests running: handed to the shared driver (joining or in its passes), or running their
         rounds on their own sequence."""
         with self._cv:
-            return len(self._active) + len(self._joining) if self.runtime is not None else len(self._running)
+            return self._driver.running if self._driver is not None else len(self._running)
 
     @property
     def busy(self) -> int:
@@ -478,7 +389,7 @@ class Engine(Generic[SlotT]):
         if gen.session not in self.sessions:
             raise SessionBusy("this request's session does not belong to the engine")
         if gen.txn is None or gen.txn.finished is None:
-            for _ in self._solo(gen) if self.runtime is None else self._shared(gen, quiet=True):
+            for _ in self._solo(gen) if self._driver is None else self._shared(self._driver, gen, quiet=True):
                 pass
         return gen.result()
 
@@ -491,7 +402,7 @@ class Engine(Generic[SlotT]):
             raise SessionBusy("this request's session does not belong to the engine")
         if gen.txn is not None and gen.txn.finished is not None:
             return  # it has ended: nothing to run (and no sequence to claim)
-        yield from (self._solo(gen) if self.runtime is None else self._shared(gen))
+        yield from (self._solo(gen) if self._driver is None else self._shared(self._driver, gen))
 
     def _begin(self, gen: Request[Any]) -> None:
         self._claim(gen)
@@ -501,7 +412,8 @@ class Engine(Generic[SlotT]):
             self.release(gen.session)
             raise
 
-    def _end(self, gen: Request[Any], failure: BaseException | None, batch: dict[str, Any] | None = None) -> None:
+    def end_attempt(self, gen: Request[Any], failure: BaseException | None,
+                    batch: Mapping[str, Any] | None = None) -> None:
         """End the request's attempt (on the thread that drives its target), then give its sequence back.
         Its reader then makes its receipt (:meth:`Request.report`), on its own thread."""
         try:
@@ -523,70 +435,81 @@ class Engine(Generic[SlotT]):
             while txn.finished is None:
                 if gen.session.closed:  # a suspended iterator resumed after Session.close()
                     raise SessionBusy("the session was closed while this request was unfinished")
-                c0 = gen.clock()
-                t0 = time.perf_counter()
-                record = None
-                try:
+                with Charged(gen) as charged:
                     record = txn.step()
-                finally:
-                    gen.charge(c0, time.perf_counter() - t0, int(record is not None))
+                    charged.rounds = int(record is not None)
                 if record is not None:
-                    yield _commit(gen, record)
+                    yield commit_of(gen, record)
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            self._end(gen, failure)
+            self.end_attempt(gen, failure)
             gen.report()
 
-    # -- the shared driver: one thread runs every request's rounds in shared passes -------------------------
-    def _shared(self, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:
+    # -- the shared driver: one thread runs every request's rounds in shared passes (power_core.passes) -----
+    def _shared(self, driver: SharedPasses, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:
         self._begin(gen)
-        events: queue.Queue[Any] = queue.Queue()
-        active = _Active(gen=gen, events=events, remaining=np.zeros(0, dtype=np.int32), t0=time.perf_counter(),
-                         quiet=quiet)
-        with self._cv:
-            refused: PowerError | None = self._failed() if self._failure is not None else \
-                SessionBusy("the engine is closed") if self._closed else None
-            if refused is None:
-                self._joining.append(active)
-                self._cv.notify_all()
-        if refused is not None:
-            self._finish(active, refused)
+        try:
+            events = driver.enter(gen, quiet)
+        except PowerError:  # refused: its attempt has ended
             gen.report()
-            raise refused
+            raise
         ended = False
         try:
             while True:
                 item = events.get()
-                if item is _END:
+                if isinstance(item, Ended):
                     ended = True
-                    failure = events.get()
                     gen.report()  # its receipt and observers: on this thread, never the driver's
-                    if failure is not None:
-                        raise failure
+                    if item.failure is not None:
+                        raise item.failure
                     return
                 yield item
         finally:
             if not ended:  # the reader left early: stop the request at the next pass, wait for its end
                 gen.cancel.cancel()
-                while events.get() is not _END:
+                while not isinstance(events.get(), Ended):
                     pass
                 gen.report()
+
+    def refusal(self) -> PowerError | None:
+        """Why a request may not join the shared passes now (the engine failed or closed), else ``None``."""
+        return self._failed() if self._failure is not None else \
+            SessionBusy("the engine is closed") if self._closed else None
+
+    def driver_failed(self, exc: BaseException) -> None:  # under the lock
+        """The driver thread is dying of ``exc``: the engine refuses every request from now on
+        (:attr:`failure`), and the tickets waiting for a sequence end with a :class:`RuntimeFault`."""
+        self._failure = f"{type(exc).__name__}: {exc}"
+        waiting, self._waiting = list(self._waiting), collections.deque()
+        for ticket in waiting:
+            ticket._give(None, self._failed())
+
+    def driver_exited(self) -> None:
+        """The driver thread has ended: when :meth:`close` stopped waiting for a decode, free the target
+        now that it returned."""
+        with self._cv:
+            deferred = self._close_deferred
+        if deferred:
+            self._close_sequences()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """While held no pass starts (the pass in flight ends): requests handed to the driver
         meanwhile (:meth:`rounds`/:meth:`run` in other threads) all join at the next pass boundary,
         together, instead of in the order their threads got there."""
+        driver = self._driver
+        if driver is None:  # solo sequences: no pass to hold
+            yield
+            return
         with self._cv:
-            self._held += 1
+            driver.hold(+1)
         try:
             yield
         finally:
             with self._cv:
-                self._held -= 1
-                self._cv.notify_all()
+                driver.hold(-1)
 
     def close(self, timeout: float = 60.0) -> None:
         """Cancel what runs, refuse new requests, stop the driver and close the sequences and the target.
@@ -598,8 +521,8 @@ class Engine(Generic[SlotT]):
             if self._closed:
                 return
             self._closed = True
-            for a in [*self._active, *self._joining]:
-                a.gen.cancel.cancel()
+            if self._driver is not None:
+                self._driver.stop()
             for gen in self._running.values():
                 gen.cancel.cancel()
             waiting, self._waiting = list(self._waiting), collections.deque()
@@ -607,7 +530,7 @@ class Engine(Generic[SlotT]):
         with self._cv:
             for ticket in waiting:
                 ticket._give(None, SessionBusy("the engine closed before a slot was free"))
-        if self._thread is None:  # solo sequences: their readers' threads run the rounds; wait for them
+        if self._driver is None:  # solo sequences: their readers' threads run the rounds; wait for them
             with self._cv:
                 if not self._cv.wait_for(lambda: not self._running, timeout):
                     self._close_deferred = True  # the last request to end closes them (release)
@@ -615,9 +538,9 @@ class Engine(Generic[SlotT]):
                               reason="requests still running; the last one to end closes the sequences")
                     return
         else:
-            self._thread.join(timeout)
+            self._driver.join(timeout)
             with self._cv:
-                if not self._driver_done:
+                if not self._driver.done:
                     self._close_deferred = True
                     log.error("engine.close_deferred", timeout=timeout,
                               reason="a decode is still running; the driver closes the target when it returns")
@@ -634,293 +557,3 @@ class Engine(Generic[SlotT]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _finish(self, a: _Active, failure: BaseException | None) -> None:
-        """End the request's attempt (its sequence released) and wake its reader, which makes its
-        receipt. Never raises: a request whose end fails gets that error, and the driver serves on."""
-        try:
-            batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
-                     "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
-                     "n_seq": len(self.sessions), "token_budget": self.token_budget,
-                     "rows_identical_to_solo": self.probe.identical if self.probe is not None else True}
-            self._end(a.gen, failure, batch)
-        except BaseException as exc:  # noqa: BLE001 - its end failed: that is how it ends
-            log.error("engine.end_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
-            failure = exc
-        finally:
-            a.events.put(_END)
-            a.events.put(failure)
-
-    def _loop(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    self._cv.wait_for(lambda: (self._joining or self._active) and not self._held or self._closed)
-                    if self._closed and not self._joining and not self._active:
-                        return
-                    joining = list(self._joining)
-                    self._joining.clear()
-                for a in joining:  # between passes, in this thread: the target is not decoding now
-                    try:
-                        if not a.gen.prefilled:
-                            assert a.gen.txn is not None
-                            a.remaining = a.gen.txn.start_prefill(a.gen.prompt, a.gen.resident_prefix())
-                    except BaseException as exc:
-                        self._finish(a, exc)
-                        continue
-                    with self._cv:
-                        self._active.append(a)
-                with self._cv:
-                    active = list(self._active)
-                try:
-                    self._pass(active)
-                except BaseException as exc:  # a defect of the driver: fail every request (its open round
-                    # restored), keep serving
-                    log.error("engine.pass_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
-                    for a in active:
-                        if a in self._active:
-                            self._leave(a, self._restore(a, exc))
-        except BaseException as exc:  # the driver itself failed: no request may wait for it
-            self._fail(exc)
-        finally:
-            with self._cv:
-                self._driver_done = True
-                deferred = self._close_deferred
-            if deferred:  # close() stopped waiting for a decode: free the target now that it returned
-                self._close_sequences()
-
-    def _fail(self, exc: BaseException) -> None:
-        """The driver thread is dying: the engine refuses every request from now on (:attr:`failure`),
-        and the requests it was running or that wait for a sequence end with a :class:`RuntimeFault`
-        (none waits for a pass that never comes)."""
-        log.critical("engine.driver_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        with self._cv:
-            self._failure = f"{type(exc).__name__}: {exc}"
-            stranded = [*self._active, *self._joining]
-            self._active.clear()
-            self._joining.clear()
-            waiting, self._waiting = list(self._waiting), collections.deque()
-            for ticket in waiting:
-                ticket._give(None, self._failed())
-            self._cv.notify_all()
-        for a in stranded:
-            self._finish(a, self._restore(a, self._failed()))
-
-    def _leave(self, a: _Active, failure: BaseException | None) -> None:
-        with self._cv:
-            self._active.remove(a)
-        self._finish(a, failure)
-
-    def _pass(self, active: list[_Active]) -> None:
-        decoding = [a for a in active if a.gen.prefilled]
-        prefilling = [a for a in active if not a.gen.prefilled]
-        items: list[BatchItem] = []
-        rounds: list[tuple[_Active, PendingRound]] = []
-        if len(decoding) > 1:  # who chooses its width first rotates, so no request always sees the lightest pass
-            turn = self._rr % len(decoding)
-            decoding = decoding[turn:] + decoding[:turn]
-        opened: list[tuple[_Active, PendingRound]] = []
-        for a in decoding:
-            txn = a.gen.txn
-            assert txn is not None
-            c0, t0 = a.gen.clock(), time.perf_counter()
-            try:
-                pending = txn.begin_round()
-            except BaseException as exc:  # cancelled, or its checkpoint failed: only this request ends
-                a.gen.charge(c0, time.perf_counter() - t0, 0)
-                self._leave(a, exc)
-                continue
-            a.gen.charge(c0, time.perf_counter() - t0, 0)
-            if pending is None:  # finished (context full)
-                self._leave(a, None)
-                continue
-            a.pending = pending
-            opened.append((a, pending))
-        given, failed = self._ask_together(opened)
-        opened = [(a, p) for a, p in opened if id(p) not in failed]
-        for j, (a, pending) in enumerate(opened):
-            txn = a.gen.txn
-            assert txn is not None
-            # the pass so far: the blocks opened before this one, at least the anchor of each one after,
-            # and the prompt chunks joining it (the cost-aware width weighs the whole pass)
-            others = sum(int(i.tokens.shape[0]) for i in items) + (len(opened) - j - 1)
-            load = PassLoad(tokens=others + self._last_prefill, requests=len(opened) - 1) if len(active) > 1 else None
-            c0, t0 = a.gen.clock(), time.perf_counter()
-            try:
-                txn.offer(pending, given.get(id(pending)), load)
-            except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
-                a.pending = None  # (offer restored the round)
-                a.gen.charge(c0, time.perf_counter() - t0, 0)
-                self._leave(a, exc)
-                continue
-            a.gen.charge(c0, time.perf_counter() - t0, 0)
-            if not pending.needs_pass:  # round 0: its verify row came from the prefill
-                self._close(a, pending, None, 0.0)
-                continue
-            rounds.append((a, pending))
-            items.append(BatchItem(txn.target, pending.block, "all"))
-        budget = self.token_budget - sum(int(i.tokens.shape[0]) for i in items)
-        chunks: list[tuple[_Active, int]] = []
-        if prefilling:
-            start = self._rr % len(prefilling)
-            self._rr += 1
-            for a in prefilling[start:] + prefilling[:start]:
-                txn = a.gen.txn
-                assert txn is not None
-                if a.gen.cancel.cancelled:
-                    txn.target.reset()
-                    self._leave(a, Cancelled("generation cancelled during its prefill; nothing was committed"))
-                    continue
-                if budget <= 0:
-                    break
-                n = min(budget, int(a.remaining.shape[0]))
-                final = n == a.remaining.shape[0]
-                items.append(BatchItem(txn.target, a.remaining[:n], "last" if final else "none"))
-                chunks.append((a, n))
-                budget -= n
-        self._last_prefill = sum(n for _, n in chunks)
-        if not items:
-            return
-        assert self.runtime is not None
-        t0, before = time.perf_counter(), self._compute() if self._compute is not None else None
-        try:
-            results = self.runtime.decode_batch(items)
-            if len(results) != len(items):
-                raise RuntimeFault(f"{type(self.runtime).__name__}.decode_batch returned {len(results)} results for "
-                                   f"{len(items)} items; expected one per item, in order")
-        except BaseException as exc:  # the shared pass failed: every round of it restores
-            for a, _ in rounds:
-                self._abort(a, exc)
-            for a, _ in chunks:
-                assert a.gen.txn is not None
-                a.gen.txn.target.reset()
-                self._leave(a, exc)
-            return
-        seconds = time.perf_counter() - t0
-        after = self._compute() if self._compute is not None else None
-        compute = None if before is None or after is None else after - before
-        for a, _ in rounds:  # the shared pass's compute is each decoding request's target compute
-            a.gen.charge_shared_pass(compute)
-        n_tokens = sum(int(i.tokens.shape[0]) for i in items)
-        concurrent = len(items)
-        for a in [a for a, _ in rounds] + [a for a, _ in chunks]:
-            a.passes += 1
-            a.pass_tokens += n_tokens
-            a.peak = max(a.peak, concurrent)
-        for (a, pending), res in zip(rounds, results[: len(rounds)], strict=True):
-            self._close(a, pending, res, seconds)
-        for (a, n), res in zip(chunks, results[len(rounds):], strict=True):
-            txn = a.gen.txn
-            assert txn is not None
-            try:
-                txn.observe_prompt(res)
-            except BaseException as exc:  # its proposer failed on the prompt: only this request ends
-                txn.target.reset()
-                self._leave(a, exc)
-                continue
-            a.remaining = a.remaining[n:]
-            if a.remaining.shape[0] == 0:
-                txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
-                a.gen.prefill_done(time.perf_counter() - a.t0)
-
-    def _abort(self, a: _Active, exc: BaseException) -> None:
-        """A failure outside the request's own round (a shared pass, a shared draft): its round restores
-        and it ends with ``exc`` (or with the restore's own failure)."""
-        self._leave(a, self._restore(a, exc))
-
-    @staticmethod
-    def _restore(a: _Active, exc: BaseException) -> BaseException:
-        """Restore the request's open round (:attr:`_Active.pending`), if it has one, after ``exc``: the
-        failure it then ends with, ``exc`` or the restore's own."""
-        pending, a.pending = a.pending, None
-        if pending is None:
-            return exc
-        try:
-            assert a.gen.txn is not None
-            a.gen.txn.abort_round(pending, exc)
-        except BaseException as lost:  # noqa: BLE001 - its restore failed too: that ends it
-            return lost
-        return exc
-
-    @staticmethod
-    def _asked(a: _Active) -> bool:
-        """Whether the request's proposer drafts in a :class:`~power_core.runtime.ProposalBatch`."""
-        return a.gen.txn is not None and a.gen.txn.proposer_caps.batch is not None
-
-    def _ask_together(self, opened: list[tuple[_Active, PendingRound]]) -> tuple[dict[int, Proposal], set[int]]:
-        """Ask the proposers that share a :class:`~power_core.runtime.ProposalBatch` (two or more
-        rounds of this pass) together: one draft pass per step for all of them. Returns each round's
-        proposal by ``id(pending)``, and the rounds (``id(pending)``) whose batch was interrupted
-        (``KeyboardInterrupt``): those have restored and their requests left. When a batch fails, each
-        of its requests proposes alone (its own ``propose``), as does a lone asker."""
-        groups: dict[int, list[tuple[_Active, PendingRound]]] = {}
-        for a, pending in opened:
-            if pending.ask is not None and self._asked(a) and not a.gen.cancel.cancelled:
-                assert a.gen.txn is not None
-                groups.setdefault(id(a.gen.txn.proposer_caps.batch), []).append((a, pending))
-        given: dict[int, Proposal] = {}
-        failed: set[int] = set()
-        for members in groups.values():
-            if len(members) < 2:
-                continue
-            first = members[0][0].gen.txn
-            assert first is not None and first.proposer_caps.batch is not None
-            batch = first.proposer_caps.batch
-            asks = []
-            for a, pending in members:
-                assert a.gen.txn is not None and a.gen.txn.proposer is not None and pending.ask is not None
-                asks.append((a.gen.txn.proposer, pending.ask))
-            clocks, t0 = [a.gen.clock() for a, _ in members], time.perf_counter()
-            try:
-                got = batch.propose_many(asks)
-                if not isinstance(got, list) or len(got) != len(members):
-                    raise TypeError(f"propose_many returned {type(got).__name__} for {len(members)} asks; expected a "
-                                    "list of one Proposal per ask")
-            except Exception as exc:  # noqa: BLE001 - the shared draft failed: each of its requests drafts alone
-                # (a batch leaves its proposers as they were when it raises), so a fault of one request's
-                # draft ends that request only, and the others propose what they would have
-                log.warning("engine.draft_batch_failed", batch=type(batch).__name__, requests=len(members),
-                            error=f"{type(exc).__name__}: {exc}")
-                seconds = time.perf_counter() - t0
-                for (a, _), c0 in zip(members, clocks, strict=True):
-                    a.gen.charge(c0, seconds, 0)
-                continue
-            except BaseException as exc:  # interrupted: every round of it restores
-                seconds = time.perf_counter() - t0
-                for (a, pending), c0 in zip(members, clocks, strict=True):
-                    a.gen.charge(c0, seconds, 0)
-                    failed.add(id(pending))
-                    self._abort(a, exc)
-                continue
-            seconds = time.perf_counter() - t0
-            for (a, pending), c0, proposal in zip(members, clocks, got, strict=True):
-                a.gen.charge(c0, seconds, 0)
-                given[id(pending)] = proposal
-        return given, failed
-
-    def _close(self, a: _Active, pending: PendingRound, res: DecodeResult | None, seconds: float) -> None:
-        txn = a.gen.txn
-        assert txn is not None
-        c0, t0 = a.gen.clock(), time.perf_counter()
-        a.pending = None  # close_round commits the round, or restores it
-        try:
-            record = txn.close_round(pending, res)
-        except BaseException as exc:
-            a.gen.charge(c0, seconds + time.perf_counter() - t0, 0)
-            self._leave(a, exc)
-            return
-        a.gen.charge(c0, seconds + time.perf_counter() - t0, 1)
-        if not a.quiet:
-            a.events.put(_commit(a.gen, record))
-        if txn.finished is not None:
-            self._leave(a, None)
-
-
-def _commit(gen: Request[Any], record: RoundRecord) -> Commit:
-    """The request as it stands right after ``record`` committed (taken on the driver's thread)."""
-    txn = gen.txn
-    assert txn is not None
-    n = len(txn.emitted)
-    lps = tuple(txn.logprobs[n - record.emitted:]) if txn.logprobs else ()
-    return Commit(record=record, tokens=tuple(txn.emitted[n - record.emitted:]), n_tokens=n,
-                  finished=txn.finished is not None, logprobs=lps)

@@ -16,7 +16,7 @@ import numpy as np
 import pluggy
 
 from power_core.config import MODE_AUTO, PowerConfig
-from power_core.constraint import Constraint
+from power_core.constraint import NO_PRESERVED, Constraint
 from power_core.engine import Engine
 from power_core.errors import (
     Cancelled,
@@ -164,6 +164,8 @@ class Generation:
     #: the compute/host split of ``_decode_s`` (receipt ``timings``)
     _clock: DecodeClock = attrs.field(factory=DecodeClock, init=False, repr=False)
     _text: TextAssembler | None = attrs.field(default=None, init=False)
+    #: the tokenizer's decode, showing the constraint's preserved tokens (:meth:`detokenize`)
+    _detokenize: Callable[[TokenArray], str] | None = attrs.field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
     _predecessor: Generation | None = attrs.field(default=None, init=False, repr=False)
     _stream: Stream[Result] | None = attrs.field(default=None, init=False, repr=False)
@@ -182,7 +184,18 @@ class Generation:
             self.config = attrs.evolve(self.lane.config, max_tokens=self.max_tokens)
         tok = self.session.opened.tokenizer
         if tok is not None:
-            self._text = TextAssembler(tok.decode, self.config.stop)
+            preserved = self.constraint.preserved if self.constraint is not None else NO_PRESERVED
+            self._detokenize = preserved.decoder(tok.decode)
+            self._text = TextAssembler(self._detokenize, self.config.stop)
+
+    def detokenize(self, tokens: TokenArray) -> str:
+        """The text of ``tokens`` as this request's output shows it: the tokenizer's, with the control
+        tokens its constraint preserves (tool-call markers such as Mistral's ``[TOOL_CALLS]``) shown as
+        their text, and the others (the end of generation) left out."""
+        if self._detokenize is None:
+            raise ConfigError("detokenize", self.session.opened.model_path, "a model with a tokenizer",
+                              "without one, read Generation.tokens")
+        return self._detokenize(tokens)
 
     def _transaction(self) -> Transaction:
         s, lane = self.session, self.lane
@@ -197,9 +210,8 @@ class Generation:
         scheduler = Scheduler.for_request(lane.config, caps.rollback_window, enabled=proposer is not None,
                                           costs=caps.verify_cost if lane.selection.strategy.cost_aware else None)
         # the transaction's own assembler: it runs on the driver's thread, the request's text on the reader's
-        tok = s.opened.tokenizer
-        stop_text = TextAssembler(tok.decode, self.config.stop).find_stop if tok is not None and self.config.stop \
-            else None
+        stop_text = TextAssembler(self.detokenize, self.config.stop).find_stop \
+            if self._detokenize is not None and self.config.stop else None
         return Transaction(target=s.opened.target, proposer=proposer, sampler=TargetSampler.from_config(self.config),
                            scheduler=scheduler, max_tokens=self.max_tokens, stop_ids=s.stop_ids,
                            cancel=self.cancel, phase_hook=phase_hook, trace=lane.config.trace, stop_text=stop_text,

@@ -16,6 +16,10 @@ texts, wins; the markers follow the pinned llama.cpp's ``common/chat.cpp``). A f
 
 From that, :meth:`ToolFormat.grammar` builds the llguidance grammar (forced calls, or *lazy*: free
 text until ``trigger``, then calls) and :mod:`power_core.tool_parser` parses calls back out of text.
+A marker of the markup that the model's vocabulary holds as one control token (Mistral's
+``[TOOL_CALLS]``) is that token in the grammar, and the output's text shows it
+(:class:`~power_core.constraint.PreservedTokens`, found when the constraint compiles:
+:meth:`ToolFormat.constraint`), so the parser reads the same text either way.
 A template no row recognises gets :data:`HERMES` (``<tool_call>`` JSON), the documented fallback.
 """
 
@@ -29,7 +33,16 @@ from typing import Any, Protocol
 
 import attrs
 
-from power_core.constraint import FREE_TEXT, JSON_STYLE, close_objects, hoist_defs
+from power_core.constraint import (
+    FREE_TEXT,
+    JSON_STYLE,
+    NO_PRESERVED,
+    ConstraintSpec,
+    Markers,
+    PreservedTokens,
+    close_objects,
+    hoist_defs,
+)
 
 __all__ = ["FORMATS", "HERMES", "FunctionLike", "Part", "ToolFormat", "detect_format", "format_named", "parts"]
 
@@ -67,6 +80,26 @@ def parts(pattern: str) -> tuple[Part, ...]:
 def _lit(text: str) -> str:
     """``text`` as a Lark string literal."""
     return json.dumps(text, ensure_ascii=False)
+
+
+def _until(name: str, free: str, close: str, preserved: PreservedTokens, rules: list[str]) -> None:
+    """Adds rule ``name`` to ``rules``: any text (the terminal ``free``) up to the first ``close``, then
+    ``close``. Where ``close`` starts with a preserved token, the text is any text that does not spell
+    ``close`` (the output's text shows the token as that spelling), then the token."""
+    split = preserved.split(close)
+    head = split[0] if split else close
+    if isinstance(head, int):
+        import llguidance
+
+        text = f"{name.upper()}_TEXT"
+        rules.append(f"{name}: {text} {preserved.lark(close)}")
+        rules.append(f"{text}: /{FREE_TEXT}/ & ~/{FREE_TEXT}{llguidance.regex_to_lark(re.escape(close))}{FREE_TEXT}/")
+        return
+    if head == close:
+        rules.append(f"{name}[lazy]: {free} {_lit(close)}")
+        return
+    rules.append(f"{name}: {name}_head {preserved.lark(close[len(head):])}")
+    rules.append(f"{name}_head[lazy]: {free} {_lit(head)}")
 
 
 @attrs.frozen
@@ -119,6 +152,12 @@ class ToolFormat:
         return parts(self.param) if self.param is not None else ()
 
     @property
+    def markup(self) -> tuple[str, ...]:
+        """Every literal text of the format (where a marker may be a control token of a vocabulary)."""
+        lits = [t for kind, t in self.call_parts + self.param_parts if kind == "lit"]
+        return tuple(dict.fromkeys(t for t in (*lits, self.begin, self.sep, self.end) if t))
+
+    @property
     def prefix(self) -> str:
         """The literal text every call starts with."""
         return self.call_parts[0][1]
@@ -169,37 +208,52 @@ class ToolFormat:
         return self.begin + self.sep.join(self.render_call(n, a, i) for n, a, i in calls) + self.end
 
     # -- the grammar ---------------------------------------------------------------------------------
-    def grammar(self, functions: Sequence[FunctionLike], *, lazy: bool, parallel: bool) -> str:
+    def constraint(self, functions: Sequence[FunctionLike], *, lazy: bool, parallel: bool,
+                   field: str = "tools") -> ConstraintSpec:
+        """:meth:`grammar` as a constraint: its markup (:attr:`markup`) looked up in the model's vocabulary
+        when it compiles, so a marker that is one control token there is that token (and shown in the
+        output's text); no object of a call's JSON arguments repeats a key."""
+        def grammar(preserved: PreservedTokens) -> str:
+            return self.grammar(functions, lazy=lazy, parallel=parallel, preserved=preserved)
+
+        return ConstraintSpec.grammar(grammar(NO_PRESERVED), field=field, json_after=self.args_marker,
+                                      markers=Markers(self.markup, grammar))
+
+    def grammar(self, functions: Sequence[FunctionLike], *, lazy: bool, parallel: bool,
+                preserved: PreservedTokens = NO_PRESERVED) -> str:
         """An llguidance Lark grammar: calls of ``functions`` (one, or with ``parallel`` one or more),
         each function's arguments matching its ``parameters`` (objects closed unless they say otherwise,
         :func:`~power_core.constraint.close_objects`); ``lazy``: free text until :attr:`trigger`, which
-        starts the calls, or free text without it and no call."""
+        starts the calls, or free text without it and no call. The markup's ``preserved`` tokens are
+        taken as those tokens (none: all of it is text)."""
+        lit = preserved.lark
         rules: list[str] = []
-        bodies = [self._body(f, i, rules) for i, f in enumerate(functions)]
+        bodies = [self._body(f, i, rules, preserved) for i, f in enumerate(functions)]
         rules.append("body: " + " | ".join(bodies))
         head = self.begin + self.prefix
         many = parallel and self.parallel
-        more = f' ({_lit(self.sep + self.prefix)} body)*' if many else ""
-        end = f" {_lit(self.end)}" if self.end else ""
+        more = f' ({lit(self.sep + self.prefix)} body)*' if many else ""
+        end = f" {lit(self.end)}" if self.end else ""
         if not lazy:
-            start = f"start: {_lit(head)} body{more}{end}"
+            start = f"start: {lit(head)} body{more}{end}"
             return "%llguidance {}\n" + start + "\n" + "\n".join(rules) + "\n" + _any(rules)
         import llguidance
 
         rest = head[len(self.trigger):]
-        rest_lit = f" {_lit(rest)}" if rest else ""
+        rest_lit = f" {lit(rest)}" if rest else ""
         tag = llguidance.regex_to_lark(re.escape(self.trigger))
+        trigger: list[str] = []
+        _until("trigger", "FREE_TEXT", self.trigger, preserved, trigger)
         return ("%llguidance {}\n"
-                f"start: TAIL | trigger{rest_lit} body{more}{end}\n"
-                f"trigger[lazy]: FREE_TEXT {_lit(self.trigger)}\n" + "\n".join(rules) + "\n"
+                f"start: TAIL | trigger{rest_lit} body{more}{end}\n" + "\n".join(trigger + rules) + "\n"
                 f"FREE_TEXT: /{FREE_TEXT}/\nTAIL: /{FREE_TEXT}/ & ~/{FREE_TEXT}{tag}{FREE_TEXT}/\n" + _any(rules))
 
-    def _body(self, fn: FunctionLike, index: int, rules: list[str]) -> str:
+    def _body(self, fn: FunctionLike, index: int, rules: list[str], preserved: PreservedTokens) -> str:
         """The rule of one call of ``fn`` after the literal prefix (added to ``rules``); its name."""
         items: list[str] = []
         for kind, text in self.call_parts[1:]:
             if kind == "lit":
-                items.append(_lit(text))
+                items.append(preserved.lark(text))
             elif kind == "name":
                 items.append(_lit(fn.name))
             elif kind == "id":
@@ -207,19 +261,20 @@ class ToolFormat:
             elif kind == "args":
                 items.append(f"%json {json.dumps(_styled(close_objects(fn.parameters)), ensure_ascii=False)}")
             else:
-                items.append(self._params(fn, index, rules))
+                items.append(self._params(fn, index, rules, preserved))
         rule = f"call_{index}"
         items = [i for i in items if i]  # (a function without parameters writes none)
         rules.append(f"{rule}: " + " ".join(items))
         return rule
 
-    def _params(self, fn: FunctionLike, index: int, rules: list[str]) -> str:
+    def _params(self, fn: FunctionLike, index: int, rules: list[str], preserved: PreservedTokens) -> str:
         """XML parameters of ``fn``: its properties in order, the required ones always, the others
         optionally; a string's text ends at the parameter's closing text, anything else is JSON."""
         schema = fn.parameters
         props = schema.get("properties")
         required = set(schema.get("required") or ())
         pp = self.param_parts
+        lit = preserved.lark
         at = [k for k, _ in pp].index("value")
         close = "".join(t for _, t in pp[at + 1:])
         if not isinstance(props, Mapping) or not props:
@@ -227,9 +282,9 @@ class ToolFormat:
                 return ""  # no parameters
             # an object that names no keys: any keys, string values
             rule = f"anyparam_{index}"
-            rules.append(f"{rule}: " + " ".join(_lit(t) if k == "lit" else "/[A-Za-z0-9_.-]+/" if k == "key"
+            rules.append(f"{rule}: " + " ".join(lit(t) if k == "lit" else "/[A-Za-z0-9_.-]+/" if k == "key"
                                                  else f"vclose_{index}_any" for k, t in pp[:at + 1]))
-            rules.append(f"vclose_{index}_any[lazy]: ANY {_lit(close)}")
+            _until(f"vclose_{index}_any", "ANY", close, preserved, rules)
             return f"{rule}*"
         items = []
         for j, (key, sub) in enumerate(props.items()):
@@ -237,14 +292,14 @@ class ToolFormat:
             sub = _deref(sub, schema)
             choices = _string_choices(sub)
             if choices is not None:  # an enum (or const) of strings: one of them, as written
-                value = "(" + " | ".join(_lit(c) for c in choices) + f") {_lit(close)}"
+                value = "(" + " | ".join(_lit(c) for c in choices) + f") {lit(close)}"
             elif _is_string(sub):  # any text up to the parameter's closing text
                 value = f"vstr_{index}_{j}"
-                rules.append(f"{value}[lazy]: ANY {_lit(close)}")
+                _until(value, "ANY", close, preserved, rules)
             else:
                 value = f"%json {json.dumps(_styled(close_objects(hoist_defs(sub, schema))), ensure_ascii=False)} " \
-                    f"{_lit(close)}"
-            rules.append(f"{rule}: " + " ".join([_lit(t) if k == "lit" else _lit(key) for k, t in pp[:at]] + [value]))
+                    f"{lit(close)}"
+            rules.append(f"{rule}: " + " ".join([lit(t) if k == "lit" else _lit(key) for k, t in pp[:at]] + [value]))
             items.append(rule if key in required else f"{rule}?")
         return " ".join(items)
 
@@ -303,7 +358,8 @@ HERMES = ToolFormat(
 
 _JSON_CALL = '{"name": "⟨name⟩", "arguments": ⟨args⟩}'
 _HARMONY = ("harmony channels: the recipient comes before or after the channel, a call follows reasoning on "
-            "another channel, and its markers are control tokens the output text does not keep")
+            "another channel, and a call ends with `<|call|>`, which ends generation (an end-of-generation "
+            "token is never preserved)")
 
 #: every format Power knows, in detection order (more specific markers first)
 FORMATS: tuple[ToolFormat, ...] = (

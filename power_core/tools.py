@@ -247,11 +247,8 @@ class ToolPlan:
         """The grammar of the output: forced calls (``required``, named), a lazy one (``auto``), or none."""
         if not self.active:
             return None
-        forced = self.choice != "auto"
         parallel = self.parallel and not isinstance(self.choice, NamedChoice)
-        text = self.format.grammar(self.callable, lazy=not forced, parallel=parallel)
-        # every call's JSON arguments follow the same text: no object of theirs repeats a key
-        return ConstraintSpec.grammar(text, field=self.field, json_after=self.format.args_marker)
+        return self.format.constraint(self.callable, lazy=self.choice == "auto", parallel=parallel, field=self.field)
 
     def parameter_specs(self) -> list[ConstraintSpec]:
         """Each function's parameter schema alone, its errors naming its field (check these first, so

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -40,6 +39,7 @@ from power_core.constraint import Constraint
 from power_core.errors import AdapterFault, Cancelled, CapacityError, ConfigError, PluginError, PowerError, RuntimeFault
 from power_core.logs import get_logger
 from power_core.memory import reusable_prefix
+from power_core.rounds import CancelToken, PendingRound, RoundRecord, TokenLogprob  # its values, re-exported
 from power_core.runtime import (
     DecodeResult,
     Proposal,
@@ -74,133 +74,6 @@ def _described(value: object) -> str:
 def _given(value: Any) -> Any:
     """A phase step that returns what it is given (round 0's verify pass: the prefill's row)."""
     return value
-
-
-class CancelToken:
-    """Thread-safe cancellation flag, checked between transaction steps.
-
-    Runtimes that can interrupt work in flight (llama.cpp's abort callback) subscribe with
-    :meth:`subscribe`; ``cancel()`` then also stops a running decode, and ``reset()`` withdraws it.
-    A request's runtime listens only while the request runs (:meth:`unsubscribe` when it ends), so a
-    late ``cancel()`` never stops the next request on that runtime.
-    """
-
-    def __init__(self) -> None:
-        self._set = False  # one bool: reading or writing it is atomic under the GIL
-        self._subscribers: list[tuple[Callable[[], None], Callable[[], None]]] = []
-        self._lock = threading.RLock()  # a subscriber is never called after unsubscribe() returned
-
-    def subscribe(self, on_cancel: Callable[[], None], on_reset: Callable[[], None]) -> None:
-        with self._lock:
-            if (on_cancel, on_reset) not in self._subscribers:
-                self._subscribers.append((on_cancel, on_reset))
-
-    def unsubscribe(self, on_cancel: Callable[[], None], on_reset: Callable[[], None]) -> None:
-        """Stop telling ``on_cancel``/``on_reset``; once this returns, neither runs for this token."""
-        with self._lock:
-            if (on_cancel, on_reset) in self._subscribers:
-                self._subscribers.remove((on_cancel, on_reset))
-
-    def cancel(self) -> None:
-        self._set = True
-        with self._lock:
-            for on_cancel, _ in self._subscribers:
-                on_cancel()
-
-    def reset(self) -> None:
-        self._set = False
-        with self._lock:
-            for _, on_reset in self._subscribers:
-                on_reset()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._set
-
-
-@attrs.frozen
-class RoundRecord:
-    """One committed round, as it appears in the receipt's trace."""
-
-    index: int
-    planned: int
-    reason: str
-    proposed: int
-    accepted: int
-    emitted: int
-    replayed: bool
-    shape: int  # tokens in the verify pass (anchor + proposals)
-    stop: str | None
-    seconds: float
-    #: the proposed token ids, recorded only when tracing (config ``trace``)
-    proposal: tuple[int, ...] | None = None
-    #: the cost-aware width choice and its inputs (cost-aware strategies only)
-    width: dict[str, Any] | None = None
-    #: proposed tokens the request's constraint removed before verification (from the first it forbids)
-    cut: int = 0
-    #: where the proposal came from and the proposer's statistics of it (``Proposal.source``, ``.stats``)
-    source: str | None = None
-    stats: dict[str, float] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = attrs.asdict(self)
-        for key in ("proposal", "width", "source", "stats"):
-            if out[key] is None:
-                del out[key]
-        if not self.cut:
-            del out["cut"]
-        if self.proposal is not None:
-            out["proposal"] = list(self.proposal)
-        return out
-
-
-@attrs.frozen
-class TokenLogprob:
-    """An emitted token's log-probability under the target row that emitted it (the row's
-    log-softmax: the model's distribution, before temperature and truncation), and the row's most
-    likely ids with theirs, most likely first."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-    @classmethod
-    def from_row(cls, row: Any, token: int, n_top: int) -> TokenLogprob:
-        x = np.asarray(row, dtype=np.float64)
-        peak = float(x.max())
-        lse = peak + float(np.log(np.exp(x - peak).sum()))
-        top: tuple[tuple[int, float], ...] = ()
-        if n_top > 0:
-            n = min(n_top, x.shape[0])
-            ids = np.argpartition(-x, n - 1)[:n]
-            ids = ids[np.lexsort((ids, -x[ids]))]  # descending logit, then ascending id
-            top = tuple((int(i), float(x[i] - lse)) for i in ids)
-        return cls(token=int(token), logprob=float(x[token] - lse), top=top)
-
-
-@attrs.define(eq=False)
-class PendingRound:
-    """A round between :meth:`Transaction.open_round` and :meth:`Transaction.close_round`."""
-
-    t0: float
-    plan: RoundPlan
-    first: DecodeResult | None  # round 0: the prefill's row is its verify pass
-    cp_target: Any
-    cp_proposer: Any
-    decoder: tuple[int, int, str | None]
-    offered: TokenArray = _EMPTY
-    props: TokenArray = _EMPTY
-    block: TokenArray = _EMPTY
-    width: dict[str, Any] | None = None
-    cut: int = 0
-    proposal: Proposal = attrs.field(factory=Proposal.none)
-    #: what the proposer is asked this round (``None``: nothing, the width is 0 or no proposer)
-    ask: ProposalContext | None = None
-
-    @property
-    def needs_pass(self) -> bool:
-        """False for round 0, whose verify row came from the prefill."""
-        return self.first is None
 
 
 @attrs.define(eq=False)
@@ -662,7 +535,7 @@ class Transaction:
         try:
             self._check_cancel()
             got = self._phase("propose", self._propose, pending.ask, proposal)
-            pending.offered, pending.proposal = got.ids, got
+            pending.proposal = got
             props, pending.width = self._choose_width(got, load)
             if self.constraint is not None and props.shape[0]:
                 ok = self.constraint.allows(props.tolist())
@@ -701,7 +574,7 @@ class Transaction:
         plan = pending.plan
         if first is None:
             self.scheduler.record(plan, RoundOutcome(proposed=props.shape[0], accepted=accepted, replayed=replayed,
-                                                     offered=pending.offered.shape[0]))
+                                                     offered=pending.proposal.ids.shape[0]))
         self._prefilled = None
         record = RoundRecord(index=len(self.rounds), planned=plan.k, reason=plan.reason, proposed=props.shape[0],
                              accepted=accepted, emitted=len(out), replayed=replayed, shape=block.shape[0],

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from power_core.cli import _config_from_args, build_parser, main
+from power_core.cli import build_parser, main
+from power_core.commands import _config_from_args
 from power_core.plugins import hookimpl
 from power_core.receipt import token_digest
 

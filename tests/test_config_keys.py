@@ -201,7 +201,8 @@ def test_the_proposer_reads_its_key_from_the_session_config(tp):
 # -- the CLI -----------------------------------------------------------------------------------------------
 def test_strategy_flags_come_from_the_declarations(capsys):
     """``--p-min`` and ``--fr-vocab`` are the DFlash family's and MTP's declared flags, not the CLI's own."""
-    from power_core.cli import _config_from_args, build_parser, main
+    from power_core.cli import build_parser, main
+    from power_core.commands import _config_from_args
     from power_core.plugins import get_plugins
 
     args = build_parser().parse_args(["run", "--mode", "dflash", "--p-min", "0.25"])

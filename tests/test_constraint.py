@@ -25,7 +25,7 @@ from power_core.reference.plugin import ByteTokenizer
 from power_core.runtime import Proposal, ProposalContext, ProposerCapabilities
 from power_core.sampling import TargetSampler
 from power_core.session import Session
-from power_core.testing.conformance import FaultInjector
+from power_core.testing.faults import FaultInjector
 from tests.helpers import core_plugins, open_session
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

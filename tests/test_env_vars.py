@@ -116,7 +116,7 @@ def documented() -> set[str]:
 
 def test_the_scan_finds_the_variables_it_must():
     reads = env_reads()
-    for name, where in (("POWER_API_KEY", "power_core/cli.py"), ("POWER_LOAD_PLUGINS", "power_core/plugins.py"),
+    for name, where in (("POWER_API_KEY", "power_core/commands.py"), ("POWER_LOAD_PLUGINS", "power_core/plugins.py"),
                         ("POWER_NATIVE_LOG_LEVEL", "native/src/power_native/_log.pxi"),
                         ("GGML_CPU_BATCH_INVARIANT", "native/patches/0002-batch-invariant-cpu.patch"),
                         ("CUDA_HOME", "native/tools/build_llama.py")):

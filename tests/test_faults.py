@@ -14,7 +14,7 @@ from power_core.config import PowerConfig
 from power_core.errors import Cancelled, RuntimeFault, SessionBusy, StateLost
 from power_core.session import Session
 from power_core.spec import hookimpl
-from power_core.testing.conformance import FaultInjector
+from power_core.testing.faults import FaultInjector
 from tests.helpers import Flaky, core_plugins
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
@@ -405,8 +405,8 @@ def test_a_driver_that_dies_fails_every_waiting_and_later_request():
         def defect(*args):
             raise RuntimeError("driver defect")
 
-        engine._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
-        engine._leave = defect
+        engine._driver._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
+        engine._driver._leave = defect
         gen = engine.submit([1, 2, 3], max_tokens=8)
         waiting = engine.reserve()
         assert not waiting.ready

@@ -13,7 +13,7 @@ import power_core
 from power_core import hookspecs
 from power_core.errors import AdapterFault, PluginError, StrategyNotFound, StrategyNotInstalled
 from power_core.plugins import Backend, Registry, Strategy, build_plugins, hookimpl
-from power_core.testing.conformance import FailOnCall, FaultInjector
+from power_core.testing.faults import FailOnCall, FaultInjector
 from tests.helpers import core_plugins, open_session, run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"

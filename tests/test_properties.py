@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from power_core.errors import Cancelled, PowerError
-from power_core.testing.conformance import FaultInjector
+from power_core.testing.faults import FaultInjector
 from power_core.transaction import PHASES, CancelToken
 from tests.helpers import open_session, run
 

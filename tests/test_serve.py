@@ -382,8 +382,8 @@ def test_health_is_unhealthy_and_requests_fail_fast_once_the_engine_failed():
         def defect(*args):
             raise RuntimeError("driver defect")
 
-        engine._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
-        engine._leave = defect
+        engine._driver._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
+        engine._driver._leave = defect
         out: list = []
         gen = engine.submit([1, 2, 3], max_tokens=4)
         reader = threading.Thread(target=lambda: out.append(pytest.raises(RuntimeFault, engine.run, gen)),

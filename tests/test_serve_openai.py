@@ -191,7 +191,7 @@ def test_the_operators_max_tokens_caps_every_answer():
 
 
 def test_serve_max_tokens_is_the_flag_or_the_config_files_key(tmp_path):
-    from power_core.cli import _serve_max_tokens
+    from power_core.commands import _serve_max_tokens
 
     def args(max_tokens: int | None = None, config: str | None = None) -> argparse.Namespace:
         return argparse.Namespace(max_tokens=max_tokens, config=config)

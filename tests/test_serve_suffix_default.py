@@ -22,7 +22,8 @@ KEY = "spec_suffix_memory_tokens"
 
 
 def _serve(*argv: str):
-    from power_core.cli import _serve_config, _serve_strategies, build_parser
+    from power_core.cli import build_parser
+    from power_core.commands import _serve_config, _serve_strategies
 
     args = build_parser().parse_args(["serve", *argv])
     return _serve_config(args, _serve_strategies(args.mode))
@@ -55,7 +56,8 @@ def test_a_config_files_setting_is_kept(tmp_path, body, tokens):
 
 
 def test_the_library_and_power_run_keep_it_off():
-    from power_core.cli import _config_from_args, build_parser
+    from power_core.cli import build_parser
+    from power_core.commands import _config_from_args
 
     assert PowerConfig(spec_mode="suffix").spec_suffix_memory_tokens == 0
     assert _config_from_args(build_parser().parse_args(["run", "--mode", "suffix"])).spec_suffix_memory_tokens == 0

@@ -119,7 +119,7 @@ def test_proposer_contract_violations_are_adapter_faults(out, msg):
 
 # -- every adapter call goes through one door: foreign exceptions become AdapterFault ---------------------
 def _failing(method, call):
-    from power_core.testing.conformance import FailOnCall
+    from power_core.testing.faults import FailOnCall
 
     return lambda inner: FailOnCall(inner, method, call=call)
 
@@ -160,7 +160,7 @@ def test_adapter_exception_in_prefill_leaves_nothing_loaded_and_the_request_reru
 
 
 def test_failing_proposer_restore_still_restores_the_target_and_finishes_target_only():
-    from power_core.testing.conformance import FaultInjector
+    from power_core.testing.faults import FaultInjector
 
     prompt = [1, 2, 3, 4, 5]
     ref = run(MODEL, prompt, max_tokens=12).tokens

@@ -19,7 +19,8 @@ import attrs
 from power_core.config import PowerConfig
 from power_core.engine import Engine
 from power_core.errors import ConfigError
-from power_core.serve.app import ServeOptions, create_app
+from power_core.serve.app import create_app
+from power_core.serve.state import ServeOptions
 from power_core.session import Session
 
 __all__ = ["ServeOptions", "Slots", "create_app", "open_sessions", "serve", "is_loopback"]

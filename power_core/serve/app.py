@@ -1,12 +1,11 @@
-"""The ASGI application of ``power serve``: OpenAI's completions and chat endpoints over Power sessions.
+"""The ASGI application of ``power serve``: its routes, the guard in front of them, and each request from its
+body to its admission and the start of its decode.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE with ``data: [DONE]``),
-``GET /v1/models``, ``GET /v1/receipts/{id}``, ``GET /health``, ``GET /metrics``. Every response of a
-request carries the extension object ``power`` (the last chunk when streaming): the receipt's
-summary (the strategy that ran included) and the id under which ``/v1/receipts/{id}`` returns the
-full receipt. A request picks one of the server's strategies with its own ``power.strategy``: every
-sequence carries every strategy (:class:`~power_core.opening.Lane`), so a request of any strategy
-runs on any free sequence, in the same shared target passes as the others.
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (answered by
+:mod:`power_core.serve.responses`: JSON, or SSE with ``data: [DONE]``), ``GET /v1/models``,
+``GET /v1/receipts/{id}``, ``GET /health``, ``GET /metrics``. A request picks one of the server's strategies
+with its own ``power.strategy``: every sequence carries every strategy (:class:`~power_core.opening.Lane`), so
+a request of any strategy runs on any free sequence, in the same shared target passes as the others.
 """
 
 from __future__ import annotations
@@ -18,15 +17,13 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -34,160 +31,47 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from power_core.chat import ChatTemplate, template_for
+from power_core.chat import ChatTemplate
+from power_core.constraint import NO_PRESERVED, PreservedTokens
 from power_core.engine import Engine
-from power_core.errors import (
-    AdapterFault,
-    ArtifactError,
-    CapacityError,
-    ConfigError,
-    ConstraintError,
-    Overloaded,
-    PowerError,
-    RuntimeFault,
-    SessionBusy,
-)
+from power_core.errors import ConfigError, ConstraintError, Overloaded, PowerError, RuntimeFault, SessionBusy
 from power_core.logs import get_logger
 from power_core.opening import Lane
 from power_core.prediction import Prediction
 from power_core.serve.audit import Auditor
+from power_core.serve.errors import APIError, constraint_error, error_response, from_power_error
 from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, proposer_stores, run_job
-from power_core.serve.protocol import (
-    APIError,
-    ChatRequest,
-    CompletionRequest,
-    Structure,
-    chat_logprobs,
-    completion_logprobs,
-    constraint_error,
-    finish_reason,
-    parse_request,
-)
+from power_core.serve.protocol import ChatRequest, CompletionRequest, Structure, parse_request
+from power_core.serve.responses import Prepared, StreamAnswer, WholeAnswer
+from power_core.serve.state import ServeOptions, ServerState
 from power_core.session import Session
-from power_core.tools import HERMES, ToolCallParser, ToolFormat, ToolPlan, detect_format, template_renders_tools
+from power_core.tools import template_renders_tools
 
-__all__ = ["ServeOptions", "create_app"]
+__all__ = ["create_app"]
 
 log = get_logger(__name__)
 
 
-@attrs.frozen
-class ServeOptions:
-    """What the server decides beyond the sessions' configuration."""
-
-    model_name: str
-    queue: int = 16
-    #: seconds from arrival to the end of a request (queue wait included); the request is cancelled then
-    timeout: float = 600.0
-    api_key: str | None = None
-    max_body: int = 1 << 20
-    receipts: int = 256
-    #: bytes of receipts (as JSON) kept besides their count (``--receipts-ram`` MiB), the oldest dropped first;
-    #: a receipt larger than all of it is not kept (asking for it answers ``410 receipt_too_large``)
-    receipts_bytes: int = attrs.field(default=64 << 20, validator=attrs.validators.ge(1))
-    #: the chat template instead of the GGUF's (``None``): a :class:`~power_core.chat.ChatTemplate`, or Jinja
-    #: source, which the server builds into one (with the GGUF's BOS/EOS) and compiles once, when it is created
-    chat_template: str | ChatTemplate | None = None
-    #: seconds in-flight requests get to finish once the server is told to stop
-    drain_timeout: float = 30.0
-    #: the fraction of completed speculative requests the audit re-decodes target-only (0: off)
-    audit_rate: float = 0.0
-    #: the operator's cap on the tokens one answer writes (``--max-tokens``; llama-server's ``--n-predict``):
-    #: a request's ``max_tokens`` above it, or none, gets it. ``None``: no cap; a request without
-    #: ``max_tokens`` writes up to the rest of the context, as OpenAI's and llama-server's do
-    max_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
-
-
-def _server_template(state: ServerState) -> ChatTemplate | None:
-    """``options.chat_template`` built and compiled once per server (requests render it, never compile)."""
-    source = state.options.chat_template
-    if source is None:
-        return None
-    template = template_for(state.sessions[0].opened.model_path, source)
-    template.compile()
-    return template
-
-
-def _tool_template(state: ServerState) -> ChatTemplate | None:
-    """The template tools render through: the server's, else the GGUF's (``None``: the model has none)."""
-    if state.chat_template is not None:
-        return state.chat_template
-    try:
-        return template_for(state.sessions[0].opened.model_path, None)
-    except ConfigError:
-        return None
-
-
-@attrs.define(eq=False)
-class ServerState:
-    options: ServeOptions
-    #: the engine every request runs through: admission (its sequences and queue) and rounds
-    engine: Engine[Session]
-    metrics: Metrics
-    receipts: ReceiptStore
-    executor: ThreadPoolExecutor
-    auditor: Auditor
-    #: the bytes the model's contexts hold, read at startup (``TargetCapabilities.memory``; None: not reported)
-    memory: Mapping[str, Any] | None = None
-    jobs: set[Job] = attrs.field(factory=set)
-    draining: bool = False
-    created: int = attrs.field(factory=lambda: int(time.time()))
-    #: the chat template every chat request renders (``None``: each session's GGUF template)
-    chat_template: ChatTemplate | None = attrs.field(default=attrs.Factory(_server_template, takes_self=True))
-    #: the template requests with tools render (the server's or the GGUF's), and the tool-call format it declares
-    tool_template: ChatTemplate | None = attrs.field(default=attrs.Factory(_tool_template, takes_self=True))
-
-    @property
-    def tool_format(self) -> ToolFormat:
-        """The format the template declares where recognisable (:func:`~power_core.tools.detect_format`), else Hermes."""
-        found = detect_format(self.tool_template.source) if self.tool_template is not None else None
-        return found or HERMES
-
-    @property
-    def sessions(self) -> tuple[Session, ...]:
-        return self.engine.sessions
-
-    @property
-    def n_ctx(self) -> int:
-        return self.sessions[0].opened.target.capabilities.n_ctx
-
-
 # -- errors ---------------------------------------------------------------------------------------------
-def _error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-def _from_power_error(exc: BaseException) -> APIError:
-    if isinstance(exc, ConstraintError):
-        return constraint_error(exc)
-    if isinstance(exc, (ConfigError, CapacityError, ArtifactError)):
-        return APIError(400, f"{exc}", code=getattr(exc, "code", None))
-    if isinstance(exc, PowerError) and not isinstance(exc, (RuntimeFault, AdapterFault)):
-        return APIError(400, f"{exc}", code=exc.code)
-    code = getattr(exc, "code", None) or "internal_error"
-    message = f"{exc}" if isinstance(exc, PowerError) else "internal error; the server log has the details"
-    return APIError(500, message, type="server_error", code=code)
-
-
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+    return error_response(APIError(exc.status_code, str(exc.detail), code=code))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return _error_response(exc)
+    return error_response(exc)
 
 
 async def _power_error(request: Request, exc: Exception) -> Response:
-    return _error_response(_from_power_error(exc))
+    return error_response(from_power_error(exc))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("serve.unhandled", path=request.url.path, exc_info=exc)
-    return _error_response(APIError(500, "internal error; the server log has the details", type="server_error",
-                                    code="internal_error"))
+    return error_response(APIError(500, "internal error; the server log has the details", type="server_error",
+                                   code="internal_error"))
 
 
 # -- middleware: auth and body limit --------------------------------------------------------------------
@@ -212,14 +96,14 @@ class Guard:
                 what = "missing" if not given else "incorrect"
                 err = APIError(401, f"{what} API key: send 'Authorization: Bearer <key>' with the server's "
                                "--api-key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await _error_response(err)(scope, receive, send)
+                await error_response(err)(scope, receive, send)
                 return
         limit = self.options.max_body
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             err = APIError(413, f"the request body has {length} bytes; the limit is {limit} (--max-body)",
                            code="request_too_large")
-            await _error_response(err)(scope, receive, send)
+            await error_response(err)(scope, receive, send)
             return
         seen = 0
 
@@ -258,38 +142,29 @@ def _state(request: Request) -> ServerState:
 
 
 # -- shared request path --------------------------------------------------------------------------------
-@attrs.frozen
-class Prepared:
-    kind: str  # "text_completion" | "chat.completion"
-    job: Job
-    req: Any
-    prompt_tokens: int
-    #: the request's tools (``None``: none, or ``tool_choice`` ``none``): its output is parsed for calls
-    tools: ToolPlan | None = None
-
-
-async def _check_structure(state: ServerState, structure: Structure) -> None:
+async def _check_structure(state: ServerState, structure: Structure) -> PreservedTokens:
     """Compile every constraint of the request once before it is admitted, so a schema, grammar or tool
     definition the engine refuses is a 400 naming its field (also for a stream, before it begins) and
     never takes a slot. A compile costs about a millisecond (the first one builds the vocabulary's
-    tokenizer for the engine)."""
+    tokenizer for the engine). Returns the control tokens the output's constraint preserves (tool-call
+    markers), which its logprobs show as text."""
     specs = structure.specs()
     if not specs:
-        return
+        return NO_PRESERVED
     session = state.sessions[0]
 
-    def compile_all() -> None:
-        for spec in specs:
-            session.compile(spec)
+    def compile_all() -> PreservedTokens:
+        compiled = [session.compile(spec) for spec in specs]
+        return compiled[-1].preserved if structure.constraint is not None else NO_PRESERVED
 
     try:
-        await asyncio.get_running_loop().run_in_executor(None, compile_all)
+        return await asyncio.get_running_loop().run_in_executor(None, compile_all)
     except ConstraintError as exc:
         raise constraint_error(exc) from None
 
 
 def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int | None, top_logprobs: int | None,
-             kind: str, structure: Structure | None = None) -> Prepared:
+             kind: str, structure: Structure | None = None, preserved: PreservedTokens = NO_PRESERVED) -> Prepared:
     if req.model != state.options.model_name:
         raise APIError(404, f"the model {req.model!r} does not exist here; this server serves "
                        f"{state.options.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
@@ -303,7 +178,7 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
         try:
             ids = session.encode(prompt)
         except PowerError as exc:
-            raise _from_power_error(exc) from None
+            raise from_power_error(exc) from None
     if ids.size == 0:
         raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
     n_ctx = state.n_ctx
@@ -332,7 +207,7 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
               prediction=prediction)
     tools = structure.tools if structure is not None and structure.tools is not None and structure.tools.active \
         else None
-    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools)
+    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools, preserved=preserved)
 
 
 def _lane(session: Session, strategy: str | None) -> Lane:
@@ -356,29 +231,6 @@ def _tenant(options: ServeOptions, user: str | None) -> str:
     if user:
         parts.append("user:" + user)
     return "/".join(parts)
-
-
-def _power_extension(state: ServerState, job: Job, outcome: Outcome) -> dict[str, Any]:
-    r = outcome.receipt
-    s = r.summary()
-    return {"receipt_id": job.id, "status": r.status, "cancel_reason": job.cancel_reason,
-            "strategy": r.strategy["name"], "numerics": r.config.get("numerics"), "acceptance": s["acceptance"],
-            "tokens_per_target_pass": s["verified_tokens_per_pass"], "rounds": s["rounds"],
-            "proposed": s["proposed"], "accepted": s["accepted"], "prompt_reused": r.prompt_reused,
-            "output_tokens": r.output_tokens,
-            "output_sha256": r.output_sha256, "receipt_sha256": r.digest(),
-            "decode_tok_s": r.timings.get("decode_tok_s")}
-
-
-def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, Any]:
-    n = len(outcome.tokens)
-    usage: dict[str, Any] = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": n,
-                             "total_tokens": prepared.prompt_tokens + n}
-    predicted = outcome.receipt.prediction
-    if predicted is not None:  # OpenAI's counts of a prediction (docs/serving.md#predicted-outputs)
-        usage["completion_tokens_details"] = {"accepted_prediction_tokens": predicted["accepted"],
-                                              "rejected_prediction_tokens": predicted["rejected"]}
-    return usage
 
 
 async def _admit(state: ServerState, job: Job) -> Session:
@@ -423,7 +275,7 @@ async def _admit(state: ServerState, job: Job) -> Session:
             raise
     if ticket.session is None:  # the wait ended without a sequence: the engine closed, failed, or they were lost
         if isinstance(ticket.failure, RuntimeFault):  # StateLost, or the engine's driver failed
-            raise _from_power_error(ticket.failure)
+            raise from_power_error(ticket.failure)
         raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
                        code="shutting_down", headers={"Retry-After": "5"})
     state.metrics.prompt_tokens.inc(int(job.prompt.size))
@@ -431,7 +283,9 @@ async def _admit(state: ServerState, job: Job) -> Session:
 
 
 def _launch(state: ServerState, session: Session, job: Job,
-            emit: Any) -> asyncio.Future[Outcome]:
+            emit: Callable[[Delta], None] | None) -> asyncio.Future[Outcome]:
+    """``job``'s decode on a worker of its own, stopped at its timeout; its receipt kept and offered to the
+    audit when it ends."""
     loop = asyncio.get_running_loop()
     remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
     timer = loop.call_later(remaining, job.stop_now, "timeout")
@@ -451,162 +305,15 @@ def _launch(state: ServerState, session: Session, job: Job,
     return fut
 
 
-async def _outcome(fut: asyncio.Future[Outcome]) -> Outcome:
-    """The worker's outcome; a request the session refused to start (a typed error) is that error, and
-    a defect is a 500 without its details (logged), also where a stream has begun."""
-    try:
-        return await asyncio.shield(fut)
-    except PowerError as exc:
-        raise _from_power_error(exc) from None
-    except Exception as exc:
-        log.error("serve.request_crashed", exc_info=exc)
-        raise _from_power_error(exc) from None
-
-
-def _raise_failure(outcome: Outcome) -> None:
-    """A request that failed (not one that was cancelled) answers with its error."""
-    if outcome.error is not None and outcome.receipt.status == "failed":
-        raise _from_power_error(outcome.error)
-
-
-async def _watch_disconnect(request: Request, job: Job, fut: asyncio.Future[Outcome]) -> None:
-    """Stop the job when its client goes away: the body is read, so the server's next message for this
-    request is ``http.disconnect`` (awaited, not polled; cancelled once the outcome is there)."""
-    while not fut.done():
-        if (await request.receive())["type"] == "http.disconnect":
-            job.stop_now("disconnected")
-            return
-
-
 async def _respond(request: Request, state: ServerState, prepared: Prepared) -> Response:
+    """The request admitted, its decode started on a worker, and its answer: whole, or streamed."""
     job = prepared.job
     session = await _admit(state, job)
-    created = int(time.time())
-    rid = job.id
-    decode = session.opened.tokenizer.decode  # type: ignore[union-attr]
     if not job.stream:
-        fut = _launch(state, session, job, None)
-        watcher = asyncio.ensure_future(_watch_disconnect(request, job, fut))
-        try:
-            outcome = await _outcome(fut)
-        except asyncio.CancelledError:  # the server stopped waiting (drain timeout): stop the decode too
-            job.stop_now("shutdown")
-            raise
-        finally:
-            watcher.cancel()
-        _raise_failure(outcome)
-        fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
-        if prepared.kind == "chat.completion":
-            lp = chat_logprobs(outcome.logprobs, decode) if job.top_logprobs is not None else None
-            message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
-            if prepared.tools is not None:
-                parsed = prepared.tools.parse(outcome.text)
-                message["content"] = parsed.content
-                if parsed.tool_calls:
-                    message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
-                    fr = "tool_calls" if fr == "stop" else fr
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": lp, "finish_reason": fr}
-        else:
-            lp = completion_logprobs(outcome.logprobs, decode) if job.top_logprobs is not None else None
-            choice = {"index": 0, "text": outcome.text, "logprobs": lp, "finish_reason": fr}
-        body = {"id": rid, "object": prepared.kind, "created": created, "model": state.options.model_name,
-                "choices": [choice], "usage": _usage(prepared, outcome),
-                "power": _power_extension(state, job, outcome)}
-        return JSONResponse(body)
-
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Delta] = asyncio.Queue()
-
-    def emit(delta: Delta) -> None:  # worker thread -> event loop
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, delta)
-        except RuntimeError:  # the loop is gone (shutdown): nobody is reading
-            pass
-
-    fut = _launch(state, session, job, emit)
-    chunk_kind = "chat.completion.chunk" if prepared.kind == "chat.completion" else "text_completion"
-    chat = prepared.kind == "chat.completion"
-    offset = 0
-    #: takes tool calls out of the text as it streams (the markup never reaches the client)
-    calls: ToolCallParser | None = prepared.tools.parser() if prepared.tools is not None else None
-
-    def chunk(choice: dict[str, Any] | None, **extra: Any) -> str:
-        body = {"id": rid, "object": chunk_kind, "created": created, "model": state.options.model_name,
-                "choices": [choice] if choice is not None else [], **extra}
-        return json.dumps(body, separators=(",", ":"))
-
-    def delta_choice(d: Delta) -> dict[str, Any] | None:
-        nonlocal offset
-        if chat:
-            lp = chat_logprobs(d.logprobs, decode) if job.top_logprobs is not None else None
-            if calls is None:
-                return {"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
-            return tool_choice(calls.feed(d.text), lp)
-        lp = completion_logprobs(d.logprobs, decode, offset) if job.top_logprobs is not None else None
-        offset += len(d.text)
-        return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": None}
-
-    def tool_choice(parsed: Any, lp: Any = None) -> dict[str, Any] | None:
-        delta: dict[str, Any] = {}
-        if parsed.content:
-            delta["content"] = parsed.content
-        if parsed.tool_calls:
-            delta["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
-        if not delta and lp is None:
-            return None  # markup, or text held back until it is resolved
-        return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}
-
-    def chunks(d: Delta) -> list[str]:
-        choice = delta_choice(d)
-        return [chunk(choice)] if choice is not None else []
-
-    async def events() -> AsyncIterator[str]:
-        getter: asyncio.Future[Any] | None = None
-        try:
-            if chat:
-                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None})
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    for c in chunks(getter.result()):
-                        yield c
-                    continue
-                getter.cancel()
-                while not queue.empty():  # deltas the worker emitted before it returned
-                    for c in chunks(queue.get_nowait()):
-                        yield c
-                break
-            try:
-                outcome = await _outcome(fut)
-                _raise_failure(outcome)
-            except APIError as exc:  # the stream has begun: the error is its last event
-                yield json.dumps(exc.body())
-                return
-            fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
-            if calls is not None:
-                held = tool_choice(calls.finish())
-                if held is not None:
-                    yield chunk(held)
-                if calls.calls and fr == "stop":
-                    fr = "tool_calls"
-            ext = _power_extension(state, job, outcome)
-            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": fr} if chat else \
-                {"index": 0, "text": "", "logprobs": None, "finish_reason": fr}
-            if prepared.req.include_usage:
-                yield chunk(last)
-                yield chunk(None, usage=_usage(prepared, outcome), power=ext)
-            else:
-                yield chunk(last, power=ext)
-            yield "[DONE]"
-        finally:
-            if getter is not None and not getter.done():  # the client went away while this waited for a delta:
-                getter.cancel()  # no task is left pending on a queue nobody reads (found by the chaos soak)
-            if not fut.done():  # the client went away (or the server is stopping) mid-stream
-                job.stop_now("disconnected" if not state.draining else "shutdown")
-
-    return EventSourceResponse(events(), ping=15, sep="\n", headers={"X-Request-Id": rid})
+        whole = WholeAnswer(state, prepared, session)
+        return await whole.response(request, _launch(state, session, job, None))
+    stream = StreamAnswer(state, prepared, session)
+    return stream.response(_launch(state, session, job, stream.emit))
 
 
 # -- endpoints ------------------------------------------------------------------------------------------
@@ -615,9 +322,9 @@ async def completions(request: Request) -> Response:
     req: CompletionRequest = parse_request(CompletionRequest, await _json_body(request))
     prompt = req.prompt_value
     structure = req.structure()
-    await _check_structure(state, structure)
+    preserved = await _check_structure(state, structure)
     prepared = _prepare(state, req, np.asarray(prompt, dtype=np.int64) if isinstance(prompt, list) else prompt,
-                        "prompt", req.max_tokens, req.top_logprobs, "text_completion", structure)
+                        "prompt", req.max_tokens, req.top_logprobs, "text_completion", structure, preserved)
     return await _respond(request, state, prepared)
 
 
@@ -627,7 +334,7 @@ async def chat_completions(request: Request) -> Response:
     session = state.sessions[0]
     structure = req.structure(state.tool_format)
     messages = req.template_messages()
-    await _check_structure(state, structure)
+    preserved = await _check_structure(state, structure)
     template: ChatTemplate | None = state.chat_template
     extra: dict[str, Any] = {}
     if structure.tools is not None and structure.tools.active:
@@ -641,9 +348,10 @@ async def chat_completions(request: Request) -> Response:
     try:
         ids = session.chat_prompt(messages, chat_template=template, **extra)
     except PowerError as exc:
-        err = _from_power_error(exc)
+        err = from_power_error(exc)
         raise APIError(err.status, err.message, type=err.type, param="messages", code=err.code) from None
-    prepared = _prepare(state, req, ids, "messages", req.limit, req.top_logprobs_n, "chat.completion", structure)
+    prepared = _prepare(state, req, ids, "messages", req.limit, req.top_logprobs_n, "chat.completion", structure,
+                        preserved)
     return await _respond(request, state, prepared)
 
 

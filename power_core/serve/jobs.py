@@ -432,9 +432,9 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise
-    tok = session.opened.tokenizer
-    assert tok is not None and gen.config is not None
-    text = TextAssembler(tok.decode, gen.config.stop) if emit is not None else None
+    assert session.opened.tokenizer is not None and gen.config is not None
+    # the request's own text: a tool call's control-token markers shown, as the tool parser reads them
+    text = TextAssembler(gen.detokenize, gen.config.stop) if emit is not None else None
     tokens: list[int] = []  # the commits' snapshot, never the request the driver is changing
     last: float | None = None
     error: BaseException | None = None

@@ -1,4 +1,4 @@
-"""The OpenAI wire format as ``power serve`` speaks it: typed requests, errors and response bodies.
+"""The OpenAI request format as ``power serve`` takes it: every field's rule, the typed requests, their parsing.
 
 Every request field has one rule, in one table (:data:`FIELDS`, which ``docs/serving.md`` lists):
 *honoured* (it does what OpenAI's does), *neutral* (accepted at the one value that changes nothing
@@ -18,7 +18,7 @@ Power's own request fields live in one extension object, ``power`` (:class:`Powe
 official clients send it through ``extra_body``), as every response's ``power`` object carries the
 receipt's summary.
 
-Every error body has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+A bad request is an :class:`~power_core.serve.errors.APIError` (a 400 naming the field).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from power_core.config import LOGPROBS_MAX, SAMPLING_KEYS, STOP_MAX
 from power_core.constraint import ConstraintSpec
 from power_core.errors import ConstraintError
+from power_core.serve.errors import APIError, constraint_error
 from power_core.tools import (
     HERMES,
     TOOLS_MAX,
@@ -43,33 +44,14 @@ from power_core.tools import (
     ToolPlan,
     template_tool_calls,
 )
-from power_core.transaction import TokenLogprob
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "FIELDS", "FieldRule", "PowerOptions", "Structure",
-           "constraint_error", "fields_markdown", "parse_request", "finish_reason"]
+__all__ = ["ChatRequest", "CompletionRequest", "FIELDS", "FieldRule", "PowerOptions", "Structure", "fields_markdown",
+           "parse_request"]
 
 #: the roles a chat message may have; ``developer`` is OpenAI's newer name for ``system``
 ROLES = ("system", "developer", "user", "assistant", "tool")
 #: a grammar's or a schema's characters (a schema as compact JSON) at most
 CONSTRAINT_MAX_CHARS = 1 << 16
-
-
-@attrs.frozen
-class APIError(Exception):
-    """An error answered with an OpenAI-shaped body."""
-
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-    headers: dict[str, str] | None = None
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class _Strict(BaseModel):
@@ -295,14 +277,6 @@ class Structure:
         (so an error names its tool), then the constraint itself."""
         out = self.tools.parameter_specs() if self.tools is not None and self.tools.active else []
         return out + ([self.constraint] if self.constraint is not None else [])
-
-
-def constraint_error(exc: ConstraintError) -> APIError:
-    """A 400 naming the request field a refused schema, grammar or tool definition came from."""
-    field = exc.field
-    code = ("invalid_grammar" if field.startswith("grammar") else
-            "invalid_schema" if "schema" in field or field.endswith("parameters") else "invalid_value")
-    return APIError(400, str(exc), param=field, code=code)
 
 
 class PowerOptions(_Strict):
@@ -683,43 +657,3 @@ def parse_request(kind: type[_Sampling], body: Any) -> Any:
         got = err.get("input")
         shown = repr(got)[:80] if not isinstance(got, dict) else "an object"
         raise APIError(400, f"{where}{msg} (got {shown})", param=param, code="invalid_value") from None
-
-
-def finish_reason(power_finish: str | None, status: str) -> str | None:
-    """OpenAI's finish reason for the transaction's: a stop token or string -> ``stop``; the token
-    limit or the context -> ``length``; a cancelled request (timeout, drain) -> ``length`` too (the
-    ``power`` extension's ``status`` says it was cancelled)."""
-    if power_finish == "stop":
-        return "stop"
-    if power_finish in ("max_tokens", "context") or status == "cancelled":
-        return "length"
-    return None
-
-
-def _piece(decode: Any, token: int) -> str:
-    return str(decode([token]))
-
-
-def chat_logprobs(items: Sequence[TokenLogprob], decode: Any) -> dict[str, Any]:
-    """Chat's ``choices[0].logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
-
-    def entry(token: int, logprob: float) -> dict[str, Any]:
-        piece = _piece(decode, token)
-        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
-
-    return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-                        for lp in items], "refusal": None}
-
-
-def completion_logprobs(items: Sequence[TokenLogprob], decode: Any, offset: int = 0) -> dict[str, Any]:
-    """Completions' ``choices[0].logprobs``: parallel lists of tokens, their log-probabilities,
-    the top alternatives (a mapping per token) and each token's character offset in the text."""
-    tokens, offsets = [], []
-    for lp in items:
-        piece = _piece(decode, lp.token)
-        tokens.append(piece)
-        offsets.append(offset)
-        offset += len(piece)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in items],
-            "top_logprobs": [{_piece(decode, t): v for t, v in lp.top} for lp in items],
-            "text_offset": offsets}

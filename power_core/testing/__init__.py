@@ -11,6 +11,7 @@ Opting out of a check requires overriding it with ``@pytest.mark.xfail(reason=..
 fails on any silent override.
 """
 
-from power_core.testing.conformance import AdapterConformance, FaultInjector
+from power_core.testing.conformance import AdapterConformance
+from power_core.testing.faults import FaultInjector
 
 __all__ = ["AdapterConformance", "FaultInjector"]

@@ -10,136 +10,28 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any
 
-import attrs
 import numpy as np
 import pytest
 
 from power_core.config import ConfigKey, PowerConfig
 from power_core.constraint import ConstraintSpec, Vocabulary
-from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError, RuntimeFault
+from power_core.errors import AdapterFault, Cancelled, ConfigError, PowerError
 from power_core.generation import Result
-from power_core.plugins import PowerPlugins, build_plugins
-from power_core.reference.proposers import NoisyProposer, ProposerWrapper
-from power_core.runtime import Proposal, ProposalContext, Proposer, ProposerCapabilities
+from power_core.reference.proposers import NoisyProposer
+from power_core.runtime import Proposer, ProposerCapabilities
 from power_core.session import Session
-from power_core.spec import Strategy, hookimpl
+from power_core.testing.faults import FailOnCall, FaultInjector, Recorder, SkipRounds
+from power_core.testing.harness import NO_STOP, AdapterHarness, first_diff
 from power_core.transaction import PHASES, CancelToken
 
-__all__ = ["AdapterConformance", "FaultInjector", "SkipRounds", "FailOnCall", "Recorder"]
+__all__ = ["AdapterConformance"]
 
 STEP_PHASES = PHASES[:-1]  # restore is the reaction, not a place to inject
 #: rounds the fault and cancel checks interrupt: the first proposing round, the next, and a late one
 FAULT_ROUNDS = ("1", "2", "late")
-#: the checks that compare proposals run every request to max_tokens (no end-of-generation stop)
-NO_STOP: tuple[int, ...] = ()
-
-
-class InjectedFault(RuntimeFault):
-    code = "injected_fault"
-
-
-@attrs.define(eq=False)
-class FaultInjector:
-    """An observer plugin that cancels or raises at one phase of one round (before or after it runs)."""
-
-    phase: str | None = None
-    round_index: int = 1
-    when: str = "before"  # before | after
-    action: str = "raise"  # raise | cancel
-    cancel: CancelToken | None = None
-    fired: int = 0
-    __name__: str = "power.testing.injector"
-
-    @hookimpl(wrapper=True)
-    def power_txn_phase(self, phase: str, round_index: int):
-        hit = phase == self.phase and round_index == self.round_index and self.fired == 0
-        if hit and self.when == "before":
-            self._fire(phase)
-        result = yield
-        if hit and self.when == "after":
-            self._fire(phase)
-        return result
-
-    def _fire(self, phase: str) -> None:
-        self.fired += 1
-        if self.action == "cancel":
-            assert self.cancel is not None
-            self.cancel.cancel()
-            if phase == "emit":  # nothing left to check in this round: cancel takes effect next round
-                return
-            raise Cancelled(f"injected cancel at {phase}")
-        raise InjectedFault(f"injected fault at {self.when} {phase}")
-
-
-class _Transparent(ProposerWrapper):
-    """A wrapper that forwards every attribute it does not define to the proposer it wraps (its
-    ``capabilities`` too, through :class:`ProposerWrapper`), so wrapping changes nothing the
-    transaction can see."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-class SkipRounds(ProposerWrapper):
-    """Every ``every``-th round proposes nothing."""
-
-    def __init__(self, inner: Proposer, every: int = 2) -> None:
-        super().__init__(inner)
-        self.every = every
-
-    def propose(self, ctx: ProposalContext) -> Proposal:
-        got = self.inner.propose(ctx)
-        return Proposal.none() if ctx.round_index % self.every == 0 and isinstance(got, Proposal) else got
-
-
-class FailOnCall(_Transparent):
-    """Raise ``ValueError`` from ``method`` on its ``call``-th invocation (an adapter bug)."""
-
-    def __init__(self, inner: Proposer, method: str, call: int = 2) -> None:
-        super().__init__(inner)
-        self.method, self.call, self.calls = method, call, 0
-        original = getattr(self, method)
-
-        def failing(*args: Any) -> Any:
-            self.calls += 1
-            if self.calls == self.call:
-                raise ValueError(f"adapter bug in {method}")
-            return original(*args)
-
-        setattr(self, method, failing)
-
-
-class Recorder(_Transparent):
-    """Records what the proposer offered each round, before the scheduler chose a width:
-    ``offered[round_index] == (ctx.k, [ids...])`` and ``at[len(ctx.history)]`` the same, keyed by
-    where the round starts (a re-run round overwrites its entries)."""
-
-    def __init__(self, inner: Proposer) -> None:
-        super().__init__(inner)
-        self.offered: dict[int, tuple[int, list[int]]] = {}
-        self.at: dict[int, tuple[int, list[int]]] = {}
-
-    def propose(self, ctx: ProposalContext) -> Proposal:
-        got = self.inner.propose(ctx)
-        # what is not a Proposal goes through unrecorded: the transaction refuses it with the fix
-        ids = got.ids if isinstance(got, Proposal) else ()
-        self.offered[ctx.round_index] = self.at[len(ctx.history)] = (ctx.k, np.asarray(ids).reshape(-1).tolist())
-        return got
-
-
-def _proposals(result: Result) -> list[list[int]]:
-    """Per committed round, the proposal the target verified (from the ``trace``)."""
-    return [list(r.get("proposal", [])) for r in result.receipt.rounds]
-
-
-def _first_diff(got: Sequence[int], want: Sequence[int]) -> str:
-    i = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
-    return f"first difference at index {i} ({len(got)} vs {len(want)} tokens)"
 
 
 def _range_ends(key: ConfigKey) -> list[Any]:
@@ -173,7 +65,7 @@ def _out_of_range(key: ConfigKey) -> list[Any]:
     return out
 
 
-class AdapterConformance:
+class AdapterConformance(AdapterHarness):
     """Base class of the standard checks. Configure with class attributes:
 
     * ``strategy_name`` — the strategy under test (must be registered, or supply ``strategy()``);
@@ -192,137 +84,6 @@ class AdapterConformance:
     that history, or after other requests of the same session.
     """
 
-    strategy_name: ClassVar[str] = ""
-    model: ClassVar[str | None] = "reference:seed=11,vocab=97,dim=16,recurrent=1"
-    draft: ClassVar[str | None] = None
-    k: ClassVar[int] = 5
-    seeds: ClassVar[int] = 12
-    max_tokens: ClassVar[int] = 48
-
-    # -- hooks for subclasses -------------------------------------------------------------------------
-    def strategy(self) -> Strategy | None:
-        """Return a :class:`Strategy` to register for the checks (``None``: use an installed one)."""
-        return None
-
-    def plugins(self, *extra: object) -> PowerPlugins:
-        strategy = self.strategy()
-        objs: list[object] = list(extra)
-        if strategy is not None:
-            chosen: Strategy = strategy
-
-            class _Register:
-                __name__ = "power.testing.adapter"
-
-                @hookimpl
-                def power_register_strategies(self, register: Callable[[Strategy], None]) -> None:
-                    register(chosen)
-
-            objs.append(_Register())
-        return build_plugins(extra=tuple(objs))
-
-    def name(self) -> str:
-        s = self.strategy()
-        return s.name if s is not None else self.strategy_name
-
-    def prompt(self, seed: int, n_vocab: int) -> list[int]:
-        """The prompt of the parity checks for ``seed``: 1 to 11 random ids below ``n_vocab - 1``."""
-        rng = np.random.default_rng(seed + 1000)
-        return rng.integers(0, n_vocab - 1, size=int(rng.integers(1, 12))).tolist()
-
-    def proposing_prompt(self, seed: int, n_vocab: int) -> list[int]:
-        """A prompt on which the adapter proposes and gets tokens accepted (the checks that compare
-        proposals use it). Default: :meth:`prompt` three times over, which gives a model-free
-        adapter something to copy; a model-backed adapter proposes on any prompt."""
-        return self.prompt(seed, n_vocab) * 3
-
-    # -- machinery ---------------------------------------------------------------------------------------
-    def open(self, mode: str, *extra: object, wrap: Callable[[Proposer], Proposer] | None = None,
-             stop_ids: Sequence[int] | None = None, **cfg: Any) -> Session:
-        base: dict[str, Any] = dict(spec_mode=mode, spec_draft_max=self.k, max_tokens=self.max_tokens, n_ctx=256)
-        base.update(cfg)
-        session = Session.open(PowerConfig(**base), model=self.model, draft=self.draft if mode != "off" else None,
-                               plugins=self.plugins(*extra),
-                               stop_ids=frozenset(stop_ids) if stop_ids is not None else None)
-        if wrap is not None and session.proposer is not None:
-            session.proposer = wrap(session.proposer)
-        return session
-
-    def _memo(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        """Runs that several checks share, computed once per test class and configuration."""
-        cls = type(self)
-        cache: dict[tuple[Any, ...], Any] = cls.__dict__.get("_kit_memo") or {}
-        if "_kit_memo" not in cls.__dict__:
-            cls._kit_memo = cache  # type: ignore[attr-defined]
-        full = (self.model, self.draft, self.k, self.max_tokens, self.name(), *key)
-        if full not in cache:
-            cache[full] = make()
-        return cache[full]
-
-    def reference(self, prompt: list[int], stop_ids: Sequence[int] | None = None, **cfg: Any) -> Result:
-        cfg = {k: v for k, v in cfg.items() if k not in ("spec_mtp_recurrent_snapshots", "spec_mtp_adaptive")}
-
-        def make() -> Result:
-            with self.open("off", stop_ids=stop_ids, **cfg) as s:
-                return s.generate(prompt)
-
-        stops = None if stop_ids is None else tuple(stop_ids)
-        return self._memo(("reference", tuple(prompt), stops, tuple(sorted(cfg.items()))), make)
-
-    def speculative(self, prompt: list[int], *extra: object, **kw: Any) -> Result:
-        with self.open(self.name(), *extra, **kw) as s:
-            return s.generate(prompt)
-
-    def uninterrupted(self, prompt: list[int]) -> tuple[Result, dict[int, tuple[int, list[int]]]]:
-        """A traced run of the adapter (``receipt.rounds[i]["proposal"]``) to ``max_tokens`` (no stop
-        ids), and what it offered per round."""
-
-        def make() -> tuple[Result, dict[int, tuple[int, list[int]]]]:
-            with self.open(self.name(), wrap=Recorder, trace=True, stop_ids=NO_STOP) as s:
-                res = s.generate(prompt)
-                return res, dict(getattr(s.proposer, "offered", {}))
-
-        return self._memo(("uninterrupted", tuple(prompt)), make)
-
-    def fresh_at(self, prompt: list[int]) -> tuple[Result, dict[int, tuple[int, list[int]]]]:
-        """A fresh session's run of ``prompt`` to ``max_tokens`` and what it offered, keyed by the
-        history length each round started from (:attr:`Recorder.at`)."""
-
-        def make() -> tuple[Result, dict[int, tuple[int, list[int]]]]:
-            with self.open(self.name(), wrap=Recorder, stop_ids=NO_STOP) as s:
-                return s.generate(prompt), dict(getattr(s.proposer, "at", {}))
-
-        return self._memo(("fresh-at", tuple(prompt)), make)
-
-    def n_vocab(self) -> int:
-        def make() -> int:
-            with self.open("off") as s:
-                return s.opened.target.capabilities.n_vocab
-
-        return self._memo(("n_vocab",), make)
-
-    def _fault_round(self, at: str, n_rounds: int) -> int:
-        r = {"1": 1, "2": 2}.get(at) or max(3, n_rounds - 2)  # "late": near the end of the request
-        return max(1, min(r, n_rounds - 1))
-
-    def _assert_resumed(self, got: Result, want: Result, ref: tuple[int, ...], what: str, from_round: int) -> None:
-        assert got.tokens == ref, (f"{what}, the resumed request emitted {list(got.tokens)} but target-only "
-                                   f"emitted {list(ref)}; {_first_diff(got.tokens, ref)}")
-        mine, theirs = _proposals(got), _proposals(want)
-        for r in range(from_round, min(len(mine), len(theirs))):
-            assert mine[r] == theirs[r], (
-                f"{what}, round {r} proposed {mine[r]} but an uninterrupted run proposed {theirs[r]}: "
-                "restore(checkpoint) did not return the proposer to the state checkpoint() saw")
-        assert len(mine) == len(theirs), (f"{what}, the request took {len(mine)} rounds but an uninterrupted run "
-                                          f"took {len(theirs)}")
-
-    def _assert_committed(self, s: Session, gen: Any, prompt: list[int], ref: tuple[int, ...], what: str) -> None:
-        committed = gen.tokens
-        assert committed == ref[: len(committed)], f"{what}, the committed tokens {list(committed)} are not a " \
-                                                   f"prefix of target-only's {list(ref)}"
-        want = len(prompt) - 1 + max(len(committed), 1)
-        assert s.opened.target.n_past == want, (f"{what}, the target holds {s.opened.target.n_past} tokens but the "
-                                                f"last commit left {want}: target memory not restored")
-
     # -- the checks --------------------------------------------------------------------------------------
     @pytest.mark.power_conformance
     def test_greedy_parity(self) -> None:
@@ -337,7 +98,7 @@ class AdapterConformance:
             p = self.prompt(seed, v)
             got, want = self.speculative(p).tokens, self.reference(p).tokens
             assert got == want, (f"greedy, prompt(seed={seed}) = {p}: speculative emitted {list(got)} but "
-                                 f"target-only emitted {list(want)}; {_first_diff(got, want)}")
+                                 f"target-only emitted {list(want)}; {first_diff(got, want)}")
 
     @pytest.mark.power_conformance
     def test_seeded_stochastic_parity(self) -> None:
@@ -351,7 +112,7 @@ class AdapterConformance:
             cfg: dict[str, Any] = dict(temperature=0.9, top_p=0.95, seed=seed)
             got, want = self.speculative(p, **cfg).tokens, self.reference(p, **cfg).tokens
             assert got == want, (f"temperature 0.9, top-p 0.95, seed {seed}: speculative emitted {list(got)} but "
-                                 f"target-only emitted {list(want)}; {_first_diff(got, want)}")
+                                 f"target-only emitted {list(want)}; {first_diff(got, want)}")
 
     @pytest.mark.power_conformance
     def test_proposes(self) -> None:
@@ -371,7 +132,7 @@ class AdapterConformance:
             seen.append(f"proposing_prompt(seed={seed}) ({len(p)} tokens): {summary['rounds']} rounds, "
                         f"{summary['proposed']} proposed, {summary['accepted']} accepted")
             ref = self.reference(p, stop_ids=NO_STOP).tokens
-            assert res.tokens == ref, f"proposing_prompt(seed={seed}): parity broken; {_first_diff(res.tokens, ref)}"
+            assert res.tokens == ref, f"proposing_prompt(seed={seed}): parity broken; {first_diff(res.tokens, ref)}"
             if summary["accepted"] > 0:
                 return
         raise AssertionError("the adapter never got a proposal accepted: " + "; ".join(seen))
@@ -436,7 +197,7 @@ class AdapterConformance:
                     assert got.tokens == want.tokens, (
                         f"constraint {spec.kind} {spec.source!r}, {cfg or 'greedy'}, prompt(seed={seed}) = {p}: "
                         f"speculative emitted {list(got.tokens)} but constrained target-only emitted "
-                        f"{list(want.tokens)}; {_first_diff(got.tokens, want.tokens)}")
+                        f"{list(want.tokens)}; {first_diff(got.tokens, want.tokens)}")
                     c = got.receipt.constraint
                     assert c is not None and c["digest"] == spec.digest, "the receipt does not record the constraint"
                     cut = [r for r in got.receipt.rounds if r.get("cut")]
@@ -463,7 +224,7 @@ class AdapterConformance:
                 got = self.speculative(p, **cfg).tokens
                 want = self.reference(p, **cfg).tokens
                 assert got == want, (f"penalties {cfg}, prompt(seed={seed}) = {p}: speculative emitted {list(got)} "
-                                     f"but target-only emitted {list(want)}; {_first_diff(got, want)}")
+                                     f"but target-only emitted {list(want)}; {first_diff(got, want)}")
 
     @pytest.mark.power_conformance
     def test_rejection_at_every_position(self) -> None:
@@ -482,7 +243,7 @@ class AdapterConformance:
 
             got = self.speculative(p, wrap=wrap).tokens
             assert got == ref, (f"with every proposal rejected at position {j}: speculative emitted {list(got)} but "
-                                f"target-only emitted {list(ref)}; {_first_diff(got, ref)}")
+                                f"target-only emitted {list(ref)}; {first_diff(got, ref)}")
 
     @pytest.mark.power_conformance
     def test_zero_proposal_rounds(self) -> None:
@@ -771,7 +532,7 @@ class AdapterConformance:
                 want_res, want_at = self.fresh_at(prompt)
                 assert res.tokens == want_res.tokens, (
                     f"proposing_prompt(seed={11 + i}) in shared passes emitted {list(res.tokens)} but alone "
-                    f"{list(want_res.tokens)}; {_first_diff(res.tokens, want_res.tokens)}")
+                    f"{list(want_res.tokens)}; {first_diff(res.tokens, want_res.tokens)}")
                 got_at = dict(getattr(session.proposer, "at", {}))
                 for n in sorted(set(got_at) & set(want_at)):
                     if got_at[n][0] != want_at[n][0]:
@@ -795,7 +556,7 @@ class AdapterConformance:
             want = self.reference(prompt, stop_ids=NO_STOP, **sampling).tokens
             assert res.tokens == want, (f"request {i} ({sampling or 'greedy'}), prompt {prompt}: in shared passes it "
                                         f"emitted {list(res.tokens)} but target-only alone emitted {list(want)}; "
-                                        f"{_first_diff(res.tokens, want)}")
+                                        f"{first_diff(res.tokens, want)}")
 
     @pytest.mark.power_conformance
     def test_config_keys(self) -> None:
@@ -822,7 +583,7 @@ class AdapterConformance:
                 for p in prompts:
                     got, want = self.speculative(p, **{key.name: value}).tokens, self.reference(p).tokens
                     assert got == want, (f"{key.name}={value!r}, prompt {p}: speculative emitted {list(got)} but "
-                                         f"target-only emitted {list(want)}; {_first_diff(got, want)}")
+                                         f"target-only emitted {list(want)}; {first_diff(got, want)}")
 
     def test_opt_outs_are_explicit(self) -> None:
         """Guard: a subclass may only replace a standard check with an ``xfail(reason=...)`` version.

@@ -7,7 +7,8 @@ a fresh process, since the batch-invariant switch is process-wide and picks the 
    median time of a one-token pass, an 8-token and a 16-token pass (all rows out, after a 300-token history)
    and of a 512-token prompt chunk; and the bytes llama.cpp repacked (``CPU_REPACK``).
 2. **Decode** (``--decode``): ``power run --mode off`` (exact) against ``llama-completion`` of the same build
-   with stock kernels (the peer llama.cpp users run), tokens per second over the same prompt and count.
+   with stock kernels (the peer llama.cpp users run), tokens per second over the same prompt and count; and
+   ``llama-completion`` with exact's kernels, so the gap splits into kernels and Power's host time.
 
 Models: a synthetic wide llama per quant type (``--types``; written as F16 and quantized by the pinned build's
 ``llama-quantize``, tests/native/native_helpers.py ``make_wide``, cached in ``--model-dir``) and the two real
@@ -77,22 +78,31 @@ def worker(model: str, numerics: str, threads: int, reps: int) -> dict:
 
 
 def decode_pair(model: str, peer_bin: Path, tokens: int, threads: int) -> dict:
-    """``power run --mode off`` (exact) vs stock ``llama-completion``: decode tokens per second."""
-    from power_core.bench import _EVAL, peer_env
+    """``power run --mode off`` (exact) vs stock ``llama-completion``, decode tokens per second; and
+    ``llama-completion`` with exact's kernels (``GGML_CPU_BATCH_INVARIANT=1``), which splits the gap into
+    kernels (completion exact / stock) and host (Power / completion exact)."""
     from power_core.config import PowerConfig
     from power_core.session import Session
 
     cfg = PowerConfig(spec_mode="off", max_tokens=tokens, n_threads=threads, numerics="exact")
     with Session.open(cfg, model=model) as s:
         power = s.generate(PROMPT).receipt.timings["decode_tok_s"]
-    env = peer_env("stock")
+    peer = {n: _completion(model, peer_bin, tokens, threads, n) for n in NUMERICS}
+    return {"power_off_tok_s": power, "llama_completion_tok_s": peer["stock"],
+            "llama_completion_exact_tok_s": peer["exact"]}
+
+
+def _completion(model: str, peer_bin: Path, tokens: int, threads: int, numerics: str) -> float:
+    """``llama-completion``'s decode tokens per second (its ``eval time``) with ``numerics``' kernels."""
+    from power_core.bench import _EVAL, peer_env
+
     proc = subprocess.run([str(peer_bin / "llama-completion"), "-m", model, "-p", PROMPT, "-n", str(tokens),
                            "-t", str(threads), "--temp", "0", "--top-k", "1", "-c", "2048", "-ngl", "0",
-                           "-no-cnv"], capture_output=True, text=True, timeout=900, env=env)
+                           "-no-cnv"], capture_output=True, text=True, timeout=900, env=peer_env(numerics))
     m = _EVAL.search(proc.stderr)
     if proc.returncode != 0 or not m:
         raise RuntimeError(f"llama-completion failed ({proc.returncode}): {proc.stderr[-800:]}")
-    return {"power_off_tok_s": power, "llama_completion_tok_s": float(m.group(2))}
+    return float(m.group(2))
 
 
 def _spawn(model: str, numerics: str, threads: int, reps: int) -> dict:
@@ -124,6 +134,8 @@ def measure(model: str, runs: int, threads: int, reps: int, peer_bin: Path | Non
             "power_off_tok_s": statistics.median(d["power_off_tok_s"] for d in dec),
             "llama_completion_tok_s": statistics.median(d["llama_completion_tok_s"] for d in dec),
             "ratio": statistics.median(d["power_off_tok_s"] / d["llama_completion_tok_s"] for d in dec),
+            "kernels_ratio": statistics.median(d["llama_completion_exact_tok_s"] / d["llama_completion_tok_s"]
+                                               for d in dec),
             "raw": dec,
         }
     return res
@@ -131,7 +143,8 @@ def measure(model: str, runs: int, threads: int, reps: int, peer_bin: Path | Non
 
 def table(results: dict) -> str:
     lines = ["| model | 1-token pass ms (exact / stock, ratio) | 8-token | 16-token | 512-token prefill | "
-             "`--mode off` vs `llama-completion` tok/s |", "|---|---|---|---|---|---|"]
+             "`--mode off` vs `llama-completion` tok/s | `llama-completion` exact / stock kernels |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         cells = []
         for k in [f"n{w}_ms" for w in WIDTHS] + ["prefill512_ms"]:
@@ -139,6 +152,7 @@ def table(results: dict) -> str:
         d = r.get("decode")
         cells.append(f"{d['power_off_tok_s']:.1f} / {d['llama_completion_tok_s']:.1f} (**{d['ratio']:.2f}**)"
                      if d else "-")
+        cells.append(f"**{d['kernels_ratio']:.2f}**" if d and "kernels_ratio" in d else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -52,11 +52,12 @@ import numpy as np
 from power_core.errors import ArtifactError, ArtifactMismatch, ConfigError, PowerError
 from power_core.logs import get_logger
 from power_suffix import store as _store
+from power_suffix.corpus import corpus_index
 from power_suffix.index import MAX_MATCH, SEPARATOR, Match, SuffixIndex, suffix_hashes
 from power_suffix.store import STORE_FILE, STORE_FORMAT
 
 __all__ = ["COMPACT_MIN_BYTES", "SHARED_LENGTHS", "SEGMENTS", "STORE_FILE", "STORE_FORMAT", "SYNC_REQUESTS",
-           "SYNC_S", "TENANTS_MAX", "Found", "MemoryStats", "StoreStats", "SuffixMemory", "corpus_files"]
+           "SYNC_S", "TENANTS_MAX", "Found", "MemoryStats", "StoreStats", "SuffixMemory"]
 
 log = get_logger(__name__)
 
@@ -76,10 +77,6 @@ SYNC_REQUESTS = 32
 COMPACT_MIN_BYTES = 1 << 20
 #: a store whose writes failed is retried (by a compaction) at most this often (seconds)
 RETRY_S = 10.0
-#: corpus files larger than this are skipped (with a log line): a corpus is text, not data
-CORPUS_FILE_MAX = 16 << 20
-_TEXT_SUFFIXES_SKIPPED = frozenset({".png", ".jpg", ".jpeg", ".gif", ".pdf", ".zip", ".gz", ".bz2", ".xz", ".so",
-                                    ".o", ".a", ".pyc", ".bin", ".gguf", ".safetensors", ".whl", ".tar"})
 
 
 @attrs.frozen
@@ -159,23 +156,6 @@ class _Segment:
         self.seqs.append(seq)
         self.tokens += int(doc.shape[0])
         self.nbytes += _store.doc_record_size(self.tenant, int(doc.shape[0]))
-
-
-def corpus_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The files of ``paths`` (files, or directories walked in name order, hidden entries skipped),
-    or :class:`ConfigError` naming ``spec_suffix_corpus`` for a path that does not exist."""
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_file():
-            out.append(p)
-        elif p.is_dir():
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                out.extend(Path(root) / f for f in sorted(files) if not f.startswith("."))
-        else:
-            raise ConfigError("spec_suffix_corpus", str(raw), "existing files or directories")
-    return [f for f in out if f.suffix.lower() not in _TEXT_SUFFIXES_SKIPPED]
 
 
 class SuffixMemory:
@@ -348,29 +328,9 @@ class SuffixMemory:
     # -- the corpus ----------------------------------------------------------------------------------
     def add_corpus(self, paths: Sequence[str | os.PathLike[str]], encode: Callable[[str], np.ndarray], *,
                    progress: bool = True) -> int:
-        """Tokenize the files of ``paths`` (:func:`corpus_files`) with ``encode`` into the corpus
-        index (one document per file), with a progress bar on a terminal; returns the tokens added."""
-        files = corpus_files(paths)
-        added = 0
-        index = SuffixIndex(SHARED_LENGTHS, truncatable=False)
-        with _progress(progress, len(files)) as advance:
-            for f in files:
-                try:
-                    if f.stat().st_size > CORPUS_FILE_MAX:
-                        log.warning("suffix.corpus_skipped", path=str(f), reason="larger than 16 MiB")
-                        continue
-                    text = f.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError) as exc:
-                    log.warning("suffix.corpus_skipped", path=str(f), reason=f"{type(exc).__name__}: {exc}")
-                    continue
-                finally:
-                    advance()
-                ids = np.asarray(encode(text), dtype=np.int32).ravel()
-                if ids.shape[0] < 2:
-                    continue
-                index.extend(ids)
-                index.extend([SEPARATOR])
-                added += int(ids.shape[0])
+        """Tokenize the files of ``paths`` (:func:`~power_suffix.corpus.corpus_files`) with ``encode`` into the
+        corpus index (one document per file), with a progress bar on a terminal; returns the tokens added."""
+        index, added = corpus_index(paths, encode, SHARED_LENGTHS, progress=progress)
         with self._lock:
             if self._corpus is None:
                 self._corpus = index
@@ -524,7 +484,7 @@ class SuffixMemory:
                               "a directory no other running process or suffix memory has open",
                               "a store has one writer; give each its own --suffix-store directory") from None
         except OSError as exc:
-            raise _unwritable(path, exc) from None
+            raise _store.unwritable(path, exc) from None
         try:
             return self._open_locked(directory, lock, identity)
         except BaseException:
@@ -538,7 +498,7 @@ class SuffixMemory:
         tick = weakref.WeakMethod(self._tick)
         if identity is not None:  # a reopen: the file this memory closed, unless something changed it since
             with self._lock:
-                same = _identity(path) == identity and self._changes == self._changes_at_close
+                same = _store.file_identity(path) == identity and self._changes == self._changes_at_close
             if same:
                 snapshot, records = self._closed_counts
                 self._log = _store.StoreLog(directory, self.vocab_digest, lock, sync_s=sync_s,
@@ -565,7 +525,7 @@ class SuffixMemory:
                 try:
                     aside = _store.move_aside(path)
                 except OSError as err:
-                    raise _unwritable(path, err) from None
+                    raise _store.unwritable(path, err) from None
                 self._moved += 1
                 self._moved_last = str(aside)
                 log.error("suffix.store_corrupt", path=str(path), moved_to=str(aside), reason=str(exc),
@@ -593,12 +553,12 @@ class SuffixMemory:
                 else:
                     snapshot, records = parsed.snapshot, parsed.records
                     if parsed.torn_bytes:
-                        _cut(path, parsed.valid_bytes)
+                        _store.cut_tail(path, parsed.valid_bytes)
                         self._torn_cut += parsed.torn_bytes
                         log.warning("suffix.store_tail_cut", path=str(path), bytes=parsed.torn_bytes,
                                     records=parsed.records)
             except OSError as exc:
-                raise _unwritable(path, exc) from None
+                raise _store.unwritable(path, exc) from None
             self._log = _store.StoreLog(directory, self.vocab_digest, lock, sync_s=sync_s, sync_requests=sync_requests,
                                         snapshot_records=snapshot, records=records, tick=tick)
         self._log.start()
@@ -633,7 +593,7 @@ class SuffixMemory:
         log_.close()
         a, s, y, c = self._past
         self._past = (a + log_.appended, s + log_.synced, y + log_.syncs, c + log_.compactions)
-        self._closed_identity = _identity(log_.path)
+        self._closed_identity = _store.file_identity(log_.path)
         self._closed_counts = (log_.snapshot_records, log_.records)
         log.info("suffix.store_closed", path=str(log_.path), records=log_.records)
 
@@ -681,7 +641,7 @@ class SuffixMemory:
             try:
                 self._compact()
             except OSError as exc:
-                raise _unwritable(path, exc) from None
+                raise _store.unwritable(path, exc) from None
             return path
         with self._lock:
             docs = self._held()
@@ -692,11 +652,11 @@ class SuffixMemory:
             raise ArtifactError(f"{out}: another process or suffix memory has this store open; the store is "
                                 "unchanged", reason="suffix_store_busy", evidence=str(out)) from None
         except OSError as exc:
-            raise _unwritable(path, exc) from None
+            raise _store.unwritable(path, exc) from None
         try:
             _store.write_snapshot(out, self.vocab_digest, docs)
         except OSError as exc:
-            raise _unwritable(path, exc) from None
+            raise _store.unwritable(path, exc) from None
         finally:
             lock.release()
         log.info("suffix.store_saved", path=str(path), documents=len(docs))
@@ -732,53 +692,3 @@ class SuffixMemory:
             self.learn(t, d)
         log.info("suffix.store_loaded", path=str(path), documents=len(held))
         return len(held)
-
-
-def _unwritable(path: Path, exc: OSError) -> ArtifactError:
-    return ArtifactError(f"{path}: cannot write the suffix store ({exc}); the previous store, if any, is "
-                         "unchanged", reason="suffix_store_unwritable", evidence=str(path))
-
-
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _cut(path: Path, length: int) -> None:
-    """Cut ``path`` to ``length`` bytes, durably (a torn tail)."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, length)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class _progress:
-    """A rich progress bar over ``total`` files when asked and on a terminal; else nothing."""
-
-    def __init__(self, show: bool, total: int) -> None:
-        self.show, self.total = show, total
-        self._bar: object | None = None
-
-    def __enter__(self) -> Callable[[], None]:
-        import sys
-
-        if not self.show or not sys.stderr.isatty() or self.total == 0:
-            return lambda: None
-        from rich.progress import Progress
-
-        bar = Progress(transient=True)
-        bar.start()
-        task = bar.add_task("suffix corpus", total=self.total)
-        self._bar = bar
-        return lambda: bar.advance(task)
-
-    def __exit__(self, *exc: object) -> None:
-        from rich.progress import Progress
-
-        if isinstance(self._bar, Progress):
-            self._bar.stop()

@@ -64,7 +64,7 @@ except ImportError:  # pragma: no cover - Windows: no lock
 
 __all__ = ["CLEAR", "DOC", "FORGET", "HEADER", "STORE_FILE", "STORE_FORMAT", "STORE_FORMAT_V1", "LOCK_FILE",
            "DirLock", "Op", "Parsed", "StoreBusy", "StoreLog", "doc_record", "forget_record", "clear_record",
-           "fsync_dir", "move_aside", "parse_store", "write_snapshot"]
+           "cut_tail", "file_identity", "fsync_dir", "move_aside", "parse_store", "unwritable", "write_snapshot"]
 
 log = get_logger(__name__)
 
@@ -329,6 +329,31 @@ def write_snapshot(directory: Path, vocab: str, docs: Iterable[tuple[str, np.nda
         raise
     fsync_dir(directory)
     return path
+
+
+def unwritable(path: Path, exc: OSError) -> ArtifactError:
+    """The error for a store that cannot be written at ``path`` (the previous one, if any, is unchanged)."""
+    return ArtifactError(f"{path}: cannot write the suffix store ({exc}); the previous store, if any, is "
+                         "unchanged", reason="suffix_store_unwritable", evidence=str(path))
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """``path``'s inode, size and modification time (``None``: it is gone): has the file changed since?"""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def cut_tail(path: Path, length: int) -> None:
+    """Cut ``path`` to ``length`` bytes, durably (a torn tail)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def move_aside(path: Path) -> Path:

@@ -1,0 +1,305 @@
+"""One request's answer in OpenAI's response shapes, one class per kind: :class:`WholeAnswer` (one JSON body
+once the decode has ended) and :class:`StreamAnswer` (its text as server-sent events while it decodes,
+``data: [DONE]`` last).
+
+Every answer carries the extension object ``power`` (the last chunk when streaming): the receipt's summary
+(the strategy that ran included) and the id under which ``/v1/receipts/{id}`` returns the full receipt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from power_core.constraint import NO_PRESERVED, PreservedTokens
+from power_core.errors import PowerError
+from power_core.logs import get_logger
+from power_core.runtime import TokenArray
+from power_core.serve.errors import APIError, from_power_error
+from power_core.serve.jobs import Delta, Job, Outcome
+from power_core.serve.protocol import ChatRequest, CompletionRequest
+from power_core.serve.state import ServerState
+from power_core.session import Session
+from power_core.tools import ParsedDelta, ToolCallParser, ToolPlan
+from power_core.transaction import TokenLogprob
+
+__all__ = ["Prepared", "StreamAnswer", "WholeAnswer", "finish_reason"]
+
+log = get_logger(__name__)
+
+#: a tokenizer's decode: token ids to text
+Decode = Callable[[TokenArray], str]
+
+
+@attrs.frozen
+class Prepared:
+    """A request parsed and checked, ready to be admitted: its job, and what its answer needs."""
+
+    kind: str  # "text_completion" | "chat.completion"
+    job: Job
+    req: ChatRequest | CompletionRequest
+    prompt_tokens: int
+    #: the request's tools (``None``: none, or ``tool_choice`` ``none``): its output is parsed for calls
+    tools: ToolPlan | None = None
+    #: the control tokens its constraint preserves (tool-call markers): its logprobs show them as text
+    preserved: PreservedTokens = NO_PRESERVED
+
+
+# -- the bodies' parts ----------------------------------------------------------------------------------
+def finish_reason(power_finish: str | None, status: str) -> str | None:
+    """OpenAI's finish reason for the transaction's: a stop token or string -> ``stop``; the token
+    limit or the context -> ``length``; a cancelled request (timeout, drain) -> ``length`` too (the
+    ``power`` extension's ``status`` says it was cancelled)."""
+    if power_finish == "stop":
+        return "stop"
+    if power_finish in ("max_tokens", "context") or status == "cancelled":
+        return "length"
+    return None
+
+
+def _piece(decode: Decode, token: int) -> str:
+    return decode(np.array([token], dtype=np.int32))
+
+
+def chat_logprobs(items: Sequence[TokenLogprob], decode: Decode) -> dict[str, Any]:
+    """Chat's ``choices[0].logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        piece = _piece(decode, token)
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+    return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in items], "refusal": None}
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], decode: Decode, offset: int = 0) -> dict[str, Any]:
+    """Completions' ``choices[0].logprobs``: parallel lists of tokens, their log-probabilities,
+    the top alternatives (a mapping per token) and each token's character offset in the text."""
+    tokens, offsets = [], []
+    for lp in items:
+        piece = _piece(decode, lp.token)
+        tokens.append(piece)
+        offsets.append(offset)
+        offset += len(piece)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in items],
+            "top_logprobs": [{_piece(decode, t): v for t, v in lp.top} for lp in items],
+            "text_offset": offsets}
+
+
+def _power_extension(job: Job, outcome: Outcome) -> dict[str, Any]:
+    r = outcome.receipt
+    s = r.summary()
+    return {"receipt_id": job.id, "status": r.status, "cancel_reason": job.cancel_reason,
+            "strategy": r.strategy["name"], "numerics": r.config.get("numerics"), "acceptance": s["acceptance"],
+            "tokens_per_target_pass": s["verified_tokens_per_pass"], "rounds": s["rounds"],
+            "proposed": s["proposed"], "accepted": s["accepted"], "prompt_reused": r.prompt_reused,
+            "output_tokens": r.output_tokens,
+            "output_sha256": r.output_sha256, "receipt_sha256": r.digest(),
+            "decode_tok_s": r.timings.get("decode_tok_s")}
+
+
+def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, Any]:
+    n = len(outcome.tokens)
+    usage: dict[str, Any] = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": n,
+                             "total_tokens": prepared.prompt_tokens + n}
+    predicted = outcome.receipt.prediction
+    if predicted is not None:  # OpenAI's counts of a prediction (docs/serving.md#predicted-outputs)
+        usage["completion_tokens_details"] = {"accepted_prediction_tokens": predicted["accepted"],
+                                              "rejected_prediction_tokens": predicted["rejected"]}
+    return usage
+
+
+# -- the outcome ----------------------------------------------------------------------------------------
+async def _outcome(fut: asyncio.Future[Outcome]) -> Outcome:
+    """The worker's outcome; a request the session refused to start (a typed error) is that error, and
+    a defect is a 500 without its details (logged), also where a stream has begun."""
+    try:
+        return await asyncio.shield(fut)
+    except PowerError as exc:
+        raise from_power_error(exc) from None
+    except Exception as exc:
+        log.error("serve.request_crashed", exc_info=exc)
+        raise from_power_error(exc) from None
+
+
+def _raise_failure(outcome: Outcome) -> None:
+    """A request that failed (not one that was cancelled) answers with its error."""
+    if outcome.error is not None and outcome.receipt.status == "failed":
+        raise from_power_error(outcome.error)
+
+
+async def _watch_disconnect(request: Request, job: Job, fut: asyncio.Future[Outcome]) -> None:
+    """Stop the job when its client goes away: the body is read, so the server's next message for this
+    request is ``http.disconnect`` (awaited, not polled; cancelled once the outcome is there)."""
+    while not fut.done():
+        if (await request.receive())["type"] == "http.disconnect":
+            job.stop_now("disconnected")
+            return
+
+
+# -- the answers ----------------------------------------------------------------------------------------
+class _Answer:
+    """What both kinds of answer know: the request, when it was answered, and the tokenizer's decode."""
+
+    def __init__(self, state: ServerState, prepared: Prepared, session: Session) -> None:
+        self.state = state
+        self.prepared = prepared
+        self.job = prepared.job
+        self.chat = prepared.kind == "chat.completion"
+        self.created = int(time.time())
+        assert session.opened.tokenizer is not None  # (a server's model has one: it checked at start)
+        #: a token's text as the output shows it (:class:`~power_core.generation.Generation`'s detokenize)
+        self.decode: Decode = prepared.preserved.decoder(session.opened.tokenizer.decode)
+
+
+class WholeAnswer(_Answer):
+    """A whole answer: the decode runs to its end (stopped when the client goes away), then one JSON body."""
+
+    async def response(self, request: Request, fut: asyncio.Future[Outcome]) -> JSONResponse:
+        """The body once ``fut`` (the request's decode) has its outcome; the request's error where it failed."""
+        job = self.job
+        watcher = asyncio.ensure_future(_watch_disconnect(request, job, fut))
+        try:
+            outcome = await _outcome(fut)
+        except asyncio.CancelledError:  # the server stopped waiting (drain timeout): stop the decode too
+            job.stop_now("shutdown")
+            raise
+        finally:
+            watcher.cancel()
+        _raise_failure(outcome)
+        return JSONResponse(self.body(outcome))
+
+    def body(self, outcome: Outcome) -> dict[str, Any]:
+        """OpenAI's completion (or chat completion) object of ``outcome``, with the ``power`` extension."""
+        job, prepared = self.job, self.prepared
+        fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
+        if self.chat:
+            lp = chat_logprobs(outcome.logprobs, self.decode) if job.top_logprobs is not None else None
+            message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
+            if prepared.tools is not None:
+                parsed = prepared.tools.parse(outcome.text)
+                message["content"] = parsed.content
+                if parsed.tool_calls:
+                    message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+                    fr = "tool_calls" if fr == "stop" else fr
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": lp, "finish_reason": fr}
+        else:
+            lp = completion_logprobs(outcome.logprobs, self.decode) if job.top_logprobs is not None else None
+            choice = {"index": 0, "text": outcome.text, "logprobs": lp, "finish_reason": fr}
+        return {"id": job.id, "object": prepared.kind, "created": self.created, "model": self.state.options.model_name,
+                "choices": [choice], "usage": _usage(prepared, outcome), "power": _power_extension(job, outcome)}
+
+
+class StreamAnswer(_Answer):
+    """A streamed answer: a chunk per delta the worker emits (a chat stream opens with the assistant's role;
+    tool-call markup never reaches the client), then the finish reason, the usage where asked for, the
+    ``power`` object and ``[DONE]``. An error once the stream has begun is its last event."""
+
+    def __init__(self, state: ServerState, prepared: Prepared, session: Session) -> None:
+        super().__init__(state, prepared, session)
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Delta] = asyncio.Queue()
+        self.object = "chat.completion.chunk" if self.chat else "text_completion"
+        #: the characters streamed so far (completions' logprobs count their offsets from it)
+        self.offset = 0
+        #: takes tool calls out of the text as it streams (the markup never reaches the client)
+        self.calls: ToolCallParser | None = prepared.tools.parser() if prepared.tools is not None else None
+
+    def emit(self, delta: Delta) -> None:
+        """Hands ``delta`` from the worker thread to the event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, delta)
+        except RuntimeError:  # the loop is gone (shutdown): nobody is reading
+            pass
+
+    def response(self, fut: asyncio.Future[Outcome]) -> EventSourceResponse:
+        """The SSE response of the decode ``fut``, whose worker emits through :meth:`emit`."""
+        return EventSourceResponse(self.events(fut), ping=15, sep="\n", headers={"X-Request-Id": self.job.id})
+
+    def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> str:
+        body = {"id": self.job.id, "object": self.object, "created": self.created,
+                "model": self.state.options.model_name, "choices": [choice] if choice is not None else [], **extra}
+        return json.dumps(body, separators=(",", ":"))
+
+    def _delta_choice(self, d: Delta) -> dict[str, Any] | None:
+        top = self.job.top_logprobs is not None
+        if self.chat:
+            lp = chat_logprobs(d.logprobs, self.decode) if top else None
+            if self.calls is None:
+                return {"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
+            return self._tool_choice(self.calls.feed(d.text), lp)
+        lp = completion_logprobs(d.logprobs, self.decode, self.offset) if top else None
+        self.offset += len(d.text)
+        return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": None}
+
+    @staticmethod
+    def _tool_choice(parsed: ParsedDelta, lp: Any = None) -> dict[str, Any] | None:
+        delta: dict[str, Any] = {}
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.tool_calls:
+            delta["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+        if not delta and lp is None:
+            return None  # markup, or text held back until it is resolved
+        return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}
+
+    def _chunks(self, d: Delta) -> list[str]:
+        choice = self._delta_choice(d)
+        return [self._chunk(choice)] if choice is not None else []
+
+    async def events(self, fut: asyncio.Future[Outcome]) -> AsyncIterator[str]:
+        """The stream's events: its deltas as they arrive, then how it ended."""
+        queue, chat = self.queue, self.chat
+        getter: asyncio.Future[Any] | None = None
+        try:
+            if chat:
+                yield self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None})
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    for c in self._chunks(getter.result()):
+                        yield c
+                    continue
+                getter.cancel()
+                while not queue.empty():  # deltas the worker emitted before it returned
+                    for c in self._chunks(queue.get_nowait()):
+                        yield c
+                break
+            try:
+                outcome = await _outcome(fut)
+                _raise_failure(outcome)
+            except APIError as exc:  # the stream has begun: the error is its last event
+                yield json.dumps(exc.body())
+                return
+            fr = finish_reason(outcome.receipt.finish_reason, outcome.receipt.status)
+            if self.calls is not None:
+                held = self._tool_choice(self.calls.finish())
+                if held is not None:
+                    yield self._chunk(held)
+                if self.calls.calls and fr == "stop":
+                    fr = "tool_calls"
+            ext = _power_extension(self.job, outcome)
+            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": fr} if chat else \
+                {"index": 0, "text": "", "logprobs": None, "finish_reason": fr}
+            if self.prepared.req.include_usage:
+                yield self._chunk(last)
+                yield self._chunk(None, usage=_usage(self.prepared, outcome), power=ext)
+            else:
+                yield self._chunk(last, power=ext)
+            yield "[DONE]"
+        finally:
+            if getter is not None and not getter.done():  # the client went away while this waited for a delta:
+                getter.cancel()  # no task is left pending on a queue nobody reads (found by the chaos soak)
+            if not fut.done():  # the client went away (or the server is stopping) mid-stream
+                self.job.stop_now("disconnected" if not self.state.draining else "shutdown")
