@@ -251,27 +251,39 @@ class Generation:
 
     def stream(self) -> Stream[Result]:
         """Run (or resume) the request as a :class:`~power_core.streaming.Stream` of text deltas."""
+        self._assembler()  # (a model without a tokenizer: refused before anything runs)
+        self._stream = Stream(self, self._deltas())
+        return self._stream
+
+    def _assembler(self) -> TextAssembler:
         if self._text is None:
             raise ConfigError("stream", self.session.opened.model_path, "a model with a tokenizer",
                               "without one, iterate Generation.rounds() and read Generation.tokens")
-        self._stream = Stream(self, self._deltas(self._text))
-        return self._stream
+        return self._text
 
-    def _deltas(self, text: TextAssembler) -> Generator[str, None, None]:
+    def take_text(self, committed: Sequence[int], final: bool) -> str:
+        """The request's text not handed out yet, as of ``committed`` (its committed tokens as the reader's
+        snapshot has them, which only grows): until ``final`` it withholds what may still change (an
+        incomplete character, a tail that may become a stop string); a final take hands out the rest, cut
+        at the stop string. The request has one assembler on the reader's side: this, :meth:`stream` and
+        :meth:`text` share it (the transaction's stop check keeps its own, on the driver's thread)."""
+        text = self._assembler()
+        text.sync(committed)
+        return text.take(final=final)
+
+    def _deltas(self) -> Generator[str, None, None]:
         # from the commits' snapshots: on shared passes the driver runs on while the reader reads
         tokens = list(self.tokens)  # committed before this attempt (a resumed request); nothing runs yet
         commits = self.session.driver().rounds(self)
         try:
             for commit in commits:
                 tokens.extend(commit.tokens)
-                text.sync(tokens)
-                delta = text.take(final=commit.finished)
+                delta = self.take_text(tokens, final=commit.finished)
                 if delta:
                     yield delta
         finally:
             commits.close()
-        text.sync(self.tokens)
-        delta = text.take(final=True)
+        delta = self.take_text(self.tokens, final=True)
         if delta:
             yield delta
 

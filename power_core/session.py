@@ -568,7 +568,7 @@ class Session:
               max_tokens: int | None = None, stop: Sequence[str] | None = None,
               sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
               target_only: bool = False, tenant: str | None = None,
-              constraint: ConstraintSpec | None = None, strategy: str | None = None,
+              constraint: ConstraintSpec | Constraint | None = None, strategy: str | None = None,
               prediction: str | Prediction | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
@@ -584,6 +584,8 @@ class Session:
         ``constraint`` (a :class:`~power_core.constraint.ConstraintSpec`: JSON schema, regex or
         grammar, optionally lazy) is what the output must match; it is compiled here, so a schema
         the grammar engine refuses is a :class:`~power_core.errors.ConstraintError` before anything runs.
+        A constraint :meth:`compile` made already (e.g. while the server checked the request) is used as
+        it is, not compiled again: it carries its parse state, so it must be fresh (one per request).
         ``strategy``: which of the session's strategies runs it (:meth:`lane`: ``None`` the default,
         ``auto`` the library's pick among them); the request starts from that lane's configuration,
         and its receipt names the strategy that ran and the one asked for.
@@ -617,12 +619,17 @@ class Session:
             raise ConfigError("logprobs", logprobs, f"an integer in [0, {LOGPROBS_MAX}]",
                               "the number of alternatives recorded per emitted token")
         tokens = self.encode(prompt)
-        compiled = self.compile(constraint) if constraint is not None else None
+        if isinstance(constraint, ConstraintSpec):
+            constraint = self.compile(constraint)
+        elif constraint is not None and constraint.consumed:
+            raise ConstraintError(constraint.spec.field, "this compiled constraint has parsed another output "
+                                  f"({constraint.consumed} tokens); give each request a fresh one "
+                                  "(Session.compile) or its ConstraintSpec")
         if prediction is not None and not isinstance(prediction, Prediction):
             prediction = Prediction.from_text(prediction, self.opened.tokenizer,
                                               self.opened.target.capabilities.n_ctx)
         return Generation(self, tokens, cancel or CancelToken(), config.max_tokens, config=config,
-                          top_logprobs=logprobs, target_only=target_only, constraint=compiled, lane=lane,
+                          top_logprobs=logprobs, target_only=target_only, constraint=constraint, lane=lane,
                           requested=strategy, prediction=prediction)
 
     def compile(self, spec: ConstraintSpec) -> Constraint:

@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from power_core.chat import ChatTemplate
-from power_core.constraint import NO_PRESERVED, PreservedTokens
+from power_core.constraint import NO_PRESERVED, Constraint
 from power_core.engine import Engine
 from power_core.errors import ConfigError, ConstraintError, Overloaded, PowerError, RuntimeFault, SessionBusy
 from power_core.logs import get_logger
@@ -142,20 +142,21 @@ def _state(request: Request) -> ServerState:
 
 
 # -- shared request path --------------------------------------------------------------------------------
-async def _check_structure(state: ServerState, structure: Structure) -> PreservedTokens:
-    """Compile every constraint of the request once before it is admitted, so a schema, grammar or tool
+async def _check_structure(state: ServerState, structure: Structure) -> Constraint | None:
+    """Compile every constraint of the request before it is admitted, so a schema, grammar or tool
     definition the engine refuses is a 400 naming its field (also for a stream, before it begins) and
     never takes a slot. A compile costs about a millisecond (the first one builds the vocabulary's
-    tokenizer for the engine). Returns the control tokens the output's constraint preserves (tool-call
-    markers), which its logprobs show as text."""
+    tokenizer for the engine). Returns the output's constraint compiled (``None``: the request has
+    none), which its decode uses as it is (:meth:`Session.start` does not compile it again); each
+    tool's parameter schema is compiled only to check it."""
     specs = structure.specs()
     if not specs:
-        return NO_PRESERVED
+        return None
     session = state.sessions[0]
 
-    def compile_all() -> PreservedTokens:
+    def compile_all() -> Constraint | None:
         compiled = [session.compile(spec) for spec in specs]
-        return compiled[-1].preserved if structure.constraint is not None else NO_PRESERVED
+        return compiled[-1] if structure.constraint is not None else None
 
     try:
         return await asyncio.get_running_loop().run_in_executor(None, compile_all)
@@ -164,7 +165,7 @@ async def _check_structure(state: ServerState, structure: Structure) -> Preserve
 
 
 def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int | None, top_logprobs: int | None,
-             kind: str, structure: Structure | None = None, preserved: PreservedTokens = NO_PRESERVED) -> Prepared:
+             kind: str, structure: Structure | None = None, constraint: Constraint | None = None) -> Prepared:
     if req.model != state.options.model_name:
         raise APIError(404, f"the model {req.model!r} does not exist here; this server serves "
                        f"{state.options.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
@@ -203,11 +204,12 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
               target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user),
-              constraint=structure.constraint if structure is not None else None, strategy=strategy,
+              constraint=constraint, strategy=strategy,
               prediction=prediction)
     tools = structure.tools if structure is not None and structure.tools is not None and structure.tools.active \
         else None
-    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools, preserved=preserved)
+    return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools,
+                    preserved=constraint.preserved if constraint is not None else NO_PRESERVED)
 
 
 def _lane(session: Session, strategy: str | None) -> Lane:
@@ -322,9 +324,9 @@ async def completions(request: Request) -> Response:
     req: CompletionRequest = parse_request(CompletionRequest, await _json_body(request))
     prompt = req.prompt_value
     structure = req.structure()
-    preserved = await _check_structure(state, structure)
+    constraint = await _check_structure(state, structure)
     prepared = _prepare(state, req, np.asarray(prompt, dtype=np.int64) if isinstance(prompt, list) else prompt,
-                        "prompt", req.max_tokens, req.top_logprobs, "text_completion", structure, preserved)
+                        "prompt", req.max_tokens, req.top_logprobs, "text_completion", structure, constraint)
     return await _respond(request, state, prepared)
 
 
@@ -334,7 +336,7 @@ async def chat_completions(request: Request) -> Response:
     session = state.sessions[0]
     structure = req.structure(state.tool_format)
     messages = req.template_messages()
-    preserved = await _check_structure(state, structure)
+    constraint = await _check_structure(state, structure)
     template: ChatTemplate | None = state.chat_template
     extra: dict[str, Any] = {}
     if structure.tools is not None and structure.tools.active:
@@ -351,7 +353,7 @@ async def chat_completions(request: Request) -> Response:
         err = from_power_error(exc)
         raise APIError(err.status, err.message, type=err.type, param="messages", code=err.code) from None
     prepared = _prepare(state, req, ids, "messages", req.limit, req.top_logprobs_n, "chat.completion", structure,
-                        preserved)
+                        constraint)
     return await _respond(request, state, prepared)
 
 

@@ -115,9 +115,10 @@ class Auditor:
         says how it ended. A re-decode that never began (the engine or the session refused it, or its
         ``begin`` failed; the engine has given the sequence back) is a :class:`PowerError`: the
         refusal itself, or a :class:`RuntimeFault` wrapping a foreign exception."""
-        try:
+        try:  # the request's compiled constraint has parsed its output: the re-decode's starts fresh
             gen = session.start(job.prompt, cancel=token, max_tokens=job.max_tokens, stop=job.stop,
-                                sampling=job.sampling, target_only=True, constraint=job.constraint,
+                                sampling=job.sampling, target_only=True,
+                                constraint=job.constraint.spec if job.constraint is not None else None,
                                 strategy=job.strategy,
                                 tenant=job.tenant)  # (the request's tenant: its prompt state stays theirs)
         except BaseException:

@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from power_core.constraint import ConstraintSpec
+from power_core.constraint import Constraint
 from power_core.engine import Engine
 from power_core.errors import Cancelled, PowerError
 from power_core.generation import Generation
@@ -35,7 +35,6 @@ from power_core.memory import PromptCache
 from power_core.prediction import Prediction
 from power_core.receipt import Receipt
 from power_core.session import Session
-from power_core.text import TextAssembler
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob
 
 __all__ = ["Job", "Delta", "Outcome", "ReceiptStore", "Metrics", "run_job", "StoreReport", "DurableStore",
@@ -68,8 +67,9 @@ class Job:
     target_only: bool = False
     #: whom the request runs for (config ``tenant``): the API key, else the OpenAI ``user`` field
     tenant: str = ""
-    #: what the output must match (``response_format``, ``grammar``, ``json_schema``, tools)
-    constraint: ConstraintSpec | None = None
+    #: what the output must match (``response_format``, ``grammar``, ``json_schema``, tools), compiled once
+    #: when the request was checked and used by its decode as it is (the audit compiles its ``spec`` afresh)
+    constraint: Constraint | None = None
     #: the strategy the request asked for (its ``power.strategy``; ``None``: the server's default)
     strategy: str | None = None
     #: what the answer is expected to repeat (OpenAI's ``prediction``, tokenized), or ``None``
@@ -406,8 +406,9 @@ class ReceiptStore:
 
 
 def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
-    """A request that ran without handing over its rounds: its rounds' metrics once it ended (time to
-    the first commit as the driver stamped it; per-token latency from each later round's seconds)."""
+    """A request's rounds in the metrics, once it ended, the same way whether it streamed or not: the time
+    to its first commit as the driver stamped it, and per token after it each later round's own seconds
+    shared by the tokens it emitted (never the reader's clock, which also counts the hand-over)."""
     if gen.first_commit_at is not None:
         metrics.ttft.observe(gen.first_commit_at - job.arrived)
     rounds = gen.txn.rounds if gen.txn is not None else []
@@ -422,8 +423,9 @@ def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
 def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metrics,
             emit: Callable[[Delta], None] | None) -> Outcome:
     """Decode ``job`` on ``session``, a sequence of ``engine`` admitted for it (in a worker thread).
-    ``emit`` receives committed text deltas as rounds commit (streaming); the outcome carries the
-    final text and the receipt either way."""
+    ``emit`` receives committed text deltas as rounds commit (streaming), from the request's own text
+    (:meth:`Generation.take_text`: the tool-call markers its constraint preserves shown, as the tool
+    parser reads them); the outcome carries the final text and the receipt either way."""
     try:
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                             sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
@@ -432,34 +434,15 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise
-    assert session.opened.tokenizer is not None and gen.config is not None
-    # the request's own text: a tool call's control-token markers shown, as the tool parser reads them
-    text = TextAssembler(gen.detokenize, gen.config.stop) if emit is not None else None
     tokens: list[int] = []  # the commits' snapshot, never the request the driver is changing
-    last: float | None = None
     error: BaseException | None = None
     try:
         if emit is None:  # nothing to send before the end: the driver does not hand over each round
-            try:
-                engine.run(gen)
-            finally:
-                _round_metrics(metrics, job, gen)
+            engine.run(gen)
         else:
-            assert text is not None
             for commit in engine.rounds(gen):
-                now = time.perf_counter()
-                record = commit.record
-                if last is None:
-                    metrics.ttft.observe(now - job.arrived)
-                elif record.emitted:
-                    per_token = (now - last) / record.emitted
-                    for _ in range(record.emitted):
-                        metrics.itl.observe(per_token)
-                last = now
-                metrics.round(record)
                 tokens.extend(commit.tokens)
-                text.sync(tokens)
-                delta = text.take(final=commit.finished)
+                delta = gen.take_text(tokens, final=commit.finished)
                 if delta or commit.logprobs:
                     emit(Delta(delta, commit.logprobs))
     except Cancelled as exc:
@@ -470,14 +453,15 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
     except Exception as exc:  # a defect: the client gets a 500 without a traceback, the log gets it
         error = exc
         log.error("serve.request_crashed", id=job.id, exc_info=True)
+    finally:
+        _round_metrics(metrics, job, gen)
     if gen.receipt is None:  # it never started (the engine or the session refused it): no receipt to give
         # (the engine gave the sequence back: once it ran the request, every way out of it does)
         assert error is not None
         raise error
     # the request has ended: the driver no longer touches it
-    if text is not None and emit is not None:
-        text.sync(gen.tokens)
-        delta = text.take(final=True)
+    if emit is not None:
+        delta = gen.take_text(gen.tokens, final=True)
         lps = gen.logprobs[len(tokens):] if job.top_logprobs is not None else ()
         if delta or lps:
             emit(Delta(delta, tuple(lps)))
