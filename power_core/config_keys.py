@@ -10,7 +10,7 @@ the plugin manager enters them here when it registers the strategy. Both are val
 
 A key's *scope* says when it may change: ``session`` keys are fixed when a session opens,
 ``sequence`` keys may differ between the sequences of one shared-pass batch (what a proposer and the
-scheduler do), ``request`` keys may be set by one request (:data:`SAMPLING_KEYS`).
+scheduler do), ``request`` keys may be set by one request (:data:`REQUEST_KEYS`).
 
 :mod:`power_core.config` builds :class:`~power_core.config.PowerConfig` from these keys and is their public
 path (plugins import them from there).
@@ -30,10 +30,11 @@ import attrs
 
 from power_core.errors import ConfigError, PluginError
 
-__all__ = ["ConfigKey", "CORE_KEYS", "CORE_BY_NAME", "CORE_OWNERS", "SAMPLING_KEYS", "SEQUENCE_KEYS", "SCOPES",
-           "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX", "SAMPLING_IN_GRAPH",
-           "STOP_MAX", "LOGPROBS_MAX", "DEFAULT_DRAFT_MAX", "config_table", "declare_keys", "declared_keys",
-           "device_names", "key_owners", "parse_endpoint", "set_key_loader", "strategy_key", "unknown_key"]
+__all__ = ["ConfigKey", "CORE_KEYS", "CORE_BY_NAME", "CORE_OWNERS", "REQUEST_KEYS", "SAMPLING_KEYS", "SEQUENCE_KEYS",
+           "SCOPES", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX",
+           "SAMPLING_IN_GRAPH", "STOP_MAX", "LOGPROBS_MAX", "DEFAULT_DRAFT_MAX", "config_table", "declare_keys",
+           "declared_keys", "device_names", "key_owners", "parse_endpoint", "set_key_loader", "strategy_key",
+           "unknown_key"]
 
 #: spec_mode names the core reserves for itself (every other mode is a registered strategy's name)
 MODE_AUTO, MODE_OFF = "auto", "off"
@@ -503,8 +504,10 @@ class ScopedKeys(Sequence[str]):
         return repr(self._names())
 
 
-#: keys one request may set for itself (:meth:`power_core.Session.start`'s ``sampling``; the server's
-#: per-request fields): the sampler's request-scoped keys
+#: keys one request may set for itself (:class:`~power_core.config.RequestSettings`): the core's request-scoped
+#: keys (a strategy's key is never one, :func:`declare_keys`), in the table's order
+REQUEST_KEYS: tuple[str, ...] = tuple(k.name for k in CORE_KEYS if k.scope == "request")
+#: the sampler's request keys (:meth:`power_core.Session.start`'s ``sampling``; the server's per-request fields)
 SAMPLING_KEYS: tuple[str, ...] = tuple(k.name for k in CORE_KEYS if k.scope == "request" and k.owner == "sampler")
 #: keys one sequence of a shared-pass batch may set for itself: what its proposer and scheduler do (the
 #: core's and every strategy's ``sequence``-scoped keys); what shapes the target is the batch's

@@ -28,7 +28,7 @@ import attrs
 import numpy as np
 
 from power_core.chat import ChatTemplate, template_for
-from power_core.config import LOGPROBS_MAX, MODE_AUTO, SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig
+from power_core.config import LOGPROBS_MAX, MODE_AUTO, SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig, RequestSettings
 from power_core.constraint import Constraint, ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import (
@@ -573,8 +573,10 @@ class Session:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
-        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) override the session's configuration
-        for this request; the receipt records the configuration the request ran with.
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, the penalties, ``logit_bias``) override the
+        session's configuration for this request: they are its :class:`~power_core.config.RequestSettings`,
+        each value checked by its key (``None``: the session's), and the request runs with the session's
+        configuration with them in place (:meth:`PowerConfig.with_request`), which its receipt records.
         ``logprobs=N`` records, for every emitted token, its log-probability under the target row
         that emitted it and the N most likely alternatives (:attr:`Generation.logprobs`).
         ``target_only=True`` decodes without the session's proposer (one token per target pass, the
@@ -595,22 +597,12 @@ class Session:
         much of it the output repeated; a target-only lane only counts.
         """
         lane = self.lane(strategy)
-        config = lane.config
-        changes: dict[str, Any] = {}
-        if tenant is not None and tenant != config.tenant:
-            changes["tenant"] = tenant
-        if max_tokens is not None and max_tokens != config.max_tokens:
-            changes["max_tokens"] = max_tokens
-        if stop is not None and tuple(stop) != config.stop:
-            changes["stop"] = stop
         for key, value in (sampling or {}).items():
             if key not in SAMPLING_KEYS:
                 raise ConfigError(f"sampling.{key}", value, f"one of {', '.join(SAMPLING_KEYS)}",
                                   "other keys are the session's; open a session with them")
-            if value is not None and value != getattr(config, key):
-                changes[key] = value
-        if changes:
-            config = PowerConfig.from_mapping(config.to_dict(), **changes)  # validated like any config
+        settings = RequestSettings({**(sampling or {}), "tenant": tenant, "max_tokens": max_tokens, "stop": stop})
+        config = lane.config.with_request(settings)
         if config.stop and self.opened.tokenizer is None:
             raise ConfigError("stop", list(config.stop), "no stop strings for a model without a tokenizer",
                               "stop strings match decoded text; use stop token ids (stop_ids) instead")

@@ -118,7 +118,27 @@ def test_cpu_flags_and_cache_key_unchanged(bl, tmp_path, monkeypatch):
     """The CPU build needs no CUDA decision and keeps its flags, so its cache directories stay valid."""
     monkeypatch.setattr(bl, "cuda_setup", lambda *a, **k: pytest.fail("CPU build consulted CUDA"))
     monkeypatch.delenv("POWER_NATIVE_MARCH", raising=False)
+    monkeypatch.delenv("POWER_NATIVE_CPU_VARIANTS", raising=False)
     assert bl.build_flags(False, rpc=False) == bl.BASE_FLAGS + bl._isa_flags()
     assert bl.build_flags(False, rpc=True) == bl.BASE_FLAGS + bl._isa_flags() + ("-DGGML_RPC=ON",)
     assert bl.build_dir(False, root=tmp_path, rpc=False).name.startswith("build-cpu-")
     assert bl.build_dir(False, root=tmp_path, rpc=True).name.startswith("build-cpu-rpc-")
+
+
+def test_cpu_variants_dispatch_at_run_time(bl, tmp_path, monkeypatch):
+    """POWER_NATIVE_CPU_VARIANTS=1 (the portable wheels): ggml-cpu as run-time modules, one per variant with
+    its own flags (no -march for the whole build, no AMX variant), in a cache directory of its own; naming a
+    -march as well is a clear error, not a silent pick."""
+    monkeypatch.delenv("POWER_NATIVE_MARCH", raising=False)
+    monkeypatch.setenv("POWER_NATIVE_CPU_VARIANTS", "1")
+    flags = bl.build_flags(False, rpc=False)
+    assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_CPU_ALL_VARIANTS_NO_AMX=ON"} <= set(flags)
+    assert not any("-march" in f for f in flags)
+    assert bl.build_dir(False, root=tmp_path, rpc=False).name.startswith("build-cpu-variants-")
+    monkeypatch.delenv("POWER_NATIVE_CPU_VARIANTS")
+    assert bl.build_dir(False, root=tmp_path, rpc=False).name.startswith("build-cpu-") and "-variants" not in \
+        bl.build_dir(False, root=tmp_path, rpc=False).name
+    monkeypatch.setenv("POWER_NATIVE_CPU_VARIANTS", "1")
+    monkeypatch.setenv("POWER_NATIVE_MARCH", "x86-64-v3")
+    with pytest.raises(SystemExit, match="unset POWER_NATIVE_MARCH"):
+        bl.build_flags(False, rpc=False)

@@ -22,7 +22,8 @@ Each patch is inert until a Power call switches it on, so the peers built from t
 behave as stock llama.cpp.
 Environment: ``POWER_NATIVE_CACHE`` (default ``~/.cache/power-native``), ``POWER_NATIVE_CUDA=1``,
 ``POWER_NATIVE_RPC=1`` (the same as the flags; ``pip install ./native`` passes them through),
-``POWER_NATIVE_MARCH`` (the ``-march`` level; default ``native``), ``POWER_NATIVE_CUDA_ARCHS``
+``POWER_NATIVE_MARCH`` (the ``-march`` level; default ``native``), ``POWER_NATIVE_CPU_VARIANTS=1``
+(runtime CPU dispatch instead of one ``-march``: see :data:`CPU_VARIANT_FLAGS`), ``POWER_NATIVE_CUDA_ARCHS``
 (``CMAKE_CUDA_ARCHITECTURES``; default ``native`` where a GPU is present, required where none is).
 
 A CUDA build machine needs no GPU: a toolkit without cuBLAS gets it from NVIDIA's PyPI wheel (merged
@@ -74,13 +75,32 @@ BASE_FLAGS = (
 )
 
 
+#: ``POWER_NATIVE_CPU_VARIANTS=1`` (``nox -s dist``): runtime CPU dispatch, as upstream's packages build it.
+#: ggml-cpu becomes modules loaded at run time (``libggml-cpu-<variant>.so``, from the ``x64`` baseline
+#: up to AVX-512), none linked; ``power_native`` loads the best one this CPU runs at import
+#: (``ggml_backend_load_all_from_path``) and reaches Power's switches through the backend registry. The
+#: AMX variant is left out (patch 0007): its kernels are outside the batch-invariant patches.
+CPU_VARIANT_FLAGS = ("-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_CPU_ALL_VARIANTS_NO_AMX=ON")
+
+
+def cpu_variants() -> bool:
+    """Whether this build dispatches on the CPU at run time (``POWER_NATIVE_CPU_VARIANTS=1``)."""
+    return os.environ.get("POWER_NATIVE_CPU_VARIANTS") == "1"
+
+
 def _isa_flags() -> tuple[str, ...]:
-    """``-march`` of the build: ``POWER_NATIVE_MARCH`` (default ``native``, this machine's ISA minus AMX).
-    Wheels meant for other machines (``nox -s dist``) set a portable level, e.g. ``x86-64-v3``
-    (AVX2/FMA/F16C: every x86-64 CPU since 2013-2015); the level is part of the cache key."""
+    """The build's ISA: :data:`CPU_VARIANT_FLAGS` with ``POWER_NATIVE_CPU_VARIANTS=1`` (each variant
+    brings its own flags), else one ``-march``: ``POWER_NATIVE_MARCH`` (default ``native``, this
+    machine's ISA minus AMX; e.g. ``x86-64-v3`` to check AVX2 kernels here). Part of the cache key."""
+    rpath = "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON"
+    if cpu_variants():
+        if "POWER_NATIVE_MARCH" in os.environ:
+            raise SystemExit("POWER_NATIVE_CPU_VARIANTS=1 builds every CPU variant with its own flags; "
+                             "unset POWER_NATIVE_MARCH")
+        return (*CPU_VARIANT_FLAGS, rpath)
     march = os.environ.get("POWER_NATIVE_MARCH", "native")
     cflags = f"-march={march} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    return (f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON")
+    return (f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}", rpath)
 RPC_FLAGS = ("-DGGML_RPC=ON",)
 
 
@@ -376,7 +396,8 @@ def build_dir(cuda: bool | CudaSetup, root: Path | None = None, rpc: bool | None
     root = root or cache_root()
     flags = build_flags(cuda, rpc)
     key = hashlib.sha256("\n".join((SDIST_SHA256, _patch_key()) + flags).encode()).hexdigest()[:12]
-    return root / f"build-{'cuda' if cuda else 'cpu'}{'-rpc' if RPC_FLAGS[0] in flags else ''}-{key}"
+    variants = "-variants" if CPU_VARIANT_FLAGS[0] in flags else ""
+    return root / f"build-{'cuda' if cuda else 'cpu'}{variants}{'-rpc' if RPC_FLAGS[0] in flags else ''}-{key}"
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+from libcpp cimport bool as cpp_bool
 from libcpp.map cimport map as cpp_map
 
 cimport cython
@@ -35,6 +36,12 @@ from power_core.errors import (ArtifactError, Cancelled, CapacityError, ConfigEr
                                StateLost)
 
 cnp.import_array()
+
+
+cdef extern from "<dlfcn.h>" nogil:
+    ctypedef struct Dl_info:
+        const char * dli_fname
+    int dladdr(const void * addr, Dl_info * info)
 
 
 class NoMemorySlot(CapacityError):

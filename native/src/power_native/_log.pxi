@@ -63,14 +63,54 @@ def system_info() -> str:
     return (<bytes>llama_print_system_info()).decode("utf-8", "replace")
 
 
+# -- backends: loaded from this package's folder, their own functions through the registry -----------
+# Portable wheels build ggml-cpu as modules loaded at run time (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS:
+# libggml-cpu-<variant>.so from the x64 baseline up to AVX-512, native/tools/build_llama.py); the best one
+# this CPU runs is loaded here, before any model. A build that links its backends has no such files.
+_LIB_DIR = os.path.dirname(os.path.abspath(__file__))
+
+ctypedef void (*_set_flag_t)(cpp_bool on) noexcept nogil
+ctypedef cpp_bool (*_get_flag_t)() noexcept nogil
+
+
+cdef ggml_backend_reg_t _cpu_reg() except NULL:
+    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b"CPU")
+    if reg == NULL:
+        variants = sorted(f for f in os.listdir(_LIB_DIR) if f.startswith("libggml-cpu"))
+        raise RuntimeFault(f"llama.cpp has no CPU backend: none of {variants} in {_LIB_DIR} loads on this "
+                           "machine (a wheel's libggml-cpu-x64.so runs on every x86-64 CPU: reinstall power-native)")
+    return reg
+
+
+cdef void * _backend_proc(ggml_backend_reg_t reg, str name) except NULL:
+    """``name`` from a backend's ``get_proc_address``: the one way Power reaches a backend's own functions
+    (ggml-cpu's and ggml-rpc's), which nothing links where they are modules loaded at run time."""
+    cdef void * fn = ggml_backend_reg_get_proc_address(reg, name.encode())
+    if fn == NULL:
+        backend = (<bytes>ggml_backend_reg_name(reg)).decode("utf-8", "replace")
+        raise RuntimeFault(f"llama.cpp's {backend} backend has no {name}: the llama.cpp libraries this "
+                           "power-native loaded are not its build (the pinned source with native/patches); "
+                           "reinstall power-native")
+    return fn
+
+
+def cpu_backend() -> str:
+    """The file the CPU backend runs from: ``libggml-cpu-<variant>.so`` where ggml picked the best CPU
+    variant at run time (portable wheels), ``libggml-cpu.so.0`` in a build that links one."""
+    cdef Dl_info info
+    if not dladdr(_backend_proc(_cpu_reg(), "ggml_cpu_get_batch_invariant"), &info) or info.dli_fname == NULL:
+        raise RuntimeFault("dladdr cannot name the file of llama.cpp's CPU backend")
+    return os.path.basename((<bytes>info.dli_fname).decode("utf-8", "replace"))
+
+
 def set_batch_invariant(bint on) -> None:
     """Switch ggml-cpu's batch-invariant kernels (Power's patch 0002) on or off for the process: a
     verify row then has the same bits as a one-token decode (no n == 1 special cases)."""
-    ggml_cpu_set_batch_invariant(on)
+    (<_set_flag_t>_backend_proc(_cpu_reg(), "ggml_cpu_set_batch_invariant"))(on)
 
 
 def batch_invariant() -> bool:
-    return ggml_cpu_get_batch_invariant()
+    return (<_get_flag_t>_backend_proc(_cpu_reg(), "ggml_cpu_get_batch_invariant"))()
 
 
 def _shutdown() -> None:
@@ -80,6 +120,7 @@ def _shutdown() -> None:
 
 llama_log_set(_log_cb, NULL)
 llama_backend_init()
+ggml_backend_load_all_from_path(_LIB_DIR.encode())
 atexit.register(_shutdown)
 set_log_level(os.environ.get("POWER_NATIVE_LOG_LEVEL", "warning"))
 

@@ -52,9 +52,7 @@ cdef ggml_backend_dev_t * _offload_devices(tuple endpoints, tuple names) except 
         if rpc == NULL:
             raise ConfigError("rpc_servers", list(endpoints), "a power-native built with llama.cpp's RPC backend",
                               "reinstall it with POWER_NATIVE_RPC=1 (pip install ./native)")
-        add = <_rpc_add_server_t>ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server")
-        if add == NULL:
-            raise RuntimeFault("llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
+        add = <_rpc_add_server_t>_backend_proc(rpc, "ggml_backend_rpc_add_server")
         for endpoint in endpoints:
             ep = endpoint.encode()
             cep = ep

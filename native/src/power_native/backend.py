@@ -32,7 +32,7 @@ log = get_logger(__name__)
 def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str, verify_capacity: int) -> Path:
     info = build_info()
     padded = [verify_capacity] if verify_capacity else []  # a padded target's curve is its own (flat)
-    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info, *padded],
+    key = hashlib.sha256(json.dumps([digest, n_threads, max_block, numerics, info, _llama.cpu_backend(), *padded],
                                     sort_keys=True).encode()).hexdigest()[:20]
     root = Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" / "power-native"))
     return root / "verify-cost" / f"{key}.json"
@@ -83,7 +83,8 @@ def _backend_info(cfg: PowerConfig, placed: Offload, target: LlamaTarget, **extr
     """The receipt's ``backend`` facts: the build, the kernels, where layers ran and the target context's
     shape (``extra``: what only a batch or only a target of its own has)."""
     caps = target.capabilities
-    return {**build_info(), "backend": "llama", "numerics": cfg.numerics, "rpc_servers": list(cfg.rpc_servers),
+    return {**build_info(), "backend": "llama", "cpu_backend": _llama.cpu_backend(), "numerics": cfg.numerics,
+            "rpc_servers": list(cfg.rpc_servers),
             "devices": list(placed.used), "n_gpu_layers": placed.n_gpu_layers,
             "draft_gpu_layers": placed.draft_gpu_layers, "flash_attn": cfg.flash_attn, "arch": target.model.arch,
             "desc": target.model.desc, "n_ctx": caps.n_ctx, "n_batch": target.ctx.n_batch,

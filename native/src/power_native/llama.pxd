@@ -48,6 +48,7 @@ cdef extern from "ggml-backend.h" nogil:
     cdef struct ggml_backend_device
     ctypedef ggml_backend_device * ggml_backend_dev_t
     ggml_backend_reg_t ggml_backend_reg_by_name(const char * name)
+    const char * ggml_backend_reg_name(ggml_backend_reg_t reg)
     void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
     size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
     ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
@@ -63,12 +64,8 @@ cdef extern from "ggml-backend.h" nogil:
     size_t ggml_backend_dev_count()
     ggml_backend_dev_t ggml_backend_dev_get(size_t index)
     ggml_backend_dev_t ggml_backend_dev_by_name(const char * name)
-
-
-cdef extern from "ggml-cpu.h" nogil:
-    # Power's patch 0002-batch-invariant-cpu: process-wide batch-invariant CPU kernels (off = stock)
-    void ggml_cpu_set_batch_invariant(bint on)
-    bint ggml_cpu_get_batch_invariant()
+    # backends built as modules (GGML_BACKEND_DL: one ggml-cpu per CPU variant) loaded from a folder
+    void ggml_backend_load_all_from_path(const char * dir_path)
 
 
 cdef extern from "llama.h" nogil:
