@@ -53,8 +53,8 @@ PLUGIN_FACADES = frozenset({
 NATIVE_EXTRA = frozenset({"power_core.artifacts.archs"})
 #: the plugin vocabulary is a leaf: it may use these core modules and nothing else of power_core
 SPEC_DEPS = frozenset({"power_core.runtime", "power_core.config", "power_core.errors", "power_core.constraint"})
-#: ... and what those use in turn (the configuration's keys, below PowerConfig)
-SPEC_CLOSURE = SPEC_DEPS | {"power_core.config_keys"}
+#: ... and what those use in turn (the configuration's keys, below PowerConfig; a constraint's key watcher)
+SPEC_CLOSURE = SPEC_DEPS | {"power_core.config_keys", "power_core.json_keys"}
 KINDS = ("module", "type_checking", "deferred")
 
 

@@ -40,10 +40,13 @@ def _cost_cache(digest: str, n_threads: int, max_block: int, numerics: str, veri
 
 def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> tuple[float, ...]:
     """The cost of a verify pass of 1..max_block tokens relative to one token, on this model,
-    build and thread count: measured once (median of ``reps`` timed passes per width after a
-    warm-up, at a context position of about 200 tokens, like a request in progress) and cached
-    under the model's digest (``POWER_VERIFY_COST_REFRESH=1`` measures again, e.g. after a
-    measurement on a busy machine)."""
+    build and thread count: measured once and cached under the model's digest
+    (``POWER_VERIFY_COST_REFRESH=1`` measures again). Each of ``reps`` rounds times every width once,
+    in turn, after a warm-up round (graph allocation per shape), at a context position of about 200 tokens,
+    like a request in progress; a width's cost is its fastest round, since another process on the machine
+    only ever adds time, and the widths share the rounds, so a burst of load meets them alike. A width is
+    then held to ``[1, width]`` one-token passes, what a pass of that many tokens can cost: a curve taken
+    on a busy machine otherwise tells the scheduler that drafting never pays, for as long as it is cached."""
     b_max = target.capabilities.max_block
     path = _cost_cache(target.capabilities.digest or "", n_threads, b_max, target.numerics,
                        target.capabilities.verify_capacity)
@@ -60,19 +63,19 @@ def verify_cost_curve(target: LlamaTarget, *, n_threads: int, reps: int = 3) -> 
     rng = np.random.default_rng(0)
     target.reset()
     target.prefill(rng.integers(0, n_vocab, base).astype(np.int32))
-    seconds = []
-    for b in range(1, b_max + 1):
-        block = rng.integers(0, n_vocab, b).astype(np.int32)
-        times = []
-        for _ in range(reps + 1):  # the first pass warms up (graph allocation for this shape)
+    blocks = [rng.integers(0, n_vocab, b).astype(np.int32) for b in range(1, b_max + 1)]
+    seconds = [float("inf")] * b_max
+    for r in range(reps + 1):  # round 0 warms up
+        for i, block in enumerate(blocks):
             cp = target.checkpoint()
             t0 = time.perf_counter()
             target.decode(block)
-            times.append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
             target.restore(cp)
-        seconds.append(float(np.median(times[1:])))
+            if r:
+                seconds[i] = min(seconds[i], dt)
     target.reset()
-    relative = tuple(t / seconds[0] for t in seconds)
+    relative = tuple(min(max(t / seconds[0], 1.0), float(b)) for b, t in enumerate(seconds, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"digest": target.capabilities.digest, "n_threads": n_threads,
                                 "one_token_s": seconds[0], "relative": relative}))
