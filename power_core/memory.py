@@ -1,4 +1,5 @@
-"""Memories that outlive a request: the prompt cache across requests (:class:`PromptCache`).
+"""Memories that outlive a request: the prompt cache across requests (:class:`PromptCache`), and the policy
+that decides what a target holds before a request's prefill (:func:`hold_prefix`, :func:`save_prefix`).
 
 **The prompt cache.** A request's sequence keeps what its target computed for the prompt and the
 committed output (attention KV, recurrent state). The next request on that sequence whose prompt
@@ -38,11 +39,12 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from power_core.errors import ConfigError
+from power_core.errors import ConfigError, StateLost
 from power_core.logs import get_logger
-from power_core.runtime import TokenArray
+from power_core.runtime import TargetRuntime, TokenArray
 
-__all__ = ["DEFAULT_CACHE_MIB", "PromptCache", "PromptCacheStats", "SavedState", "reusable_prefix"]
+__all__ = ["DEFAULT_CACHE_MIB", "PromptCache", "PromptCacheStats", "SavedState", "hold_prefix", "reusable_prefix",
+           "save_prefix", "shares"]
 
 log = get_logger(__name__)
 
@@ -229,3 +231,77 @@ class PromptCache:
         with self._lock:
             return PromptCacheStats(budget_bytes=self.budget_bytes, bytes=self._bytes, entries=len(self._entries),
                                     **self._counts)
+
+
+# -- the policy: what a target holds before a request's prefill ----------------------------------------
+def shares(cache: PromptCache | None, owner: str, tenant: str) -> bool:
+    """May a request of ``tenant`` reuse what a request of ``owner`` left?"""
+    return owner == tenant or (cache is not None and cache.share_tenants)
+
+
+def hold_prefix(target: TargetRuntime, cache: PromptCache | None, held: tuple[TokenArray, str] | None,
+                prompt: TokenArray, tenant: str, *, lost: Callable[[str], None]) -> TokenArray | None:
+    """Make ``target`` hold the longest prefix of ``prompt`` it can get for a request of ``tenant``, on the
+    thread that drives it, right before the prefill: what it holds (``held``: the tokens and their tenant,
+    left by the previous request), or ``cache``'s saved state that keeps more of it, loaded now. Before
+    what it holds is cut back or replaced, it is saved into the cache. Returns the tokens the target now
+    holds (:meth:`Transaction.start_prefill` keeps the shared prefix), or ``None``: prefill from empty. A
+    state that cannot be loaded leaves the memory empty; a target that cannot even be reset then is
+    ``lost`` (its reason) and :class:`StateLost`."""
+    caps = target.capabilities
+    own = reusable_prefix(held[0], prompt, trims=caps.trims_prefix) \
+        if held is not None and shares(cache, held[1], tenant) else 0
+    cache = cache if caps.saves_states else None
+    found = None
+    if cache is not None:
+        assert caps.state_format is not None
+        found = cache.lookup(prompt, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix,
+                             n_ctx=caps.n_ctx)
+        if found is not None and found[1] <= own:
+            found = None
+    if held is not None and (found is not None or own < held[0].shape[0]):
+        save_prefix(target, cache, *held)  # it is about to be cut back or replaced
+    if found is None:
+        return held[0] if held is not None and own else None
+    state, n = found
+    assert cache is not None and caps.load_state is not None
+    try:
+        loaded = caps.load_state(state.data, int(state.tokens.shape[0]))
+    except Exception as exc:
+        log.warning("prompt_cache.restore_failed", error=f"{type(exc).__name__}: {exc}")
+        loaded = False
+    if not loaded:
+        cache.failed(state)
+        try:  # never half-loaded: the request prefills from empty
+            target.reset()
+        except BaseException as exc:
+            lost(f"resetting after a failed prompt-cache restore: {type(exc).__name__}: {exc}")
+            raise StateLost(f"the target's state was lost after a failed prompt-cache restore: {exc}") from exc
+        return None
+    cache.restored(state, n)
+    return state.tokens
+
+
+def save_prefix(target: TargetRuntime, cache: PromptCache | None, tokens: TokenArray, tenant: str) -> None:
+    """Save what ``target`` holds (``tokens``, of ``tenant``) into ``cache``, unless it already keeps them; a
+    state the target cannot copy is only not cached.
+
+    On the thread that drives the target (the shared passes' driver), between passes, on purpose: the
+    capture (``save_state``, the copy of the memory) must come before the memory changes and while no
+    other thread decodes on the target (one llama.cpp context for every sequence of shared passes).
+    Filing the captured state (``PromptCache.put``: no copy of the state, a scan of the entries) costs
+    microseconds against the capture's copy, and filing it later, on the request's reader, made requests
+    joining at the same pass boundary miss it (issue 44: measured with
+    ``test_four_concurrent_requests_share_the_warm_cache_and_equal_cold_runs``), so it stays."""
+    caps = target.capabilities
+    if cache is None or not caps.saves_states or tokens.shape[0] == 0:
+        return
+    assert caps.save_state is not None and caps.state_format is not None
+    if cache.covers(tokens, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix):
+        return
+    try:
+        data = caps.save_state()
+    except Exception as exc:
+        log.warning("prompt_cache.save_failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    cache.put(tokens, data, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix)

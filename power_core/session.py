@@ -39,7 +39,7 @@ from power_core.errors import (
 )
 from power_core.generation import Generation, Prompt, Result
 from power_core.logs import get_logger
-from power_core.memory import PromptCache, reusable_prefix
+from power_core.memory import PromptCache, hold_prefix, reusable_prefix, save_prefix, shares
 from power_core.numerics import SelftestReport, batch_probe, selftest
 from power_core.opening import (
     Lane,
@@ -440,100 +440,37 @@ class Session:
         not one whose proposer is fed from the target's hidden states)."""
         return any(lane.reuses_prompts for lane in self.lanes)
 
-    def _shares(self, owner: str, tenant: str) -> bool:
-        """May a request of ``tenant`` reuse what a request of ``owner`` left?"""
-        return owner == tenant or (self.prompt_cache is not None and self.prompt_cache.share_tenants)
-
     def resident_match(self, prompt: TokenArray, tenant: str) -> int:
         """How many of ``prompt``'s tokens a request of ``tenant`` would keep of what this session's
         target holds now (the engine admits a request to the free sequence where this is largest)."""
         resident = self._resident
         held = resident.memory() if resident is not None and self.reuses_prompts else None
-        if held is None or not self._shares(held[1], tenant):
+        if held is None or not shares(self.prompt_cache, held[1], tenant):
             return 0
         return reusable_prefix(held[0], prompt, trims=self.opened.target.capabilities.trims_prefix)
 
     def prepare_memory(self, previous: Generation | None, prompt: TokenArray, tenant: str,
                        lane: Lane | None = None) -> TokenArray | None:
-        """Make the target hold the longest prefix of ``prompt`` it can get for a request of
-        ``tenant``, on the thread that drives it, right before the prefill: what ``previous`` (the
-        request whose state it holds) left, or the prompt cache's saved state that keeps more of it,
-        loaded now. Before what it holds is cut back or replaced, it is saved into the cache. Returns
-        the tokens the target now holds (:meth:`Transaction.start_prefill` keeps the shared prefix),
-        or ``None``: prefill from empty. A state that cannot be loaded leaves the memory empty.
-        ``lane``: the request's (default: the first); one that reuses no prompt prefills from empty,
-        after what the target holds is saved for the lanes that do."""
+        """Make the target hold the longest prefix of ``prompt`` it can get for a request of ``tenant``, on
+        the thread that drives it, right before the prefill (:func:`power_core.memory.hold_prefix`, from what
+        ``previous``, the request whose state it holds, left). ``lane``: the request's (default: the first);
+        one that reuses no prompt prefills from empty, after what the target holds is saved for the lanes
+        that do."""
         if not self.reuses_prompts:
             return None
-        target = self.opened.target
-        caps = target.capabilities
         held = previous.memory() if previous is not None else None
+        target = self.opened.target
         if not (lane or self.lanes[0]).reuses_prompts:
             if held is not None:
-                self._save(held[0], held[1])  # about to be replaced by a whole prefill
+                save_prefix(target, self.prompt_cache, *held)  # about to be replaced by a whole prefill
             return None
-        own = 0
-        if held is not None and self._shares(held[1], tenant):
-            own = reusable_prefix(held[0], prompt, trims=caps.trims_prefix)
-        cache = self.prompt_cache if caps.saves_states else None
-        found = None
-        if cache is not None:
-            assert caps.state_format is not None
-            found = cache.lookup(prompt, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix,
-                                 n_ctx=caps.n_ctx)
-            if found is not None and found[1] <= own:
-                found = None
-        if held is not None and (found is not None or own < held[0].shape[0]):
-            self._save(held[0], held[1])  # it is about to be cut back or replaced
-        if found is None:
-            return held[0] if held is not None and own else None
-        state, n = found
-        assert cache is not None and caps.load_state is not None
-        try:
-            loaded = caps.load_state(state.data, int(state.tokens.shape[0]))
-        except Exception as exc:
-            log.warning("prompt_cache.restore_failed", error=f"{type(exc).__name__}: {exc}")
-            loaded = False
-        if not loaded:
-            cache.failed(state)
-            try:  # never half-loaded: the request prefills from empty
-                target.reset()
-            except BaseException as exc:
-                self.mark_lost(f"resetting after a failed prompt-cache restore: {type(exc).__name__}: {exc}")
-                raise StateLost(f"the target's state was lost after a failed prompt-cache restore: {exc}") from exc
-            return None
-        cache.restored(state, n)
-        return state.tokens
-
-    def _save(self, tokens: TokenArray, tenant: str) -> None:
-        """Save what the target holds (``tokens``, of ``tenant``) into the prompt cache, unless it
-        already keeps them; a state the target cannot copy is only not cached.
-
-        On the thread that drives the target (the shared passes' driver), between passes, on purpose:
-        the capture (``save_state``, the copy of the memory) must come before the memory changes and
-        while no other thread decodes on the target (one llama.cpp context for every sequence of
-        shared passes). Filing the captured state (``PromptCache.put``: no copy of the state, a scan of
-        the entries) costs microseconds against the capture's copy, and filing it later, on the
-        request's reader, made requests joining at the same pass boundary miss it (issue 44: measured
-        with ``test_four_concurrent_requests_share_the_warm_cache_and_equal_cold_runs``), so it stays."""
-        cache, caps = self.prompt_cache, self.opened.target.capabilities
-        if cache is None or not caps.saves_states or tokens.shape[0] == 0:
-            return
-        assert caps.save_state is not None and caps.state_format is not None
-        if cache.covers(tokens, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix):
-            return
-        try:
-            data = caps.save_state()
-        except Exception as exc:
-            log.warning("prompt_cache.save_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        cache.put(tokens, data, state_format=caps.state_format, tenant=tenant, trims=caps.trims_prefix)
+        return hold_prefix(target, self.prompt_cache, held, prompt, tenant, lost=self.mark_lost)
 
     def _keep(self, resident: Generation) -> None:
         """The session closes: what ``resident`` left in the target goes into the prompt cache."""
         held = resident.memory() if self.reuses_prompts else None
         if held is not None:
-            self._save(*held)
+            save_prefix(self.opened.target, self.prompt_cache, *held)
 
     def hand_over(self, gen: Generation) -> None:
         """``gen`` is about to run on this session's target (the engine admitted it): a fresh request
