@@ -139,7 +139,7 @@ class Generation:
     txn: Transaction | None = None
     receipt: Receipt | None = None
     #: the request's configuration (the session's, with this request's max_tokens, stop and sampling)
-    config: PowerConfig | None = None
+    config: PowerConfig = attrs.field(kw_only=True)
     #: record log-probabilities of every emitted token with this many alternatives (None: off)
     top_logprobs: int | None = None
     #: decode without the session's proposer (:meth:`Session.start`'s ``target_only``)
@@ -180,8 +180,6 @@ class Generation:
     def __attrs_post_init__(self) -> None:
         if self.lane is None:
             self.lane = self.session.lane()
-        if self.config is None:
-            self.config = attrs.evolve(self.lane.config, max_tokens=self.max_tokens)
         tok = self.session.opened.tokenizer
         if tok is not None:
             preserved = self.constraint.preserved if self.constraint is not None else NO_PRESERVED
@@ -199,7 +197,7 @@ class Generation:
 
     def _transaction(self) -> Transaction:
         s, lane = self.session, self.lane
-        assert self.config is not None and lane is not None
+        assert lane is not None
         check_observers_only(s.plugins.pm)  # also when a host registered a plugin after loading
         hook = s.plugins.pm.hook.power_txn_phase
         phase_hook = hook if len(hook.get_hookimpls()) > 1 else None  # observers present
@@ -342,7 +340,6 @@ class Generation:
         the prefill."""
         # (a retried prefill has none: its memory may be half-filled; a restored state replaces it whole)
         previous, self._predecessor = self._predecessor, None
-        assert self.config is not None
         return self.session.prepare_memory(previous, self.prompt, self.config.tenant, self.lane)
 
     def memory(self) -> tuple[TokenArray, str] | None:
@@ -352,7 +349,6 @@ class Generation:
         if txn is None or not self._prefilled:
             return None
         held = txn.history[:-1]
-        assert self.config is not None
         return (held, self.config.tenant) if self.session.opened.target.n_past == held.shape[0] else None
 
     def prefill_done(self, seconds: float) -> None:
