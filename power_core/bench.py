@@ -51,7 +51,9 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngr
 PEERS = ("llama-completion", "llama-speculative-simple")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
-_EVAL = re.compile(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs\s+\(\s*[\d.]+ ms per token,\s+([\d.]+) tokens per second\)")
+_EVAL = re.compile(r"(?<!prompt )eval time =\s+[\d.]+ ms /\s+(\d+) runs")
+_PROMPT_EVAL = re.compile(r"prompt eval time =\s+([\d.]+) ms")
+_TOTAL = re.compile(r"total time =\s+([\d.]+) ms")
 #: (module, power-core extra that installs it) for each optional module the bench needs
 OPTIONAL_DEPENDENCIES = (("matplotlib", "bench"),)
 
@@ -199,6 +201,19 @@ def graph_reuse(env: Mapping[str, str] | None = None) -> bool:
     return not (m and int(m.group()) != 0)
 
 
+def completion_rate(stderr: str) -> tuple[int, float] | None:
+    """``llama-completion``'s decode as Power's receipt counts it: (tokens generated, tokens after the
+    first per decode second of wall time). Its ``eval time`` counts only the time inside ``llama_decode``; Power's
+    ``decode_tok_s`` counts everything after the prompt pass (sampling, detokenizing, the host's
+    work between passes), so the peer's rate is its tokens over its ``total time`` less its ``prompt
+    eval time`` (both from the same perf counters). ``None`` when the summary is missing."""
+    ev, pe, tot = _EVAL.search(stderr), _PROMPT_EVAL.search(stderr), _TOTAL.search(stderr)
+    if not (ev and pe and tot):
+        return None
+    runs, wall_ms = int(ev.group(1)), float(tot.group(1)) - float(pe.group(1))
+    return (runs + 1, runs / (wall_ms * 1e-3)) if wall_ms > 0 and runs > 0 else None
+
+
 def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) -> dict[str, Any]:
     assert spec.peer_bin is not None
     cmd = [str(spec.peer_bin / exe), "-m", model, "-p", prompt, "-n", str(spec.tokens),
@@ -213,9 +228,9 @@ def _peer(spec: BenchSpec, model: str, exe: str, prompt: str, extra: list[str]) 
             raise RuntimeError(f"{exe} exited {proc.returncode}: {proc.stderr[-1500:]}")
         text = _generated(proc.stdout, prompt)
         if exe == "llama-completion":
-            m = _EVAL.search(proc.stderr)
-            if m:
-                return {"tok_s": float(m.group(2)), "n": int(m.group(1)) + 1, "acceptance": None, "text": text}
+            rate = completion_rate(proc.stderr)
+            if rate is not None:
+                return {"tok_s": rate[1], "n": rate[0], "acceptance": None, "text": text}
         else:
             m = _DECODED.search(proc.stderr)
             if m:

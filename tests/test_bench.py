@@ -111,7 +111,9 @@ def _fake_peers(tmp_path, text: str, n: int):
     log = tmp_path / "calls.log"
     gen = tmp_path / "gen.txt"
     gen.write_text(text)
-    for exe, timing in (("llama-completion", f"eval time = 100.00 ms / {n - 1} runs ( 4.00 ms per token, 250.00 tokens per second)"),
+    for exe, timing in (("llama-completion", "prompt eval time =       4.00 ms /     4 tokens\n"
+                                              f"       eval time = 100.00 ms / {n - 1} runs ( 4.00 ms per token, 250.00 tokens per second)\n"
+                                              "      total time =     110.00 ms /   259 tokens"),
                         ("llama-speculative-simple", f"decoded {n} tokens in 0.100 seconds, speed: 240.00 t/s\naccept    = 50.000%")):
         script = bin_dir / exe
         script.write_text(
@@ -242,3 +244,20 @@ def test_offload_the_backend_cannot_do_stops_before_any_run(tmp_path, capsys, fl
                "--tokens", "4", "--out", str(out), "--no-progress", *flags])
     assert rc == 2 and f"config key '{key}'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_completion_rate_counts_wall_time_after_the_prompt_pass():
+    """llama-completion's rate as Power's receipt counts decode_tok_s: tokens after the first over the wall time
+    after the prompt pass (total less prompt eval), not over the time inside llama_decode alone (its "eval time"),
+    which leaves out the host work that Power's rate includes. The lines are a real run's (the pinned build)."""
+    from power_core.bench import completion_rate
+
+    stderr = ("common_perf_print:    sampling time =       1.59 ms\n"
+              "common_perf_print:        load time =     123.18 ms\n"
+              "common_perf_print: prompt eval time =      10.74 ms /     4 tokens (    2.68 ms per token,   372.51 tokens per second)\n"
+              "common_perf_print:        eval time =    1127.15 ms /   255 runs   (    4.42 ms per token,   226.23 tokens per second)\n"
+              "common_perf_print:       total time =    1157.49 ms /   259 tokens\n")
+    n, rate = completion_rate(stderr)
+    assert n == 256
+    assert rate == pytest.approx(255 / 1.14675)  # not the 226.23 of the eval time alone
+    assert completion_rate(stderr.replace("total time", "tot")) is None

@@ -93,16 +93,17 @@ def decode_pair(model: str, peer_bin: Path, tokens: int, threads: int) -> dict:
 
 
 def _completion(model: str, peer_bin: Path, tokens: int, threads: int, numerics: str) -> float:
-    """``llama-completion``'s decode tokens per second (its ``eval time``) with ``numerics``' kernels."""
-    from power_core.bench import _EVAL, peer_env
+    """``llama-completion``'s decode tokens per second with ``numerics``' kernels, counted as Power's receipt
+    counts them (wall time after the prompt pass: :func:`power_core.bench.completion_rate`)."""
+    from power_core.bench import completion_rate, peer_env
 
     proc = subprocess.run([str(peer_bin / "llama-completion"), "-m", model, "-p", PROMPT, "-n", str(tokens),
                            "-t", str(threads), "--temp", "0", "--top-k", "1", "-c", "2048", "-ngl", "0",
                            "-no-cnv"], capture_output=True, text=True, timeout=900, env=peer_env(numerics))
-    m = _EVAL.search(proc.stderr)
-    if proc.returncode != 0 or not m:
+    rate = completion_rate(proc.stderr)
+    if proc.returncode != 0 or rate is None:
         raise RuntimeError(f"llama-completion failed ({proc.returncode}): {proc.stderr[-800:]}")
-    return float(m.group(2))
+    return rate[1]
 
 
 def _spawn(model: str, numerics: str, threads: int, reps: int) -> dict:
@@ -171,7 +172,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="pairs per model (processes alternate exact/stock)")
     ap.add_argument("--reps", type=int, default=9, help="timed passes per width in a process (median)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=64, help="tokens for the --mode off vs llama-completion pair")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens for the --mode off vs llama-completion pair")
     ap.add_argument("--model-dir", type=Path, default=Path(os.environ.get("POWER_NATIVE_CACHE", Path.home() / ".cache" /
                                                                          "power-native")) / "bench-models")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "evidence" / "bench_numerics")

@@ -32,7 +32,13 @@ time x cores). Before each measurement the bench waits (up to ``--quiet-wait`` s
 and a measurement that other processes disturbed by more than ``--max-foreign`` is taken again (up
 to ``--retries`` times; the last attempt is kept, and flagged in the report).
 
-Writes ``report.json`` and ``report.md`` under ``--out`` (default ``evidence/bench_serve/``).
+Host time (issue 46): every server runs under ``compute_clock.c`` (``tests/bench/host_clock.py``), which times each
+llama.cpp decode call; a request's wall time less the decode calls inside it is its host time (HTTP, JSON, template,
+tokenizing, the transaction, hand-offs, receipt), reported per request and per round (the target's calls), for
+Power and llama-server alike. The four-client cell spreads its window's host time over its requests.
+
+Writes ``report.json`` and ``report.md`` under ``--out`` (default ``evidence/bench_serve/``), the compute traces
+under ``--out``/traces.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 
 HERE = Path(__file__).resolve()
@@ -59,6 +66,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "native" / "tools"))
 import build_llama  # noqa: E402
+from host_clock import compute_clock, split, traced_env  # noqa: E402
 
 from power_core.bench import NGRAM_TYPES, peer_env, read_prompt  # noqa: E402
 from tests.serve_helpers import listening, power_cmd  # noqa: E402
@@ -144,6 +152,32 @@ def peer_bin_dir() -> tuple[Path, dict[str, Any]]:
     return bdir / "bin", info
 
 
+# -- host time: the same split on both sides ---------------------------------------------------------
+@attrs.frozen
+class HostClock:
+    """Servers run under ``compute_clock.c`` (tests/bench/host_clock.py): a request's wall time splits into
+    the time inside llama.cpp's decode calls and everything else, Power's and llama-server's alike."""
+
+    shim: Path
+    dir: Path
+
+    def env(self, env: dict[str, str], name: str) -> tuple[dict[str, str], Path]:
+        trace = self.dir / f"trace-{name}.txt"
+        trace.unlink(missing_ok=True)
+        return traced_env(env, self.shim, trace), trace
+
+
+def _host(trace: Path, windows: list[tuple[int, int]]) -> dict[str, Any]:
+    """Host time over the requests' windows (``perf_counter_ns``, the compute clock's): per request and per
+    round (the calls of the context with the fewest calls: the target's). Read after the server exited (the
+    shim writes its trace at exit)."""
+    parts = [split(trace, a, b) for a, b in windows]
+    host_s = sum(p.host_s for p in parts)
+    rounds = sum(p.rounds for p in parts)
+    return {"host_us_per_request": host_s / len(parts) * 1e6, "host_us_per_round": host_s / rounds * 1e6 if rounds else None,
+            "compute_s": sum(p.compute_s for p in parts), "rounds": rounds}
+
+
 # -- one measurement each -----------------------------------------------------------------------------
 def power_run(model: str, mode: str, text: str, tokens: int, threads: int, n_ctx: int) -> dict[str, Any]:
     cmd = power_cmd("run", "--model", model, "--mode", mode, "--threads", str(threads), "--n-ctx", str(n_ctx),
@@ -171,12 +205,13 @@ def _llama_body(text: str, tokens: int) -> dict[str, Any]:
     return {"model": "peer", "prompt": text, "max_tokens": tokens, "temperature": 0, "top_k": 1, "seed": 0}
 
 
-def _post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    t0 = time.perf_counter()
+def _post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float, tuple[int, int]]:
+    """The response, its wall seconds and its window on the compute clock (``perf_counter_ns``)."""
+    t0 = time.perf_counter_ns()
     r = client.post(url + "/v1/completions", json=body)
-    wall = time.perf_counter() - t0
+    t1 = time.perf_counter_ns()
     r.raise_for_status()
-    return r.json(), wall
+    return r.json(), (t1 - t0) * 1e-9, (t0, t1)
 
 
 def _power_result(d: dict[str, Any], wall: float) -> dict[str, Any]:
@@ -208,20 +243,22 @@ def llama_server_cmd(peer_bin: Path, model: str, spec_type: str, threads: int, n
             "--spec-type", spec_type, "--no-webui"]
 
 
-def power_serve_once(model: str, mode: str, text: str, tokens: int, threads: int, n_ctx: int) -> dict[str, Any]:
-    with listening(power_serve_cmd(model, mode, threads, n_ctx, 1)) as s, httpx.Client(timeout=900) as c:
+def power_serve_once(model: str, mode: str, text: str, tokens: int, threads: int, n_ctx: int,
+                     clock: HostClock) -> dict[str, Any]:
+    env, trace = clock.env(dict(os.environ), "power-serve")
+    with listening(power_serve_cmd(model, mode, threads, n_ctx, 1), env=env) as s, httpx.Client(timeout=900) as c:
         name = c.get(s.base_url + "/models").json()["data"][0]["id"]
-        d, wall = _post(c, s.url, _power_body(name, text, tokens))
-    return _power_result(d, wall)
+        d, wall, window = _post(c, s.url, _power_body(name, text, tokens))
+    return {**_power_result(d, wall), **_host(trace, [window])}
 
 
 def llama_server_once(peer_bin: Path, model: str, spec_type: str, text: str, tokens: int, threads: int,
-                      n_ctx: int, numerics: str) -> dict[str, Any]:
-    env = peer_env(numerics)
+                      n_ctx: int, numerics: str, clock: HostClock) -> dict[str, Any]:
+    env, trace = clock.env(peer_env(numerics), f"llama-server-{spec_type}")
     cmd = llama_server_cmd(peer_bin, model, spec_type, threads, n_ctx, 1)
     with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s, httpx.Client(timeout=900) as c:
-        d, wall = _post(c, s.url, _llama_body(text, tokens))
-    return _llama_result(d, wall)
+        d, wall, window = _post(c, s.url, _llama_body(text, tokens))
+    return {**_llama_result(d, wall), **_host(trace, [window])}
 
 
 # -- a: server vs power run, b: vs llama-server n-gram types (one client) --------------------------------
@@ -234,10 +271,11 @@ def bench_prompt(args: argparse.Namespace, peer_bin: Path, model: str, path: Pat
 
     def one(cell: str) -> dict[str, Any]:
         if cell == "power-serve":
-            return power_serve_once(model, args.mode, text, args.tokens, args.threads, args.n_ctx)
+            return power_serve_once(model, args.mode, text, args.tokens, args.threads, args.n_ctx, args.clock)
         if cell == "power-run":
             return power_run(model, args.mode, text, args.tokens, args.threads, args.n_ctx)
-        return llama_server_once(peer_bin, model, cell, text, args.tokens, args.threads, args.n_ctx, args.peer_numerics)
+        return llama_server_once(peer_bin, model, cell, text, args.tokens, args.threads, args.n_ctx, args.peer_numerics,
+                                 args.clock)
 
     for i in range(args.runs):
         order = cells if i % 2 == 0 else cells[::-1]
@@ -255,7 +293,8 @@ def bench_prompt(args: argparse.Namespace, peer_bin: Path, model: str, path: Pat
     out["power_serve"] = {
         "decode_tok_s": stats([r["decode_tok_s"] for r in serve]), "wall_tok_s": stats([r["wall_tok_s"] for r in serve]),
         "latency_s": stats([r["latency_s"] for r in serve]), "acceptance": stats([r["acceptance"] for r in serve]),
-        "tokens": serve[0]["n"],
+        "host_us_per_request": stats([r["host_us_per_request"] for r in serve]),
+        "host_us_per_round": stats([r["host_us_per_round"] for r in serve]), "tokens": serve[0]["n"],
         "same_as_power_run": all(a["sha256"] == b["sha256"] and a["text"] == b["text"] for a, b in zip(serve, run, strict=True)),
         "same_as_off": all(r["sha256"] == off["sha256"] for r in serve)}
     out["power_run"] = {
@@ -273,9 +312,13 @@ def bench_prompt(args: argparse.Namespace, peer_bin: Path, model: str, path: Pat
                     "wall_tok_s": stats([r["wall_tok_s"] for r in runs]),
                     "latency_s": stats([r["latency_s"] for r in runs]),
                     "acceptance": stats([r["acceptance"] for r in runs]),
+                    "host_us_per_request": stats([r["host_us_per_request"] for r in runs]),
+                    "host_us_per_round": stats([r["host_us_per_round"] for r in runs]),
                     "tokens": runs[0]["n"], "same_count": all(r["n"] == n_ref for r in runs),
                     "same_text": all(r["text"] == off["text"] for r in runs),
-                    "power_over_peer": stats([a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(serve, runs, strict=True)])}
+                    "power_over_peer": stats([a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(serve, runs, strict=True)]),
+                    "host_per_request_power_over_peer": stats([a["host_us_per_request"] / b["host_us_per_request"]
+                                                               for a, b in zip(serve, runs, strict=True)])}
     out["llama_server"] = peers
     same = {t: p for t, p in peers.items() if p["same_text"] and p["same_count"]}
     out["peers_other_workload"] = sorted(set(peers) - set(same))
@@ -291,7 +334,8 @@ def bench_prompt(args: argparse.Namespace, peer_bin: Path, model: str, path: Pat
 
 # -- c: four clients ----------------------------------------------------------------------------------
 def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -> dict[str, Any]:
-    """``clients`` threads, released together, each posting every body in order; makespan and results."""
+    """``clients`` threads, released together, each posting every body in order; makespan, results and the
+    window (``perf_counter_ns``) from the first request's start to the last one's end."""
     gate = threading.Barrier(clients)
     results: list[list[dict[str, Any]]] = [[] for _ in range(clients)]
     errors: list[BaseException] = []
@@ -301,11 +345,11 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
         try:
             with httpx.Client(timeout=1800) as c:
                 gate.wait()
-                t0 = time.perf_counter()
+                t0 = time.perf_counter_ns()
                 for body in bodies:
-                    d, wall = _post(c, url, body)
+                    d, wall, _ = _post(c, url, body)
                     results[k].append(parse(d, wall))
-                spans.append((t0, time.perf_counter()))
+                spans.append((t0, time.perf_counter_ns()))
         except BaseException as exc:  # reported below, after every thread has ended
             errors.append(exc)
 
@@ -316,10 +360,11 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
         th.join()
     if errors:
         raise errors[0]
-    makespan = max(e for _, e in spans) - min(s for s, _ in spans)
+    window = (min(s for s, _ in spans), max(e for _, e in spans))
+    makespan = (window[1] - window[0]) * 1e-9
     flat = [r for rs in results for r in rs]
     return {"makespan_s": makespan, "tokens": sum(r["n"] for r in flat),
-            "aggregate_tok_s": sum(r["n"] for r in flat) / makespan, "results": flat}
+            "aggregate_tok_s": sum(r["n"] for r in flat) / makespan, "results": flat, "window": window}
 
 
 def bench_concurrency(args: argparse.Namespace, peer_bin: Path, model: str, texts: dict[str, str],
@@ -329,14 +374,19 @@ def bench_concurrency(args: argparse.Namespace, peer_bin: Path, model: str, text
 
     def one(side: str) -> dict[str, Any]:
         if side == "power-serve":
-            with listening(power_serve_cmd(model, args.mode, args.threads, args.n_ctx, args.clients)) as s:
+            env, trace = args.clock.env(dict(os.environ), "power-serve-c")
+            with listening(power_serve_cmd(model, args.mode, args.threads, args.n_ctx, args.clients), env=env) as s:
                 name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
-                return _clients(s.url, [_power_body(name, texts[n], args.tokens) for n in names], args.clients,
-                                _power_result)
-        env = peer_env(args.peer_numerics)
-        cmd = llama_server_cmd(peer_bin, model, best, args.threads, args.n_ctx, args.clients)
-        with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s:
-            return _clients(s.url, [_llama_body(texts[n], args.tokens) for n in names], args.clients, _llama_result)
+                res = _clients(s.url, [_power_body(name, texts[n], args.tokens) for n in names], args.clients,
+                               _power_result)
+        else:
+            env, trace = args.clock.env(peer_env(args.peer_numerics), "llama-server-c")
+            cmd = llama_server_cmd(peer_bin, model, best, args.threads, args.n_ctx, args.clients)
+            with listening(cmd, env=env, announce=LLAMA_ANNOUNCE) as s:
+                res = _clients(s.url, [_llama_body(texts[n], args.tokens) for n in names], args.clients, _llama_result)
+        host = _host(trace, [res.pop("window")])  # the window's host time, spread over its requests
+        host["host_us_per_request"] /= len(res["results"])
+        return {**res, **host}
 
     for i in range(args.c4_runs):
         order = ["power-serve", "llama-server"] if i % 2 == 0 else ["llama-server", "power-serve"]
@@ -358,6 +408,8 @@ def bench_concurrency(args: argparse.Namespace, peer_bin: Path, model: str, text
                      "latency_max_s": max(lat), "requests": len(lat),
                      "per_request_decode_tok_s": stats([r["decode_tok_s"] for run in runs for r in run["results"]]),
                      "same_text": all(r["same_text"] for run in runs for r in run["results"]),
+                     "host_us_per_request": stats([r["host_us_per_request"] for r in runs]),
+                     "host_us_per_round": stats([r["host_us_per_round"] for r in runs]),
                      "foreign_cpu": stats([r["foreign_cpu"] for r in runs])}
     out["power_over_llama_aggregate"] = stats([a["aggregate_tok_s"] / b["aggregate_tok_s"]
                                                for a, b in zip(raw["power-serve"], raw["llama-server"], strict=True)])
@@ -405,6 +457,10 @@ def main() -> int:
                     "loadavg_start": os.getloadavg()},
         "goals": {"serve_over_run": SERVE_GOAL, "serve_over_best_ngram": PEER_GOAL}, "models": {}}
     quiet = Quiet(args.max_foreign, args.quiet_wait, args.retries)
+    args.out.mkdir(parents=True, exist_ok=True)
+    traces = args.out / "traces"
+    traces.mkdir(exist_ok=True)
+    args.clock = HostClock(compute_clock(traces), traces)
     report["contention"] = {"max_foreign": args.max_foreign, "quiet_wait_s": args.quiet_wait, "retries": args.retries}
     for alias in args.models.split(","):
         model = str(resolve_model(None if alias in ("", "default") else alias))
@@ -457,13 +513,15 @@ def _markdown(report: dict[str, Any]) -> str:
         for name, p in m["prompts"].items():
             s, r = p["power_serve"], p["power_run"]
             lines += [f"### {name} ({p['tokens']} tokens)", "",
-                      "| cell | decode tok/s | wall tok/s | acceptance | tokens | text = off |", "|---|---|---|---|---|---|",
-                      f"| power serve | {_fmt(s['decode_tok_s'])} | {_fmt(s['wall_tok_s'])} | {_fmt(s['acceptance'], 2)} "
-                      f"| {s['tokens']} | {_yes(s['same_as_off'])} |",
-                      f"| power run | {_fmt(r['decode_tok_s'])} | {_fmt(r['wall_tok_s'])} | {_fmt(r['acceptance'], 2)} "
+                      "| cell | decode tok/s | wall tok/s | host µs / request | host µs / round | acceptance | tokens "
+                      "| text = off |", "|---|---|---|---|---|---|---|---|",
+                      f"| power serve | {_fmt(s['decode_tok_s'])} | {_fmt(s['wall_tok_s'])} | {_fmt(s.get('host_us_per_request'), 0)} "
+                      f"| {_fmt(s.get('host_us_per_round'), 0)} | {_fmt(s['acceptance'], 2)} | {s['tokens']} | {_yes(s['same_as_off'])} |",
+                      f"| power run | {_fmt(r['decode_tok_s'])} | {_fmt(r['wall_tok_s'])} | | | {_fmt(r['acceptance'], 2)} "
                       f"| {r['tokens']} | {_yes(r['same_as_off'])} |"]
             for t, c in p["llama_server"].items():
                 lines.append(f"| llama-server {t} | {_fmt(c['decode_tok_s'])} | {_fmt(c['wall_tok_s'])} "
+                             f"| {_fmt(c.get('host_us_per_request'), 0)} | {_fmt(c.get('host_us_per_round'), 0)} "
                              f"| {_fmt(c['acceptance'], 2)} | {c['tokens']} | {_yes(c['same_text'] and c['same_count'])} |")
             so = p["serve_over_run"]
             lines += ["", f"- a. server / power run: decode x{_fmt(so['decode'], 3)}, wall x{_fmt(so['wall'], 3)} "
@@ -482,13 +540,15 @@ def _markdown(report: dict[str, Any]) -> str:
         c = m.get("concurrency")
         if c:
             lines += [f"### {c['clients']} concurrent clients (each sends {', '.join(c['requests_per_client'])})", "",
-                      "| server | aggregate tok/s | makespan s | p50 latency s | p99 latency s | per-request decode tok/s | text = off |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| server | aggregate tok/s | makespan s | p50 latency s | p99 latency s | per-request decode tok/s "
+                      "| host µs / request | host µs / round | text = off |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for side, label in (("power-serve", f"power serve --parallel {c['clients']}"),
                                 ("llama-server", f"llama-server -np {c['clients']} {c['llama_server_type']}")):
                 x = c[side]
                 lines.append(f"| {label} | {_fmt(x['aggregate_tok_s'])} | {_fmt(x['makespan_s'], 2)} | "
                              f"{x['latency_p50_s']:.2f} | {x['latency_p99_s']:.2f} | {_fmt(x['per_request_decode_tok_s'])} "
+                             f"| {_fmt(x.get('host_us_per_request'), 0)} | {_fmt(x.get('host_us_per_round'), 0)} "
                              f"| {_yes(x['same_text'])} |")
             lines += ["", f"- power / llama-server aggregate: x{_fmt(c['power_over_llama_aggregate'], 3)} "
                           f"({c['power-serve']['requests']} requests per side, latency percentiles pooled over the runs; "
