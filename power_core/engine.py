@@ -24,7 +24,9 @@ oldest waiting ticket that fits.
 
 Either way :meth:`Engine.rounds` yields :class:`~power_core.passes.Commit` values: each round's record
 with a snapshot of the request taken when the round committed, so a reader in another thread never
-reads the request while the driver changes it. A request's cancel, fault or stop restores only its own
+reads the request while the driver changes it. On shared passes :meth:`Engine.feed` hands them instead
+straight from the driver to a callable of the caller's (``power serve``: its event loop), so no thread
+waits for the request. A request's cancel, fault or stop restores only its own
 transaction and sequence. A request whose target state could not be restored marks its session lost
 (:class:`~power_core.errors.StateLost` for every later request).
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -44,7 +47,7 @@ from power_core.constraint import ConstraintSpec
 from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, RuntimeFault, SessionBusy, StateLost
 from power_core.logs import get_logger
 from power_core.numerics import BatchProbeReport
-from power_core.passes import Charged, Commit, Ended, Request, SharedPasses, commit_of
+from power_core.passes import Charged, Commit, Deliver, Ended, Request, SharedPasses, commit_of
 from power_core.rounds import CancelToken
 from power_core.runtime import BatchRuntime
 
@@ -155,7 +158,8 @@ class Ticket(Generic[SlotT]):
 
 class Engine(Generic[SlotT]):
     """Requests over the sequences of one model. Thread-safe: any thread may :meth:`submit` or
-    :meth:`reserve`; :meth:`rounds` runs one request and yields its commits to the thread that reads it."""
+    :meth:`reserve`; :meth:`rounds` runs one request and yields its commits to the thread that reads it,
+    :meth:`feed` hands them from the shared passes' driver to a callable."""
 
     def __init__(self, sessions: Sequence[SlotT], *, runtime: BatchRuntime | None = None,
                  probe: BatchProbeReport | None = None, token_budget: int | None = None,
@@ -450,11 +454,8 @@ class Engine(Generic[SlotT]):
     # -- the shared driver: one thread runs every request's rounds in shared passes (power_core.passes) -----
     def _shared(self, driver: SharedPasses, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:
         self._begin(gen)
-        try:
-            events = driver.enter(gen, quiet)
-        except PowerError:  # refused: its attempt has ended
-            gen.report()
-            raise
+        events: queue.Queue[Commit | Ended] = queue.Queue()
+        driver.enter(gen, quiet, events.put)
         ended = False
         try:
             while True:
@@ -472,6 +473,23 @@ class Engine(Generic[SlotT]):
                 while not isinstance(events.get(), Ended):
                     pass
                 gen.report()
+
+    def feed(self, gen: Request[Any], deliver: Deliver, *, quiet: bool = False) -> None:
+        """Run ``gen``, a fresh request on one of this engine's sequences, in the shared passes with no
+        thread of the caller's waiting for it: the driver hands ``deliver`` each :class:`Commit` as its
+        round closes (none when ``quiet``), then one :class:`~power_core.passes.Ended`, on the driver's
+        thread (``power serve`` posts them to its event loop). Returns once the request has begun (its
+        ``power_request_start`` observers, on this thread) and was handed over; raises, having delivered
+        nothing, when the engine or the session refuses to begin it (its sequence is the engine's
+        again). Once :class:`~power_core.passes.Ended` arrives its reader makes the receipt
+        (:meth:`Request.report`), off the driver's thread."""
+        if self._driver is None:
+            raise ConfigError("feed", "solo sequences", "an engine of shared passes",
+                              "on solo sequences the reader's thread runs the rounds: iterate rounds()")
+        if gen.session not in self.sessions:
+            raise SessionBusy("this request's session does not belong to the engine")
+        self._begin(gen)
+        self._driver.enter(gen, quiet, deliver)
 
     def refusal(self) -> PowerError | None:
         """Why a request may not join the shared passes now (the engine failed or closed), else ``None``."""

@@ -60,8 +60,8 @@ def power_request_start(request: RequestInfo) -> None:
 
     Called by the engine (:meth:`power_core.generation.Generation.begin`) when a request's first
     attempt starts, before its prefill, on the thread that reads the request (the caller of
-    :meth:`~power_core.engine.Engine.run` or ``rounds``; a ``power-slot-N`` worker in ``power
-    serve``), never on the shared passes' driver. An implementation that raises is logged
+    :meth:`~power_core.engine.Engine.run`, ``rounds`` or ``feed``; a ``power-slot-N`` worker in ``power
+    serve``), never on the shared passes' driver nor the server's event loop. An implementation that raises is logged
     (``observer.failed``) and counted (the receipt's ``observer_faults``); it never fails the request.
 
     :param request: frozen facts of the request (config, strategy, prompt length).

@@ -18,7 +18,8 @@ restores every round of it; a defect of the driver fails the requests of its pas
 Should the driver thread die all the same, its engine (:class:`Owner`) refuses every request from then on.
 
 Each committed round reaches the reader as a :class:`Commit`, a snapshot taken on the driver's
-thread, so a reader in another thread never reads the request while the driver changes it. Every
+thread and handed to the reader's ``deliver`` callable (a queue's ``put``, or ``power serve``'s post to its
+event loop), so a reader in another thread never reads the request while the driver changes it. Every
 stretch of a request's own work on the driver is charged to it one way (:class:`Charged`), whichever
 way the stretch ends.
 """
@@ -27,10 +28,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import Any, Protocol, TypeVar
 
@@ -46,7 +46,7 @@ from power_core.runtime import BatchItem, BatchRuntime, DecodeResult, Proposal
 from power_core.scheduler import PassLoad
 from power_core.transaction import Transaction
 
-__all__ = ["Charged", "Commit", "Ended", "Owner", "Request", "SharedPasses", "commit_of"]
+__all__ = ["Charged", "Commit", "Deliver", "Ended", "Owner", "Request", "SharedPasses", "commit_of"]
 
 log = get_logger(__name__)
 
@@ -118,6 +118,11 @@ class Ended:
     failure: BaseException | None
 
 
+#: where the driver hands a request's commits and then its :class:`Ended`, on the driver's thread: it must
+#: neither block nor raise (a ``queue.Queue``'s ``put``; ``power serve`` posts them to its event loop)
+Deliver = Callable[[Commit | Ended], None]
+
+
 def commit_of(gen: Request[Any], record: RoundRecord) -> Commit:
     """The request as it stands right after ``record`` committed (taken on the driver's thread)."""
     txn = gen.txn
@@ -178,7 +183,7 @@ class _Active:
     """A request the shared driver runs."""
 
     gen: Request[Any]
-    events: queue.Queue[Commit | Ended]
+    deliver: Deliver
     remaining: np.ndarray  # prompt tokens still to prefill (empty once decoding)
     t0: float
     #: its reader wants the end only (:meth:`Engine.run`): rounds are not handed to its thread one by one
@@ -222,11 +227,12 @@ class SharedPasses:
         """Requests handed to the driver: joining or in its passes."""
         return len(self._active) + len(self._joining)
 
-    def enter(self, gen: Request[Any], quiet: bool) -> queue.Queue[Commit | Ended]:
-        """Hand ``gen`` (begun) to the driver: it joins at the next pass boundary. Returns the queue its
-        reader takes its :class:`Commit` values from (none when ``quiet``), then one :class:`Ended`.
-        Raises the engine's refusal (the attempt ended) when it may not join. Not under the lock."""
-        active = _Active(gen=gen, events=queue.Queue(), remaining=np.zeros(0, dtype=np.int32),
+    def enter(self, gen: Request[Any], quiet: bool, deliver: Deliver) -> None:
+        """Hand ``gen`` (begun) to the driver: it joins at the next pass boundary, and the driver hands
+        ``deliver`` its :class:`Commit` values as its rounds commit (none when ``quiet``), then one
+        :class:`Ended`. When it may not join (the engine failed or closed) its attempt ends at once, with
+        the engine's refusal as the :class:`Ended`'s failure. Not under the lock."""
+        active = _Active(gen=gen, deliver=deliver, remaining=np.zeros(0, dtype=np.int32),
                          t0=time.perf_counter(), quiet=quiet)
         with self._cv:
             refused = self._owner.refusal()
@@ -235,8 +241,6 @@ class SharedPasses:
                 self._cv.notify_all()
         if refused is not None:
             self._finish(active, refused)
-            raise refused
-        return active.events
 
     def hold(self, n: int) -> None:
         """``+1``: no pass starts until the matching ``-1`` (the pass in flight ends)."""
@@ -257,8 +261,9 @@ class SharedPasses:
 
     # -- the driver thread ------------------------------------------------------------------------------------
     def _finish(self, a: _Active, failure: BaseException | None) -> None:
-        """End the request's attempt (its sequence released) and wake its reader, which makes its
-        receipt. Never raises: a request whose end fails gets that error, and the driver serves on."""
+        """End the request's attempt (its sequence released) and hand its reader the :class:`Ended`; the
+        reader makes its receipt. Never raises: a request whose end fails gets that error, and the driver
+        serves on."""
         try:
             batch = {"shared_passes": a.passes, "peak_concurrent": a.peak,
                      "mean_tokens_per_pass": a.pass_tokens / a.passes if a.passes else 0.0,
@@ -269,7 +274,7 @@ class SharedPasses:
             log.error("engine.end_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
             failure = exc
         finally:
-            a.events.put(Ended(failure))
+            a.deliver(Ended(failure))
 
     def _loop(self) -> None:
         try:
@@ -514,6 +519,6 @@ class SharedPasses:
             self._leave(a, exc)
             return
         if not a.quiet:
-            a.events.put(commit_of(a.gen, record))
+            a.deliver(commit_of(a.gen, record))
         if txn.finished is not None:
             self._leave(a, None)

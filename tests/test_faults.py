@@ -337,7 +337,8 @@ def test_a_request_whose_begin_fails_gives_its_sequence_back_once(monkeypatch):
             job = Job(prompt=np.asarray([6, 6, 6], dtype=np.int32), max_tokens=4, stop=(), sampling={},
                       top_logprobs=None, stream=stream)
             with pytest.raises(RuntimeError, match="begin failed"):
-                run_job(engine, first.session, job, Metrics(), (lambda d: None) if stream else None)
+                run_job(engine, first.session.start(job.prompt, max_tokens=4), job, Metrics(),
+                        (lambda commit: None) if stream else None)
             assert queued.ready and queued.session is first.session  # handed on once, to the waiting ticket
             assert engine.busy == 1
             late = engine.reserve()

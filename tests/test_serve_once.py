@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 from power_core.constraint import ConstraintSpec, Grammars
@@ -121,13 +120,17 @@ def test_session_start_takes_a_fresh_compiled_constraint_and_refuses_a_used_one(
             s.start([1, 2, 3], max_tokens=12, constraint=compiled)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["solo", "shared"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_a_served_request_has_one_text_assembler_and_latency_from_the_driver(monkeypatch, stream):
-    """Streamed, the deltas come from the request's own assembler (with the transaction's stop check, two
+def test_a_served_request_has_one_text_assembler_and_latency_from_the_driver(monkeypatch, stream, shared):
+    """Streamed, the chunks come from the request's own assembler (with the transaction's stop check, two
     in all, where there were three); whole, one. Either way, the time to the first token is the driver's
-    stamp and each later token's latency its round's own seconds (one observation per emitted token)."""
-    from power_core.serve.jobs import Delta, Job, Metrics, run_job
-    from tests.helpers import open_session
+    stamp and each later token's latency its round's own seconds (one observation per emitted token), on
+    a sequence that decodes alone and on shared passes alike."""
+    from power_core.config import PowerConfig
+    from power_core.serve import ServeOptions, create_app
+    from power_core.session import Session
+    from tests.helpers import core_plugins, open_session
 
     made: list[TextAssembler] = []
     init = TextAssembler.__init__
@@ -137,23 +140,29 @@ def test_a_served_request_has_one_text_assembler_and_latency_from_the_driver(mon
         init(self, *a, **kw)
 
     monkeypatch.setattr(TextAssembler, "__init__", spy)
-    with open_session("reference", "ref-draft", n_ctx=256) as s:
-        engine = s.driver()
-        reference = s.generate("hello there, world", max_tokens=24)
+    engine = Session.open_engine(2, PowerConfig(spec_mode="ref-draft", n_ctx=256), model="reference",
+                                 plugins=core_plugins()) if shared else open_session("reference", "ref-draft").driver()
+    try:
+        reference = engine.sessions[0].generate("hello there, world", max_tokens=24)
         stop = reference.text[5:7]
         made.clear()
-        ticket = engine.reserve()
-        assert ticket.ready and ticket.session is not None
-        metrics = Metrics()
-        deltas: list[Delta] = []
-        job = Job(prompt=np.asarray(s.encode("hello there, world")), max_tokens=24, stop=(stop,), sampling={},
-                  top_logprobs=None, stream=stream)
-        out = run_job(engine, ticket.session, job, metrics, deltas.append if stream else None)
-    assert out.text == reference.text[:reference.text.index(stop)]
+        app = create_app(engine, ServeOptions(model_name="m"))
+        (got,) = _serve(app, [("/v1/completions", {"model": "m", "prompt": "hello there, world", "max_tokens": 24,
+                                                   "stop": [stop], "stream": stream})])
+        state = app.state.power
+    finally:
+        engine.close()
+    assert got.status_code == 200, got.text
     if stream:
-        assert "".join(d.text for d in deltas) == out.text
+        events = [json.loads(line[6:]) for line in got.text.splitlines() if line.startswith("data: {")]
+        text = "".join(c["text"] for e in events for c in e["choices"])
+        rid = events[-1]["id"]
+    else:
+        text, rid = got.json()["choices"][0]["text"], got.json()["id"]
+    assert text == reference.text[:reference.text.index(stop)]
     assert len(made) == 2  # the request's, and the transaction's stop check (driver side)
-    rounds = out.receipt.rounds
+    rounds = state.receipts.get(rid)["receipt"].rounds
+    metrics = state.metrics
     assert metrics.ttft._sum.get() > 0 and _count(metrics.ttft) == 1
     later = [r for r in rounds[1:] if r["emitted"]]
     assert _count(metrics.itl) == sum(r["emitted"] for r in later)

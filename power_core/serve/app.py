@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,14 +33,14 @@ from starlette.routing import Route
 
 from power_core.chat import ChatTemplate
 from power_core.constraint import NO_PRESERVED, Constraint
-from power_core.engine import Engine
+from power_core.engine import Engine, Ticket
 from power_core.errors import ConfigError, ConstraintError, Overloaded, PowerError, RuntimeFault, SessionBusy
 from power_core.logs import get_logger
 from power_core.opening import Lane
 from power_core.prediction import Prediction
 from power_core.serve.audit import Auditor
 from power_core.serve.errors import APIError, constraint_error, error_response, from_power_error
-from power_core.serve.jobs import Delta, Job, Metrics, Outcome, ReceiptStore, proposer_stores, run_job
+from power_core.serve.jobs import Following, Job, Metrics, Outcome, ReceiptStore, proposer_stores, run_job
 from power_core.serve.protocol import ChatRequest, CompletionRequest, Structure, parse_request
 from power_core.serve.responses import Prepared, StreamAnswer, WholeAnswer
 from power_core.serve.state import ServeOptions, ServerState
@@ -235,87 +235,103 @@ def _tenant(options: ServeOptions, user: str | None) -> str:
     return "/".join(parts)
 
 
-async def _admit(state: ServerState, job: Job) -> Session:
-    """A sequence of the engine for ``job``: at once, or after waiting in the engine's queue (503 when
-    the queue is full or the request's timeout passes first)."""
+def _shutting_down(why: str = "") -> APIError:
+    return APIError(503, f"the server is shutting down{why}; retry on another instance", type="server_error",
+                    code="shutting_down", headers={"Retry-After": "5"})
+
+
+async def _wait_turn(state: ServerState, job: Job, ticket: Ticket[Session]) -> None:
+    """Wait in the engine's queue until ``ticket`` is given a sequence (or its wait ends without one); a 503
+    when the request's timeout passes first. The ticket leaves the queue when the wait is given up."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def ready_now() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    def wake() -> None:  # the thread that freed a sequence -> the event loop
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody waits
+            loop.call_soon_threadsafe(ready_now)
+
+    ticket.on_ready(wake)
+    remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
+    try:
+        await asyncio.wait_for(asyncio.shield(ready), remaining)
+    except (TimeoutError, asyncio.CancelledError) as exc:
+        ticket.withdraw()  # leaves the queue; a sequence handed over meanwhile goes to the next one
+        if isinstance(exc, TimeoutError):
+            raise APIError(503, "server busy: the request's timeout passed while it waited for a slot; "
+                           "retry later", type="server_error", code="server_overloaded",
+                           headers={"Retry-After": "1"}) from None
+        raise
+
+
+async def _respond(request: Request, state: ServerState, prepared: Prepared) -> Response:
+    """The request admitted to a sequence of the engine (at once, or after its turn in the engine's queue:
+    a 503 when the queue is full or the request's timeout passes first), started there, and answered: whole,
+    or streamed. On shared passes its rounds run in the driver, which hands each commit straight to the
+    event loop (:class:`Following`: no thread waits for the request; a worker begins it, for its
+    ``power_request_start`` observers); on a sequence that decodes alone a worker runs them (:func:`run_job`).
+    Its timeout stops it; its receipt is kept and offered to the audit when it ends (:func:`_ended`)."""
+    job, engine = prepared.job, state.engine
     if state.draining:
-        raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
-                       code="shutting_down", headers={"Retry-After": "5"})
+        raise _shutting_down()
     # a request whose strategy reuses no prompt (its proposer reads the target's hidden states) has no
     # use for the sequence holding most of its prompt: it takes the one freed longest ago, and leaves that
     reuses = state.sessions[0].lane(job.strategy).reuses_prompts
     try:
-        ticket = state.engine.reserve(prompt=job.prompt if reuses else None, tenant=job.tenant)
+        ticket = engine.reserve(prompt=job.prompt if reuses else None, tenant=job.tenant)
     except Overloaded as exc:
         raise APIError(503, f"server busy: {exc} (--queue); retry later", type="server_error",
                        code="server_overloaded", headers={"Retry-After": "1"}) from None
     except SessionBusy as exc:  # the engine is closing
-        raise APIError(503, f"the server is shutting down ({exc}); retry on another instance", type="server_error",
-                       code="shutting_down", headers={"Retry-After": "5"}) from None
+        raise _shutting_down(f" ({exc})") from None
     if not ticket.ready:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def ready_now() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        def wake() -> None:  # the thread that freed a sequence -> the event loop
-            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody waits
-                loop.call_soon_threadsafe(ready_now)
-
-        ticket.on_ready(wake)
-        remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
-        try:
-            await asyncio.wait_for(asyncio.shield(ready), remaining)
-        except (TimeoutError, asyncio.CancelledError) as exc:
-            ticket.withdraw()  # leaves the queue; a sequence handed over meanwhile goes to the next one
-            if isinstance(exc, TimeoutError):
-                raise APIError(503, "server busy: the request's timeout passed while it waited for a slot; "
-                               "retry later", type="server_error", code="server_overloaded",
-                               headers={"Retry-After": "1"}) from None
-            raise
-    if ticket.session is None:  # the wait ended without a sequence: the engine closed, failed, or they were lost
+        await _wait_turn(state, job, ticket)
+    session = ticket.session
+    if session is None:  # the wait ended without a sequence: the engine closed, failed, or they were lost
         if isinstance(ticket.failure, RuntimeFault):  # StateLost, or the engine's driver failed
             raise from_power_error(ticket.failure)
-        raise APIError(503, "the server is shutting down; retry on another instance", type="server_error",
-                       code="shutting_down", headers={"Retry-After": "5"})
+        raise _shutting_down()
     state.metrics.prompt_tokens.inc(int(job.prompt.size))
-    return ticket.session
-
-
-def _launch(state: ServerState, session: Session, job: Job,
-            emit: Callable[[Delta], None] | None) -> asyncio.Future[Outcome]:
-    """``job``'s decode on a worker of its own, stopped at its timeout; its receipt kept and offered to the
-    audit when it ends."""
+    try:
+        gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
+                            sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
+                            tenant=job.tenant, constraint=job.constraint, strategy=job.strategy,
+                            prediction=job.prediction)
+    except BaseException:
+        engine.release(session)  # refused before it ran: the sequence goes back at once
+        raise
+    stream = StreamAnswer(state, prepared, session, gen) if job.stream else None
+    post = stream.post if stream is not None else None
     loop = asyncio.get_running_loop()
-    remaining = max(0.0, state.options.timeout - (time.perf_counter() - job.arrived))
-    timer = loop.call_later(remaining, job.stop_now, "timeout")
-    state.jobs.add(job)
-    fut = loop.run_in_executor(state.executor, run_job, state.engine, session, job, state.metrics, emit)
+    if engine.runtime is not None:
+        following = Following(state.executor, job, gen, state.metrics, post)
+        begun = loop.run_in_executor(state.executor, functools.partial(engine.feed, gen, following.deliver,
+                                                                       quiet=post is None))
+        begun.add_done_callback(following.begun)
+        fut = following.outcome
+    else:
+        fut = loop.run_in_executor(state.executor, run_job, engine, gen, job, state.metrics, post)
+    timer = loop.call_later(max(0.0, state.options.timeout - (time.perf_counter() - job.arrived)), job.stop_now,
+                            "timeout")
+    state.jobs[job] = fut
+    fut.add_done_callback(functools.partial(_ended, state, job, timer))
+    if stream is not None:
+        return stream.response(fut)
+    return await WholeAnswer(state, prepared, session).response(request, fut)
 
-    def done(f: asyncio.Future[Outcome]) -> None:  # the engine gave the sequence back when the request ended
-        timer.cancel()
-        state.jobs.discard(job)
-        if not f.cancelled() and f.exception() is None:
-            out = f.result()
-            state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
-                                        "receipt": out.receipt}, out.receipt_bytes)  # rendered when asked for
-            state.auditor.consider(job, out)
 
-    fut.add_done_callback(done)
-    return fut
-
-
-async def _respond(request: Request, state: ServerState, prepared: Prepared) -> Response:
-    """The request admitted, its decode started on a worker, and its answer: whole, or streamed."""
-    job = prepared.job
-    session = await _admit(state, job)
-    if not job.stream:
-        whole = WholeAnswer(state, prepared, session)
-        return await whole.response(request, _launch(state, session, job, None))
-    stream = StreamAnswer(state, prepared, session)
-    return stream.response(_launch(state, session, job, stream.emit))
+def _ended(state: ServerState, job: Job, timer: asyncio.TimerHandle, fut: asyncio.Future[Outcome]) -> None:
+    """``job`` ended (the engine gave its sequence back): its receipt kept and offered to the audit."""
+    timer.cancel()
+    state.jobs.pop(job, None)
+    if not fut.cancelled() and fut.exception() is None:
+        out = fut.result()
+        state.receipts.put(job.id, {"id": job.id, "object": "power.receipt", "cancel_reason": job.cancel_reason,
+                                    "receipt": out.receipt}, out.receipt_bytes)  # rendered when asked for
+        state.auditor.consider(job, out)
 
 
 # -- endpoints ------------------------------------------------------------------------------------------
@@ -447,6 +463,8 @@ def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
         state.draining = True
         for job in list(state.jobs):
             job.stop_now("shutdown")
+        # the requests end (on shared passes no thread waits for them: their outcomes do), then the workers
+        await asyncio.gather(*state.jobs.values(), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, functools.partial(state.executor.shutdown, wait=True))
         AppStatus.should_exit = True
 

@@ -1,10 +1,13 @@
-"""One request of ``power serve`` as the worker thread runs it: :class:`Job` in, :class:`Outcome` out.
+"""One request of ``power serve`` from its admission to its :class:`Outcome`: :class:`Job` in, the request's
+commits to its answer as its rounds close, :class:`Outcome` out (and the server's metrics of it).
 
 Admission is the engine's (:meth:`power_core.engine.Engine.reserve`): a request holds one of its
-sequences from admission to its last round, and its rounds run in the engine (in its shared passes,
-or on the worker thread for a sequence that decodes alone) while the event loop keeps answering
-others. The worker reads the :class:`~power_core.engine.Commit` snapshots the engine yields, never
-the request while the driver changes it.
+sequences from admission to its last round. On shared passes no thread waits for a request
+(:class:`Following`): the driver hands each :class:`~power_core.passes.Commit` straight to the event loop
+(:meth:`Engine.feed <power_core.engine.Engine.feed>`), and at the end a worker makes its receipt
+(:func:`finish_job`, once per request). A sequence that decodes alone has no driver but its reader, so a
+worker thread runs its rounds (:func:`run_job`). Either way the answer reads commits, never the request
+while the driver changes it.
 
 A request ends early only through its :class:`~power_core.transaction.CancelToken`: the client went
 away, its timeout fired, or the server is draining. The token also aborts a decode in flight, so the
@@ -13,13 +16,16 @@ slot comes back within one target pass; the request's receipt says ``cancelled``
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import json
 import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -32,13 +38,14 @@ from power_core.errors import Cancelled, PowerError
 from power_core.generation import Generation
 from power_core.logs import get_logger
 from power_core.memory import PromptCache
+from power_core.passes import Commit, Ended
 from power_core.prediction import Prediction
 from power_core.receipt import Receipt
 from power_core.session import Session
 from power_core.transaction import CancelToken, RoundRecord, TokenLogprob
 
-__all__ = ["Job", "Delta", "Outcome", "ReceiptStore", "Metrics", "run_job", "StoreReport", "DurableStore",
-           "StoreHolder", "SOURCE_LABELS_MAX"]
+__all__ = ["Job", "Delta", "Outcome", "ReceiptStore", "Metrics", "Following", "run_job", "finish_job", "StoreReport",
+           "DurableStore", "StoreHolder", "SOURCE_LABELS_MAX"]
 
 log = get_logger(__name__)
 
@@ -48,7 +55,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.1
 
 @attrs.define(eq=False)
 class Job:
-    """One admitted request, as the worker thread runs it."""
+    """One admitted request: what its decode needs, and how it ends early."""
 
     prompt: np.ndarray
     max_tokens: int
@@ -94,11 +101,12 @@ class Outcome:
     """How a request ended: its tokens, text, receipt and, when it failed, the error."""
 
     tokens: tuple[int, ...]
+    #: its text, cut at a stop string (a whole answer's; a stream's went out chunk by chunk: empty here)
     text: str
     receipt: Receipt
     logprobs: tuple[TokenLogprob, ...]
     error: BaseException | None = None
-    #: the receipt's size as JSON (what :class:`ReceiptStore` budgets), measured on the worker thread
+    #: the receipt's size as JSON (what :class:`ReceiptStore` budgets), measured on a worker thread
     receipt_bytes: int = 0
 
 
@@ -420,53 +428,40 @@ def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
         metrics.round(record)
 
 
-def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metrics,
-            emit: Callable[[Delta], None] | None) -> Outcome:
-    """Decode ``job`` on ``session``, a sequence of ``engine`` admitted for it (in a worker thread).
-    ``emit`` receives committed text deltas as rounds commit (streaming), from the request's own text
-    (:meth:`Generation.take_text`: the tool-call markers its constraint preserves shown, as the tool
-    parser reads them); the outcome carries the final text and the receipt either way."""
-    try:
-        gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
-                            sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
-                            tenant=job.tenant, constraint=job.constraint, strategy=job.strategy,
-                            prediction=job.prediction)
-    except BaseException:
-        engine.release(session)  # refused before it ran: the sequence goes back at once
-        raise
-    tokens: list[int] = []  # the commits' snapshot, never the request the driver is changing
+def run_job(engine: Engine[Session], gen: Generation, job: Job, metrics: Metrics,
+            post: Callable[[Commit], None] | None) -> Outcome:
+    """Run ``gen`` (``job`` started on a sequence of ``engine`` admitted for it) to its end on this thread: a
+    worker, for a sequence that decodes alone (its reader's thread is its driver). ``post`` receives each
+    :class:`~power_core.passes.Commit` as its round closes (streaming; ``None``: the end only, and no
+    hand-over per round)."""
     error: BaseException | None = None
     try:
-        if emit is None:  # nothing to send before the end: the driver does not hand over each round
+        if post is None:
             engine.run(gen)
         else:
             for commit in engine.rounds(gen):
-                tokens.extend(commit.tokens)
-                delta = gen.take_text(tokens, final=commit.finished)
-                if delta or commit.logprobs:
-                    emit(Delta(delta, commit.logprobs))
-    except Cancelled as exc:
+                post(commit)
+    except Exception as exc:  # (how it ended: finish_job says it, and raises it when it never started)
         error = exc
-    except PowerError as exc:
-        error = exc
-        log.warning("serve.request_failed", id=job.id, error=f"{exc.code}: {exc}")
-    except Exception as exc:  # a defect: the client gets a 500 without a traceback, the log gets it
-        error = exc
-        log.error("serve.request_crashed", id=job.id, exc_info=True)
-    finally:
-        _round_metrics(metrics, job, gen)
-    if gen.receipt is None:  # it never started (the engine or the session refused it): no receipt to give
-        # (the engine gave the sequence back: once it ran the request, every way out of it does)
+    return finish_job(job, gen, metrics, error)
+
+
+def finish_job(job: Job, gen: Generation, metrics: Metrics, error: BaseException | None) -> Outcome:
+    """``gen`` has ended (the driver no longer touches it), by ``error`` when not by finishing: its receipt
+    (:meth:`Generation.report`: the ``power_request_end`` observers; the same receipt when the reader made it
+    already), the server's metrics of it, and its outcome. On a worker thread, once per request (a receipt
+    of a long request takes milliseconds). Raises ``error`` when the request never started (the engine or
+    the session refused it: no receipt to give; the engine gave the sequence back)."""
+    gen.report()
+    if isinstance(error, PowerError) and not isinstance(error, Cancelled):
+        log.warning("serve.request_failed", id=job.id, error=f"{error.code}: {error}")
+    elif error is not None and not isinstance(error, Cancelled):  # a defect: the client gets a 500 without a
+        log.error("serve.request_crashed", id=job.id, exc_info=error)  # traceback, the log gets it
+    _round_metrics(metrics, job, gen)
+    receipt = gen.receipt
+    if receipt is None:
         assert error is not None
         raise error
-    # the request has ended: the driver no longer touches it
-    if emit is not None:
-        delta = gen.take_text(gen.tokens, final=True)
-        lps = gen.logprobs[len(tokens):] if job.top_logprobs is not None else ()
-        if delta or lps:
-            emit(Delta(delta, tuple(lps)))
-    receipt = gen.receipt
-    assert receipt is not None
     metrics.e2e.observe(time.perf_counter() - job.arrived)
     metrics.observer_faults.inc(receipt.observer_faults)
     metrics.prompt(receipt)
@@ -475,5 +470,50 @@ def run_job(engine: Engine[Session], session: Session, job: Job, metrics: Metric
         reason = "stop" if receipt.finish_reason == "stop" else "length"
     metrics.requests.labels(finished_reason=reason).inc()
     metrics.by_strategy.labels(strategy=str(receipt.strategy["name"])).inc()
-    return Outcome(tokens=gen.tokens, text=gen.text() or "", receipt=receipt, logprobs=gen.logprobs, error=error,
-                   receipt_bytes=len(receipt.to_json(indent=None)))
+    # (a stream's text is its answer's to take, on the event loop, from the request's one assembler)
+    return Outcome(tokens=gen.tokens, text="" if job.stream else gen.text() or "", receipt=receipt,
+                   logprobs=gen.logprobs, error=error, receipt_bytes=len(receipt.to_json(indent=None)))
+
+
+class Following:
+    """A request on the shared passes as the event loop follows it, with no thread of its own: its
+    :meth:`deliver` is what :meth:`Engine.feed` hands the driver; the driver hands each commit through it
+    straight to the answer (``post``: to the loop) and its end to :meth:`_ended` on the loop, which has a
+    worker make the outcome (:func:`finish_job`). :attr:`outcome` is that outcome, or the error when the
+    engine or the session refused to begin the request (:meth:`begun`)."""
+
+    def __init__(self, executor: Executor, job: Job, gen: Generation, metrics: Metrics,
+                 post: Callable[[Commit], None] | None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.executor, self.job, self.gen, self.metrics, self.post = executor, job, gen, metrics, post
+        self.outcome: asyncio.Future[Outcome] = self.loop.create_future()
+
+    def deliver(self, item: Commit | Ended) -> None:
+        """The driver's thread: a commit goes to the answer, the end to the event loop."""
+        if isinstance(item, Commit):
+            if self.post is not None:
+                self.post(item)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody waits
+            self.loop.call_soon_threadsafe(self._ended, item.failure)
+
+    def _ended(self, failure: BaseException | None) -> None:
+        done = self.loop.run_in_executor(self.executor, finish_job, self.job, self.gen, self.metrics, failure)
+        done.add_done_callback(self._settle)
+
+    def begun(self, begun: asyncio.Future[None]) -> None:
+        """The request's begin (:meth:`Engine.feed`, on a worker: its ``power_request_start`` observers may be
+        slow) ended, on the loop: a refusal is the outcome (nothing was delivered)."""
+        if not begun.cancelled() and (exc := begun.exception()) is not None and not self.outcome.done():
+            self.outcome.set_exception(exc)
+
+    def _settle(self, done: asyncio.Future[Outcome]) -> None:
+        """The outcome made (on the loop): :attr:`outcome` takes it, or its error."""
+        if self.outcome.done():
+            return
+        if done.cancelled():
+            self.outcome.cancel()
+        elif (exc := done.exception()) is not None:
+            self.outcome.set_exception(exc)
+        else:
+            self.outcome.set_result(done.result())

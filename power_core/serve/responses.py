@@ -22,7 +22,9 @@ from starlette.responses import JSONResponse
 
 from power_core.constraint import NO_PRESERVED, PreservedTokens
 from power_core.errors import PowerError
+from power_core.generation import Generation
 from power_core.logs import get_logger
+from power_core.passes import Commit
 from power_core.runtime import TokenArray
 from power_core.serve.errors import APIError, from_power_error
 from power_core.serve.jobs import Delta, Job, Outcome
@@ -120,8 +122,8 @@ def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, Any]:
 
 # -- the outcome ----------------------------------------------------------------------------------------
 async def _outcome(fut: asyncio.Future[Outcome]) -> Outcome:
-    """The worker's outcome; a request the session refused to start (a typed error) is that error, and
-    a defect is a 500 without its details (logged), also where a stream has begun."""
+    """The request's outcome; a request the engine or the session refused to begin (a typed error) is
+    that error, and a defect is a 500 without its details (logged), also where a stream has begun."""
     try:
         return await asyncio.shield(fut)
     except PowerError as exc:
@@ -200,29 +202,36 @@ class WholeAnswer(_Answer):
 
 
 class StreamAnswer(_Answer):
-    """A streamed answer: a chunk per delta the worker emits (a chat stream opens with the assistant's role;
-    tool-call markup never reaches the client), then the finish reason, the usage where asked for, the
-    ``power`` object and ``[DONE]``. An error once the stream has begun is its last event."""
+    """A streamed answer: a chunk per commit that adds text or logprobs, as the request's rounds close (a chat
+    stream opens with the assistant's role; tool-call markup never reaches the client), then the finish
+    reason, the usage where asked for, the ``power`` object and ``[DONE]``. An error once the stream has
+    begun is its last event. Its text comes from the request's own assembler (:meth:`Generation.take_text`:
+    UTF-8 hold-back, stop strings, the tool-call markers its constraint preserves shown, as the tool parser
+    reads them), on the event loop."""
 
-    def __init__(self, state: ServerState, prepared: Prepared, session: Session) -> None:
+    def __init__(self, state: ServerState, prepared: Prepared, session: Session, gen: Generation) -> None:
         super().__init__(state, prepared, session)
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Delta] = asyncio.Queue()
+        self.gen = gen
+        self.queue: asyncio.Queue[Commit] = asyncio.Queue()
+        #: the committed tokens streamed so far (the commits' snapshot, never the request the driver changes)
+        self.tokens: list[int] = []
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
         #: the characters streamed so far (completions' logprobs count their offsets from it)
         self.offset = 0
         #: takes tool calls out of the text as it streams (the markup never reaches the client)
         self.calls: ToolCallParser | None = prepared.tools.parser() if prepared.tools is not None else None
 
-    def emit(self, delta: Delta) -> None:
-        """Hands ``delta`` from the worker thread to the event loop."""
+    def post(self, commit: Commit) -> None:
+        """Hands ``commit`` from the thread that drives the request (the shared passes' driver, or the
+        worker of a solo sequence) to the event loop."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, delta)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, commit)
         except RuntimeError:  # the loop is gone (shutdown): nobody is reading
             pass
 
     def response(self, fut: asyncio.Future[Outcome]) -> EventSourceResponse:
-        """The SSE response of the decode ``fut``, whose worker emits through :meth:`emit`."""
+        """The SSE response of the decode ``fut``, whose commits arrive through :meth:`post`."""
         return EventSourceResponse(self.events(fut), ping=15, sep="\n", headers={"X-Request-Id": self.job.id})
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> str:
@@ -256,6 +265,18 @@ class StreamAnswer(_Answer):
         choice = self._delta_choice(d)
         return [self._chunk(choice)] if choice is not None else []
 
+    def _commit(self, commit: Commit) -> list[str]:
+        """The chunk of ``commit``: the text it adds (held back while it may still change) and its logprobs."""
+        self.tokens.extend(commit.tokens)
+        text = self.gen.take_text(self.tokens, final=commit.finished)
+        return self._chunks(Delta(text, commit.logprobs)) if text or commit.logprobs else []
+
+    def _rest(self, outcome: Outcome) -> list[str]:
+        """The chunk of what the request's end releases: the text held back, and logprobs not sent yet."""
+        text = self.gen.take_text(outcome.tokens, final=True)
+        lps = outcome.logprobs[len(self.tokens):] if self.job.top_logprobs is not None else ()
+        return self._chunks(Delta(text, lps)) if text or lps else []
+
     async def events(self, fut: asyncio.Future[Outcome]) -> AsyncIterator[str]:
         """The stream's events: its deltas as they arrive, then how it ended."""
         queue, chat = self.queue, self.chat
@@ -268,16 +289,18 @@ class StreamAnswer(_Answer):
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    for c in self._chunks(getter.result()):
+                    for c in self._commit(getter.result()):
                         yield c
                     continue
                 getter.cancel()
-                while not queue.empty():  # deltas the worker emitted before it returned
-                    for c in self._chunks(queue.get_nowait()):
+                while not queue.empty():  # commits posted before the request ended
+                    for c in self._commit(queue.get_nowait()):
                         yield c
                 break
             try:
                 outcome = await _outcome(fut)
+                for c in self._rest(outcome):
+                    yield c
                 _raise_failure(outcome)
             except APIError as exc:  # the stream has begun: the error is its last event
                 yield json.dumps(exc.body())

@@ -4,6 +4,7 @@ server's state every request reads (:class:`ServerState`: the engine, metrics, r
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from power_core.chat import ChatTemplate, template_for
 from power_core.engine import Engine
 from power_core.errors import ConfigError
 from power_core.serve.audit import Auditor
-from power_core.serve.jobs import Job, Metrics, ReceiptStore
+from power_core.serve.jobs import Job, Metrics, Outcome, ReceiptStore
 from power_core.session import Session
 from power_core.tools import HERMES, ToolFormat, detect_format
 
@@ -82,7 +83,8 @@ class ServerState:
     auditor: Auditor
     #: the bytes the model's contexts hold, read at startup (``TargetCapabilities.memory``; None: not reported)
     memory: Mapping[str, Any] | None = None
-    jobs: set[Job] = attrs.field(factory=set)
+    #: the requests decoding now, and their outcomes (the drain waits for them)
+    jobs: dict[Job, asyncio.Future[Outcome]] = attrs.field(factory=dict)
     draining: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
     #: the chat template every chat request renders (``None``: each session's GGUF template)

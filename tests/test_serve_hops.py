@@ -1,0 +1,255 @@
+"""The lean request path (issue 46): on shared passes no thread waits for a request. The driver hands each
+commit straight to the event loop (:meth:`Engine.feed`), which streams its text; a worker only begins the
+request (its ``power_request_start`` observers) and makes its receipt at the end, once each. On the
+reference backend, in process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from power_core.config import PowerConfig
+from power_core.engine import Engine
+from power_core.errors import ConfigError
+from power_core.passes import Commit, Ended
+from power_core.serve import ServeOptions, create_app
+from power_core.session import Generation, Session
+from tests.helpers import core_plugins, open_session
+
+BODY = {"model": "m", "prompt": "hello there, world", "max_tokens": 24}
+
+
+def _shared(n: int = 2, mode: str = "ref-draft") -> Engine[Session]:
+    return Session.open_engine(n, PowerConfig(spec_mode=mode, n_ctx=256), model="reference", plugins=core_plugins())
+
+
+def _post(app, *bodies: dict) -> list[httpx.Response]:
+    """``bodies`` posted to ``/v1/completions`` of ``app`` in process, one after another; returns once every
+    request has ended (its receipt kept), and the app's workers have stopped."""
+    state = app.state.power
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            out = [await asyncio.wait_for(client.post("/v1/completions", json=body), 30) for body in bodies]
+        await asyncio.wait_for(asyncio.gather(*state.jobs.values(), return_exceptions=True), 30)
+        return out
+
+    try:
+        return asyncio.run(go())
+    finally:
+        state.executor.shutdown(wait=True)
+
+
+def _stream_text(response: httpx.Response) -> tuple[str, list[dict]]:
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    return "".join(c["text"] for e in events for c in e["choices"]), events
+
+
+def test_a_request_on_shared_passes_has_no_worker_for_its_rounds(monkeypatch):
+    """Streamed, every chunk's text is taken on the event loop's thread, from commits the driver handed
+    over: no ``power-slot`` worker reads the request's rounds (``run_job`` never runs) and the engine hands
+    each request to the driver once (``Engine.feed``). The stream equals the whole answer, and both keep
+    their receipts and metrics."""
+    import power_core.serve.app as app_module
+
+    took: list[str] = []
+    take_text = Generation.take_text
+
+    def spy_take(self, committed, final):
+        took.append(threading.current_thread().name)
+        return take_text(self, committed, final)
+
+    fed: list[bool] = []
+    feed = Engine.feed
+
+    def spy_feed(self, gen, deliver, *, quiet=False):
+        fed.append(quiet)
+        return feed(self, gen, deliver, quiet=quiet)
+
+    def no_worker(*args):
+        raise AssertionError("a worker ran the rounds of a request on shared passes")
+
+    monkeypatch.setattr(Generation, "take_text", spy_take)
+    monkeypatch.setattr(Engine, "feed", spy_feed)
+    monkeypatch.setattr(app_module, "run_job", no_worker)
+    with _shared() as engine:
+        app = create_app(engine, ServeOptions(model_name="m"))
+        streamed, whole = _post(app, {**BODY, "stream": True}, BODY)
+    state = app.state.power
+    assert streamed.status_code == 200 and whole.status_code == 200, (streamed.text, whole.text)
+    text, events = _stream_text(streamed)
+    assert text and text == whole.json()["choices"][0]["text"]
+    assert fed == [False, True]  # the stream's commits, the whole answer's end only
+    assert len(took) > 2 and set(took) == {threading.main_thread().name}  # (asyncio.run's loop)
+    assert events[-1]["power"]["status"] == "completed"
+    for rid in (events[-1]["id"], whole.json()["id"]):
+        assert state.receipts.get(rid)["receipt"].status == "completed"
+    assert state.metrics.e2e._sum.get() > 0
+    assert state.metrics.requests.labels(finished_reason="length")._value.get() == 2
+
+
+def test_feed_hands_commits_then_the_end_from_the_driver_thread():
+    """``Engine.feed`` returns once the request joined; the driver hands every commit, then one ``Ended``,
+    to the callable on its own thread; the reader makes the receipt. Quiet: the end only."""
+    with _shared(mode="off") as engine:
+        solo = engine.sessions[0].generate([1, 2, 3], max_tokens=12)
+        for quiet in (False, True):
+            got: list[tuple[object, str]] = []
+            ended = threading.Event()
+
+            def deliver(item, got=got, ended=ended):
+                got.append((item, threading.current_thread().name))
+                if isinstance(item, Ended):
+                    ended.set()
+
+            ticket = engine.reserve()
+            assert ticket.session is not None
+            gen = ticket.session.start([1, 2, 3], max_tokens=12)
+            engine.feed(gen, deliver, quiet=quiet)
+            assert ended.wait(20)
+            assert {name for _, name in got} == {"power-engine"}
+            assert isinstance(got[-1][0], Ended) and got[-1][0].failure is None
+            commits = [item for item, _ in got[:-1]]
+            assert all(isinstance(c, Commit) for c in commits) and len(commits) == (0 if quiet else len(commits))
+            if not quiet:
+                assert [t for c in commits for t in c.tokens] == list(solo.tokens)
+            assert gen.receipt is None  # the reader's to make
+            receipt = gen.report()
+            assert receipt is not None and receipt.status == "completed" and gen.tokens == solo.tokens
+        assert engine.busy == 0
+
+
+def test_feed_is_for_shared_passes_only():
+    """A solo sequence has no driver but its reader: ``feed`` refuses, naming what to do instead."""
+    with open_session("reference", "off") as s:
+        engine = s.driver()
+        with pytest.raises(ConfigError, match="rounds"):
+            engine.feed(s.start([1, 2, 3], max_tokens=4), lambda item: None)
+        assert engine.busy == 0
+
+
+def test_a_request_whose_begin_fails_on_feed_gives_its_sequence_back_once(monkeypatch):
+    """``Generation.begin`` raises on a sequence a ticket waits for: ``feed`` raises having delivered
+    nothing, and the sequence goes to the waiting ticket once."""
+    real = Generation.begin
+
+    def begin(self):
+        if self.prompt.tolist() == [6, 6, 6]:
+            raise RuntimeError("begin failed")
+        return real(self)
+
+    monkeypatch.setattr(Generation, "begin", begin)
+    with _shared(1, "off") as engine:
+        first = engine.reserve()
+        queued = engine.reserve()
+        assert first.ready and not queued.ready and first.session is not None
+        got: list = []
+        with pytest.raises(RuntimeError, match="begin failed"):
+            engine.feed(first.session.start([6, 6, 6], max_tokens=4), got.append)
+        assert not got
+        assert queued.ready and queued.session is first.session and engine.busy == 1
+        late = engine.reserve()
+        assert not late.ready, "a new request got the sequence the waiting ticket holds"
+        engine.release(queued.session)
+        assert late.ready
+        engine.release(late.session)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_request_on_shared_passes_whose_begin_crashes_answers_an_error(monkeypatch, stream):
+    """A defect when the worker begins the request: a stream ends with an OpenAI-shaped error event, a
+    whole request is a 500, neither shows the internals, and the sequence goes back."""
+
+    def begin(self):
+        raise RuntimeError("a defect with internals")
+
+    monkeypatch.setattr(Generation, "begin", begin)
+    with _shared() as engine:
+        app = create_app(engine, ServeOptions(model_name="m"))
+        (got,) = _post(app, {**BODY, "stream": stream})
+        assert engine.busy == 0
+    assert "internals" not in got.text
+    if stream:
+        assert got.status_code == 200
+        last = json.loads([line[6:] for line in got.text.splitlines() if line.startswith("data: ")][-1])
+        assert last["error"]["code"] == "internal_error"
+    else:
+        assert got.status_code == 500 and got.json()["error"]["code"] == "internal_error"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_request_in_flight_when_the_driver_dies_gets_an_error_not_a_hang(stream):
+    """The driver thread dies with the request in its passes: the driver hands it its end with the engine's
+    failure, so the client gets a typed error (an error event, or a 500), never a wait for a pass that
+    never comes, and the request's receipt says it failed."""
+    engine = _shared(1, "off")
+    try:
+        def defect(*args):
+            raise RuntimeError("driver defect")
+
+        assert engine._driver is not None
+        engine._driver._pass = defect  # the pass fails, and so does ending its requests: the driver thread ends
+        engine._driver._leave = defect
+        app = create_app(engine, ServeOptions(model_name="m"))
+        (got,) = _post(app, {**BODY, "stream": stream})
+    finally:
+        engine.close()
+    assert engine.failure is not None and "driver defect" in engine.failure
+    if stream:
+        last = json.loads([line[6:] for line in got.text.splitlines() if line.startswith("data: ")][-1])
+        assert last["error"]["code"] == "runtime_fault"
+    else:
+        assert got.status_code == 500 and got.json()["error"]["code"] == "runtime_fault"
+    (kept,) = [v for v in app.state.power.receipts._items.values()]
+    assert kept[0]["receipt"].status == "failed"
+
+
+def test_a_stream_on_shared_passes_whose_client_leaves_is_cancelled_and_kept():
+    """The client goes away after the first event: the request is cancelled at the next pass (its cancel
+    token), its receipt is kept saying why, and the sequence goes back."""
+    from tests.test_soak_findings import _SlowRounds
+
+    engine = Session.open_engine(1, PowerConfig(spec_mode="off", n_ctx=256), model="reference",
+                                 plugins=core_plugins(_SlowRounds()))
+    try:
+        app = create_app(engine, ServeOptions(model_name="m"))
+        state = app.state.power
+        raw = json.dumps({**BODY, "max_tokens": 200, "stream": True}).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
+
+        async def go() -> None:
+            first = asyncio.Event()
+            sent = False
+
+            async def receive() -> dict:
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": raw, "more_body": False}
+                await first.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict) -> None:
+                if message["type"] == "http.response.body" and message.get("body"):
+                    first.set()
+
+            t0 = time.monotonic()
+            await asyncio.wait_for(app(scope, receive, send), 30)
+            await asyncio.wait_for(asyncio.gather(*state.jobs.values(), return_exceptions=True), 30)
+            assert time.monotonic() - t0 < 200 * 0.02, "the request ran to its end"
+
+        asyncio.run(go())
+        state.executor.shutdown(wait=True)
+        assert engine.busy == 0
+    finally:
+        engine.close()
+    (kept,) = [v for v in state.receipts._items.values()]
+    assert kept[0]["cancel_reason"] == "disconnected" and kept[0]["receipt"].status == "cancelled"
