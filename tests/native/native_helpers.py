@@ -368,7 +368,11 @@ def assert_same_rounds(ours: list[dict], theirs: list[tuple[list[int], int, int]
     must be equal wherever both drafted the full width; returns the number of rounds compared."""
     ours_at, theirs_at = rounds_by_position(ours, theirs, n_prompt)
     common = sorted(set(ours_at) & set(theirs_at))
-    assert len(common) >= 0.8 * len(ours_at) and len(common) >= 5, (sorted(ours_at), sorted(theirs_at))
+    # within the span llama.cpp's log covers: once (a CI run under load, EAGLE3 "succ", k = 4) its logged
+    # rounds ended several tokens short of its -n, each one up to there at Power's positions and none after
+    # (cause not found: its run or its log); the rounds both sides logged are still compared, at least five
+    span = [p for p in ours_at if p <= max(theirs_at, default=-1)]
+    assert len(common) >= 0.8 * len(span) and len(common) >= 5, (sorted(ours_at), sorted(theirs_at))
     compared = 0
     for p in common:
         (o_ids, o_gen, o_acc), (t_ids, t_gen, t_acc) = ours_at[p], theirs_at[p]
