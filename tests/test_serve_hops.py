@@ -212,41 +212,20 @@ def test_a_request_in_flight_when_the_driver_dies_gets_an_error_not_a_hang(strea
 def test_a_stream_on_shared_passes_whose_client_leaves_is_cancelled_and_kept():
     """The client goes away after the first event: the request is cancelled at the next pass (its cancel
     token), its receipt is kept saying why, and the sequence goes back."""
-    from tests.test_soak_findings import _SlowRounds
+    from tests.test_soak_findings import _asgi_stream_then_disconnect, _SlowRounds
 
     engine = Session.open_engine(1, PowerConfig(spec_mode="off", n_ctx=256), model="reference",
                                  plugins=core_plugins(_SlowRounds()))
     try:
         app = create_app(engine, ServeOptions(model_name="m"))
         state = app.state.power
-        raw = json.dumps({**BODY, "max_tokens": 200, "stream": True}).encode()
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-                 "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
 
-        async def go() -> None:
-            first = asyncio.Event()
-            sent = False
-
-            async def receive() -> dict:
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": raw, "more_body": False}
-                await first.wait()
-                return {"type": "http.disconnect"}
-
-            async def send(message: dict) -> None:
-                if message["type"] == "http.response.body" and message.get("body"):
-                    first.set()
-
-            t0 = time.monotonic()
-            await asyncio.wait_for(app(scope, receive, send), 30)
+        async def outcome() -> None:
             await asyncio.wait_for(asyncio.gather(*state.jobs.values(), return_exceptions=True), 30)
-            assert time.monotonic() - t0 < 200 * 0.02, "the request ran to its end"
 
-        asyncio.run(go())
+        t0 = time.monotonic()
+        _asgi_stream_then_disconnect(app, {**BODY, "max_tokens": 200, "stream": True}, outcome)
+        assert time.monotonic() - t0 < 200 * 0.02, "the request ran to its end"
         state.executor.shutdown(wait=True)
         assert engine.busy == 0
     finally:

@@ -24,10 +24,11 @@ class _SlowRounds:
         return result
 
 
-def _asgi_stream_then_disconnect(app, body: dict) -> tuple[list[str], int]:
+def _asgi_stream_then_disconnect(app, body: dict, settle=None) -> tuple[list[str], int]:
     """POST ``body`` to ``/v1/completions`` on the ASGI ``app`` in process, read the stream's first
     event, then go away (``http.disconnect``); the events read, and the tasks still pending on an
-    ``asyncio.Queue`` once the response has ended."""
+    ``asyncio.Queue`` once the response has ended. ``settle``: a coroutine function awaited on the same
+    loop once the response has ended (e.g. for the request's outcome)."""
     raw = json.dumps(body).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
@@ -53,6 +54,8 @@ def _asgi_stream_then_disconnect(app, body: dict) -> tuple[list[str], int]:
                 first.set()
 
         await asyncio.wait_for(app(scope, receive, send), 30)
+        if settle is not None:
+            await settle()
         await asyncio.sleep(0.2)  # (a cancelled task finishes at the loop's next turns)
         me = asyncio.current_task()
         pending = [t for t in asyncio.all_tasks() if t is not me and not t.done() and "Queue.get" in repr(t)]
