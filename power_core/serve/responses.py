@@ -213,7 +213,8 @@ class StreamAnswer(_Answer):
         super().__init__(state, prepared, session)
         self.loop = asyncio.get_running_loop()
         self.gen = gen
-        self.queue: asyncio.Queue[Commit] = asyncio.Queue()
+        #: the request's commits in order, then ``None``: its decode ended (:meth:`events` waits on this alone)
+        self.queue: asyncio.Queue[Commit | None] = asyncio.Queue()
         #: the committed tokens streamed so far (the commits' snapshot, never the request the driver changes)
         self.tokens: list[int] = []
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
@@ -278,25 +279,19 @@ class StreamAnswer(_Answer):
         return self._chunks(Delta(text, lps)) if text or lps else []
 
     async def events(self, fut: asyncio.Future[Outcome]) -> AsyncIterator[str]:
-        """The stream's events: its deltas as they arrive, then how it ended."""
-        queue, chat = self.queue, self.chat
-        getter: asyncio.Future[Any] | None = None
+        """The stream's events: its deltas as they arrive, then how it ended. The end joins the commits'
+        queue when ``fut`` completes, behind every commit posted before it (the thread that drives the
+        request posts its commits before its end reaches the loop), so one ``get`` a commit is all the
+        waiting there is."""
+        queue = self.queue
+        fut.add_done_callback(lambda _: queue.put_nowait(None))
         try:
-            if chat:
+            if self.chat:
                 yield self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None})
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, fut}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    for c in self._commit(getter.result()):
-                        yield c
-                    continue
-                getter.cancel()
-                while not queue.empty():  # commits posted before the request ended
-                    for c in self._commit(queue.get_nowait()):
-                        yield c
-                break
+            while (commit := await queue.get()) is not None:
+                for c in self._commit(commit):
+                    yield c
             try:
                 outcome = await _outcome(fut)
                 for c in self._rest(outcome):
@@ -313,7 +308,7 @@ class StreamAnswer(_Answer):
                 if self.calls.calls and fr == "stop":
                     fr = "tool_calls"
             ext = _power_extension(self.job, outcome)
-            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": fr} if chat else \
+            last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": fr} if self.chat else \
                 {"index": 0, "text": "", "logprobs": None, "finish_reason": fr}
             if self.prepared.req.include_usage:
                 yield self._chunk(last)
@@ -322,7 +317,5 @@ class StreamAnswer(_Answer):
                 yield self._chunk(last, power=ext)
             yield "[DONE]"
         finally:
-            if getter is not None and not getter.done():  # the client went away while this waited for a delta:
-                getter.cancel()  # no task is left pending on a queue nobody reads (found by the chaos soak)
             if not fut.done():  # the client went away (or the server is stopping) mid-stream
                 self.job.stop_now("disconnected" if not self.state.draining else "shutdown")
