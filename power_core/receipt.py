@@ -108,6 +108,7 @@ class Receipt:
     prediction: dict[str, int] | None = None
     schema: str = SCHEMA
     _digest: str | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _json: str | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     @property
     def proposed(self) -> int:
@@ -168,9 +169,16 @@ class Receipt:
 
     def to_dict(self) -> dict[str, Any]:
         """The receipt as plain JSON values (a copy: changing it leaves the receipt as it is)."""
-        body: dict[str, Any] = json.loads(json.dumps(self._body(True), default=_plain))
-        body["receipt_sha256"] = self.digest()
+        body: dict[str, Any] = json.loads(self.to_json(indent=None))
         return body
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+        """The receipt's JSON, ``receipt_sha256`` last; ``indent=None``: one line, made once (a receipt is
+        frozen) and spelled as ``json.dumps`` spells the plain values."""
+        if indent is not None:
+            return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+        if self._json is None:
+            body = json.dumps(self._body(True), default=_plain)  # "{...}": the digest joins as its last key
+            object.__setattr__(self, "_json", f'{body[:-1]}, "receipt_sha256": {json.dumps(self.digest())}}}')
+        assert self._json is not None
+        return self._json
