@@ -18,9 +18,8 @@ def _round(proposed: int, accepted: int, source: str | None) -> RoundRecord:
 
 def test_metrics_count_tokens_by_source() -> None:
     m = Metrics()
-    for rec in (_round(4, 3, "shared"), _round(2, 0, "request"), _round(5, 5, "shared"), _round(3, 1, None),
-                _round(0, 0, "corpus")):
-        m.round(rec)
+    m.rounds([_round(4, 3, "shared"), _round(2, 0, "request"), _round(5, 5, "shared"), _round(3, 1, None),
+              _round(0, 0, "corpus")])  # one request's rounds, summed before they reach the counters
     value = m.registry.get_sample_value
     assert value("power:spec_decode_num_accepted_tokens_by_source_total", {"source": "shared"}) == 8
     assert value("power:spec_decode_num_draft_tokens_by_source_total", {"source": "shared"}) == 9

@@ -109,12 +109,12 @@ def _round(proposed: int, accepted: int, source: str | None) -> RoundRecord:
 
 def test_the_source_label_has_bounded_cardinality() -> None:
     m = Metrics()
-    m.round(_round(2, 1, "request"))
+    m.rounds([_round(2, 1, "request")])
     for i in range(SOURCE_LABELS_MAX * 4):  # a proposer that names every proposal differently
-        m.round(_round(1, 1, f"doc-{i}"))
-    m.round(_round(3, 2, "x" * 500))  # not a short plain name: never a label of its own
-    m.round(_round(3, 0, 'a"b\nc'))
-    m.round(_round(2, 2, "request"))  # one labelled before keeps its label
+        m.rounds([_round(1, 1, f"doc-{i}")])
+    m.rounds([_round(3, 2, "x" * 500)])  # not a short plain name: never a label of its own
+    m.rounds([_round(3, 0, 'a"b\nc')])
+    m.rounds([_round(2, 2, "request")])  # one labelled before keeps its label
     families = {f.name: f for f in m.registry.collect()}
     labels = {s.labels["source"] for s in families["power:spec_decode_num_accepted_tokens_by_source"].samples
               if s.name.endswith("_total")}
