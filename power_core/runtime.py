@@ -312,7 +312,8 @@ class Proposal:
     was; cost-aware strategies (``Strategy.cost_aware``) use it to choose how much of the
     proposal to verify, and ``observe`` then shows the proposer the block actually verified.
     ``stats``: a few named numbers about how the proposal was made (e.g. a match length); the round
-    records them and the receipt sums them over the request (``proposer.stats``). ``source``: which
+    records them when it commits (a copy) and the receipt sums them over the request (``proposer.stats``).
+    ``source``: which
     of the proposer's sources the proposal came from (e.g. a suffix index's ``"request"``,
     ``"shared"`` or ``"corpus"``), when it has several; the receipt counts the tokens offered and
     accepted per source (``proposer.sources``), and ``power serve`` in ``/metrics``.

@@ -349,10 +349,12 @@ class Transaction:
         if stats is not None:
             if not isinstance(stats, Mapping):
                 self._refuse(f"returned stats of type {type(stats).__name__}; expected a mapping of names to numbers")
-            if not all(isinstance(k, str) and isinstance(v, numbers.Real) and not isinstance(v, bool)
-                       and math.isfinite(v) for k, v in stats.items()):
-                self._refuse(f"returned stats {dict(stats)!r}; expected names (str) to finite numbers")
-            stats = {k: float(v) for k, v in stats.items()}
+            # names to finite floats are taken as they are (the hot path: no copy, no evolve)
+            if not all(type(k) is str and type(v) is float and math.isfinite(v) for k, v in stats.items()):
+                if not all(isinstance(k, str) and isinstance(v, numbers.Real) and not isinstance(v, bool)
+                           and math.isfinite(v) for k, v in stats.items()):
+                    self._refuse(f"returned stats {dict(stats)!r}; expected names (str) to finite numbers")
+                stats = {k: float(v) for k, v in stats.items()}
         if got.source is not None and not isinstance(got.source, str):
             self._refuse(f"returned a source of type {type(got.source).__name__}; expected a name (str) or None")
         if props.dtype != np.int32 or props is not got.ids or stats is not got.stats:
