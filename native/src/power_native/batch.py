@@ -65,7 +65,7 @@ class LlamaBatch:
             placed.append((target, toks, n, item.n_rows))
         # the pass holds the sequences in id order: with a KV stream per sequence llama.cpp cuts a pass
         # into ubatches at every sequence id that is not the previous one + 1 (a graph each, no reuse)
-        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id)
+        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id) if len(placed) > 1 else [0]
         placed = [placed[i] for i in order]
         total = sum(p[2] for p in placed)
         pos = np.empty(total, dtype=np.int32)
@@ -73,7 +73,7 @@ class LlamaBatch:
         out = np.zeros(total, dtype=np.uint8)
         at = 0
         for target, _, n, k in placed:
-            pos[at:at + n] = range(target.n_past, target.n_past + n)
+            pos[at:at + n] = np.arange(target.n_past, target.n_past + n, dtype=np.int32)
             seq[at:at + n] = target.seq_id
             if k:
                 out[at + n - k:at + n] = 1  # every row ("all") or the last one ("last")
@@ -83,9 +83,10 @@ class LlamaBatch:
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
-        if self._replays:
+        if self._replays and len(placed) > 1:
             # a recurrent sequence whose rejection runs deeper than its snapshots replays alone on this
-            # context while the other rounds of the pass still read their rows: they get copies
+            # context while the other rounds of the pass still read their rows: they get copies (a pass
+            # of one sequence: its round has read them before it replays)
             rows = np.array(rows)
             taps = {name: np.array(v) for name, v in taps.items()}
         results: dict[int, DecodeResult] = {}  # by the item's index
