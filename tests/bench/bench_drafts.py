@@ -64,9 +64,11 @@ def _fixtures(suite: str, tmp: Path) -> tuple[Path, Path | None]:
     return target, make_tiny_draft(tmp, target, name=f"bench-{suite}", **kw)
 
 
-def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -> dict[str, Any]:
-    """1 client: every body in turn; N clients: body k on client k, released together."""
-    per_client = [bodies] if clients == 1 else [[b] for b in bodies[:clients]]
+def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any,
+             prompts: tuple[str, ...] = PROMPTS) -> dict[str, Any]:
+    """1 client: every body in turn; N clients: bodies k, k + N, ... on client k, released together
+    (``prompts``: the measured ones, each result's ``prompt`` its index there)."""
+    per_client = [bodies] if clients == 1 else [bodies[k::clients] for k in range(clients)]
     gate = threading.Barrier(len(per_client))
     results: list[list[dict[str, Any]]] = [[] for _ in per_client]
     spans: list[tuple[float, float]] = []
@@ -82,7 +84,7 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
                     r = c.post(url + "/v1/completions", json=body)
                     r.raise_for_status()
                     out = parse(r.json(), time.perf_counter() - t1)
-                    out["prompt"] = PROMPTS.index(body["prompt"]) if body["prompt"] in PROMPTS else -1
+                    out["prompt"] = prompts.index(body["prompt"]) if body["prompt"] in prompts else -1
                     results[k].append(out)
                 spans.append((t0, time.perf_counter_ns()))
         except BaseException as exc:  # reported after every thread ended
@@ -105,7 +107,10 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any) -
 def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path, quiet: Quiet) -> dict[str, Any]:
     mode, spec_type = SUITES[suite]
     target, draft = _fixtures(suite, tmp)
-    refs = [power_run(str(target), "off", p, args.tokens, args.threads, args.n_ctx) for p in PROMPTS]
+    # --prompts N: PROMPTS, then variants of them (distinct prompts: no prompt cache serves a repeat)
+    prompts = tuple(PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (variant {i // len(PROMPTS)})")
+                    for i in range(args.prompts))
+    refs = [power_run(str(target), "off", p, args.tokens, args.threads, args.n_ctx) for p in prompts]
     extra = ["--draft", str(draft)] if draft else []
     power = power_cmd("serve", "--port", "0", "--model", str(target), "--mode", mode, *extra, "--threads",
                       str(args.threads), "--n-ctx", str(args.n_ctx), "--parallel", "4", "--draft-max", str(args.k),
@@ -128,15 +133,15 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
         if side == "power":
             with listening(power, env=traced_env(dict(os.environ), shim, trace)) as s:
                 name = httpx.get(s.base_url + "/models", timeout=60).json()["data"][0]["id"]
-                bodies = [{"model": name, "prompt": p, "max_tokens": args.tokens} for p in PROMPTS]
+                bodies = [{"model": name, "prompt": p, "max_tokens": args.tokens} for p in prompts]
                 _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _power_result)
-                res = _clients(s.url, bodies, clients, _power_result)
+                res = _clients(s.url, bodies, clients, _power_result, prompts)
         else:
             with listening(peer, env=traced_env(env, shim, trace), announce=LLAMA_ANNOUNCE) as s:
                 bodies = [{"model": "peer", "prompt": p, "max_tokens": args.tokens, "temperature": 0, "top_k": 1,
-                           "seed": 0} for p in PROMPTS]
+                           "seed": 0} for p in prompts]
                 _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _llama_result)
-                res = _clients(s.url, bodies, clients, _llama_result)
+                res = _clients(s.url, bodies, clients, _llama_result, prompts)
         host = split(trace, *res.pop("window_ns"))
         res.update(compute_s=host.compute_s, host_s=host.host_s, rounds=host.rounds,
                    host_us_per_request=host.host_us_per(len(res["results"])), host_us_per_round=host.host_us_per(host.rounds))
@@ -164,9 +169,9 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
             cell[side] = {"aggregate_tok_s": stats([r["aggregate_tok_s"] for r in runs]),
                           "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
                           "acceptance_median": statistics.median(acc) if acc else None,
-                          "acceptance_by_prompt": {PROMPTS.index(p): statistics.median(
-                              [r["acceptance"] for r in flat if PROMPTS[r["prompt"]] == p and r["acceptance"] is not None]
-                              or [float("nan")]) for p in PROMPTS},
+                          "acceptance_by_prompt": {prompts.index(p): statistics.median(
+                              [r["acceptance"] for r in flat if prompts[r["prompt"]] == p and r["acceptance"] is not None]
+                              or [float("nan")]) for p in prompts},
                           "same_text": all(r["same_text"] for r in flat), "requests": len(flat),
                           "foreign_cpu": stats([r["foreign_cpu"] for r in runs]),
                           "host_us_per_request": stats([r["host_us_per_request"] for r in runs]),
@@ -228,6 +233,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suites", default="mtp,mtp-predictable,dflash,dspark")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=4, help="distinct prompts per measurement (4: the four base "
+                    "prompts, one request each at 4 clients; more: variants of them, a longer window that evens "
+                    "out this machine's noise)")
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--k", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
