@@ -65,7 +65,7 @@ class LlamaBatch:
             placed.append((target, toks, n, item.n_rows))
         # the pass holds the sequences in id order: with a KV stream per sequence llama.cpp cuts a pass
         # into ubatches at every sequence id that is not the previous one + 1 (a graph each, no reuse)
-        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id) if len(placed) > 1 else [0]
+        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id)
         placed = [placed[i] for i in order]
         total = sum(p[2] for p in placed)
         pos = np.empty(total, dtype=np.int32)
