@@ -55,7 +55,7 @@ def _config_from_args(args: argparse.Namespace, mode: str | None = None):
     overrides: dict[str, Any] = {
         "spec_mode": mode or args.mode,
         "spec_draft_max": args.draft_max,
-        "spec_mtp_recurrent_snapshots": args.snapshots,
+        "spec_recurrent_snapshots": args.snapshots,
         "max_tokens": args.max_tokens,
         "seed": args.seed,
         "temperature": args.temperature,
@@ -68,7 +68,7 @@ def _config_from_args(args: argparse.Namespace, mode: str | None = None):
         "presence_penalty": args.presence_penalty,
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
-        "spec_mtp_adaptive": True if args.adaptive else None,
+        "spec_adaptive": True if args.adaptive else None,
         "trace": True if args.trace else None,
         "numerics": args.numerics,
         "sampling_in_graph": args.sampling_in_graph,

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from power_core.config_keys import (
+    CORE_ALIASES,
     CORE_BY_NAME,
     CORE_KEYS,
     CORE_OWNERS,
@@ -37,6 +38,7 @@ from power_core.config_keys import (
     STOP_MAX,
     VERIFY_CAPACITY_MAX,
     ConfigKey,
+    canonical_keys,
     config_table,
     declare_keys,
     declared_keys,
@@ -49,7 +51,7 @@ from power_core.config_keys import (
 )
 from power_core.errors import ConfigError
 
-__all__ = ["PowerConfig", "RequestSettings", "ConfigKey", "CORE_KEYS", "REQUEST_KEYS", "SAMPLING_KEYS",
+__all__ = ["PowerConfig", "RequestSettings", "ConfigKey", "CORE_KEYS", "CORE_ALIASES", "REQUEST_KEYS", "SAMPLING_KEYS",
            "SEQUENCE_KEYS", "SCOPES", "CORE_OWNERS", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN",
            "VERIFY_CAPACITY_MAX", "SAMPLING_IN_GRAPH", "STOP_MAX", "LOGPROBS_MAX", "declare_keys", "declared_keys",
            "key_owners", "set_key_loader", "config_table", "device_names", "parse_endpoint"]
@@ -80,7 +82,7 @@ def _request_values(values: Any) -> tuple[tuple[str, Any], ...]:
     """A request's settings (a mapping or pairs; ``None``: the session's value) -> the set keys' checked values,
     in the table's order: a key that is not a request's, or a bad value, is the :class:`ConfigError` a
     configuration with it would raise."""
-    given = {k: v for k, v in _options(values).items() if v is not None}
+    given = canonical_keys({k: v for k, v in _options(values).items() if v is not None})
     if not given:
         return ()
     _in_scope("request", given, "")
@@ -114,8 +116,8 @@ class PowerConfig:
 
     spec_mode: str = CORE_BY_NAME["spec_mode"].field()
     spec_draft_max: int | None = CORE_BY_NAME["spec_draft_max"].field()
-    spec_mtp_recurrent_snapshots: int | None = CORE_BY_NAME["spec_mtp_recurrent_snapshots"].field()
-    spec_mtp_adaptive: bool = CORE_BY_NAME["spec_mtp_adaptive"].field()
+    spec_recurrent_snapshots: int | None = CORE_BY_NAME["spec_recurrent_snapshots"].field()
+    spec_adaptive: bool = CORE_BY_NAME["spec_adaptive"].field()
     spec_adaptive_low_yield: float = CORE_BY_NAME["spec_adaptive_low_yield"].field()
     spec_adaptive_low_yield_rounds: int = CORE_BY_NAME["spec_adaptive_low_yield_rounds"].field()
     temperature: float = CORE_BY_NAME["temperature"].field()
@@ -158,14 +160,14 @@ class PowerConfig:
             raise ConfigError("verify_capacity", b, f"0 (off) or at least spec_draft_max + 1 = {k + 1}",
                               "a verify pass holds the anchor and up to spec_draft_max proposals; raise "
                               "verify_capacity or lower spec_draft_max")
-        s = self.spec_mtp_recurrent_snapshots
+        s = self.spec_recurrent_snapshots
         if s is not None and s > self.draft_max:
             raise ConfigError(
-                "spec_mtp_recurrent_snapshots", s, f"an integer in [1, spec_draft_max={self.draft_max}]",
+                "spec_recurrent_snapshots", s, f"an integer in [1, spec_draft_max={self.draft_max}]",
                 "snapshots beyond the proposal width can never be used; lower S or raise spec_draft_max",
             )
-        if self.spec_mode == MODE_OFF and self.spec_mtp_adaptive:
-            raise ConfigError("spec_mtp_adaptive", True, "false when spec_mode = 'off'",
+        if self.spec_mode == MODE_OFF and self.spec_adaptive:
+            raise ConfigError("spec_adaptive", True, "false when spec_mode = 'off'",
                               "the adaptive controller schedules proposals; enable a speculative mode")
         for name, value in self.options:
             owners = key_owners(name)
@@ -183,6 +185,8 @@ class PowerConfig:
         # only a strategy's key reaches here (fields are slots): its value, else its declared default
         if name.startswith("_") or name == "options":
             raise AttributeError(name)
+        if name in CORE_ALIASES:  # a core key's earlier name (``config.spec_mtp_adaptive``)
+            return getattr(self, CORE_ALIASES[name])
         key = strategy_key(name)
         if key is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -204,7 +208,7 @@ class PowerConfig:
     @property
     def snapshots(self) -> int:
         """Effective S: resident rollback snapshots (defaults to K)."""
-        return self.draft_max if self.spec_mtp_recurrent_snapshots is None else self.spec_mtp_recurrent_snapshots
+        return self.draft_max if self.spec_recurrent_snapshots is None else self.spec_recurrent_snapshots
 
     @property
     def greedy(self) -> bool:
@@ -227,6 +231,7 @@ class PowerConfig:
     def scoped(self, scope: str, changes: Mapping[str, Any], *, where: str = "") -> PowerConfig:
         """This configuration with ``changes`` to keys of ``scope`` (or a narrower one: a sequence may set
         what a request may); any other key is a :class:`ConfigError` naming it (prefixed by ``where``)."""
+        changes = canonical_keys(changes)
         _in_scope(scope, changes, where)
         return attrs.evolve(self, **changes) if changes else self
 
@@ -284,7 +289,9 @@ _generated_init = PowerConfig.__init__
 def _init(self: PowerConfig, **values: Any) -> None:
     """``PowerConfig(**keys)``: the core's keys as attrs takes them; a strategy's key by its declaration
     (:func:`declare_keys`), kept in ``options`` unless it is the declared default. Wraps the attrs-made
-    ``__init__`` (whose signature type checkers and ``attrs.evolve`` see) so strategy keys pass as keywords."""
+    ``__init__`` (whose signature type checkers and ``attrs.evolve`` see) so strategy keys pass as keywords, and
+    a core key by an earlier name (:data:`~power_core.config_keys.CORE_ALIASES`) as by its name."""
+    values = canonical_keys(values)
     core = {k: v for k, v in values.items() if k in CORE_BY_NAME}
     options = _options(values.get("options", ()))  # from attrs.evolve / attrs.asdict
     options.update({k: v for k, v in values.items() if k not in CORE_BY_NAME and k != "options"})

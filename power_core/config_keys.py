@@ -30,10 +30,10 @@ import attrs
 
 from power_core.errors import ConfigError, PluginError
 
-__all__ = ["ConfigKey", "CORE_KEYS", "CORE_BY_NAME", "CORE_OWNERS", "REQUEST_KEYS", "SAMPLING_KEYS", "SEQUENCE_KEYS",
+__all__ = ["ConfigKey", "CORE_KEYS", "CORE_BY_NAME", "CORE_ALIASES", "CORE_OWNERS", "REQUEST_KEYS", "SAMPLING_KEYS", "SEQUENCE_KEYS",
            "SCOPES", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX",
            "SAMPLING_IN_GRAPH", "STOP_MAX", "LOGPROBS_MAX", "DEFAULT_DRAFT_MAX", "config_table", "declare_keys",
-           "declared_keys", "device_names", "key_owners", "parse_endpoint", "set_key_loader", "strategy_key",
+           "declared_keys", "canonical_keys", "device_names", "key_owners", "parse_endpoint", "set_key_loader", "strategy_key",
            "unknown_key"]
 
 #: spec_mode names the core reserves for itself (every other mode is a registered strategy's name)
@@ -122,6 +122,9 @@ class ConfigKey:
     validate: Callable[[ConfigKey, Any], None] | None = attrs.field(default=None, eq=False)
     #: the default under ``power serve``, where it differs from ``default`` (``None``: the same)
     serve_default: Any = None
+    #: earlier names of a core key, still taken wherever a key is (:func:`canonical_keys`); reads by one of
+    #: them answer the key's value. The seed named two keys that serve every strategy after MTP.
+    aliases: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.type not in (int, float, bool, str, tuple):
@@ -302,11 +305,11 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
     _key("spec_draft_max", int, None, "scheduler",
          "K: proposal width (unset: the strategy's default, e.g. 32 for suffix, else 7)",
          scope="sequence", flag="--draft-max", lo=1, hi=K_MAX, optional=True),
-    _key("spec_mtp_recurrent_snapshots", int, None, "transaction",
+    _key("spec_recurrent_snapshots", int, None, "transaction",
          "S: resident rollback snapshots of the target (unset: K)", scope="sequence", flag="--snapshots", lo=1,
-         hi=S_MAX, optional=True),
-    _key("spec_mtp_adaptive", bool, False, "scheduler", "request-local adaptive controller (circuit to target-only)",
-         scope="sequence", flag="--adaptive"),
+         hi=S_MAX, optional=True, aliases=("spec_mtp_recurrent_snapshots",)),
+    _key("spec_adaptive", bool, False, "scheduler", "request-local adaptive controller (circuit to target-only)",
+         scope="sequence", flag="--adaptive", aliases=("spec_mtp_adaptive",)),
     _key("spec_adaptive_low_yield", float, 0.25, "scheduler",
          "adaptive: a round yields low when accepted/proposed is below this", scope="sequence", lo=0.0, hi=1.0),
     _key("spec_adaptive_low_yield_rounds", int, 3, "scheduler",
@@ -388,6 +391,23 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
 )
 #: the core's keys by name
 CORE_BY_NAME: Mapping[str, ConfigKey] = {k.name: k for k in CORE_KEYS}
+#: a core key's earlier name -> its name (:attr:`ConfigKey.aliases`)
+CORE_ALIASES: Mapping[str, str] = {alias: k.name for k in CORE_KEYS for alias in k.aliases}
+
+
+def canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every key's earlier name (:data:`CORE_ALIASES`) replaced by its name. Both names of
+    one key is a :class:`ConfigError`: which value was meant cannot be told."""
+    if not CORE_ALIASES.keys() & values.keys():
+        return dict(values)
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        key = CORE_ALIASES.get(name, name)
+        if key in out or (key != name and key in values):
+            raise ConfigError(name, value, f"one of {key!r} and its earlier name {name!r}, not both",
+                              f"set {key} only ({name} is its legacy name)")
+        out[key] = value
+    return out
 
 
 # -- the strategies' keys --------------------------------------------------------------------------
@@ -416,9 +436,13 @@ def declare_keys(strategy: str, keys: Iterable[ConfigKey]) -> None:
         for key in keys:
             if not isinstance(key, ConfigKey):
                 raise PluginError(f"strategy {strategy!r} declares {key!r}; expected a power_core.ConfigKey")
-            if key.name in CORE_BY_NAME:
+            if key.aliases:
+                raise PluginError(f"strategy {strategy!r} declares config key {key.name!r} with aliases "
+                                  f"{key.aliases!r}; earlier names are the core's keys' only: keep the key's name")
+            core = CORE_BY_NAME.get(CORE_ALIASES.get(key.name, key.name))
+            if core is not None:
                 raise PluginError(f"strategy {strategy!r} declares config key {key.name!r}, which is the core's "
-                                  f"({CORE_BY_NAME[key.name].owner}); name the strategy's own key differently")
+                                  f"({core.owner}); name the strategy's own key differently")
             if key.scope == "request":
                 raise PluginError(f"strategy {strategy!r} declares config key {key.name!r} with scope 'request'; a "
                                   "strategy's key is fixed when the session (or its sequence) opens: use 'session' "
@@ -522,8 +546,9 @@ def config_table(keys: Iterable[ConfigKey]) -> str:
         default = "unset" if k.default is None else json.dumps(list(k.default) if k.type is tuple else k.default)
         default = f"`{default}`" + ("" if k.serve_default is None else f" (serve: `{json.dumps(k.serve_default)}`)")
         flag = f"`{k.flag}`" if k.flag else ""
+        legacy = f" (legacy name: {', '.join(f'`{a}`' for a in k.aliases)})" if k.aliases else ""
         rows.append(f"| `{k.name}` | {flag} | {default} | {k.scope} | {', '.join(key_owners(k.name))} | "
-                    f"{k.help.replace('|', '/')} |")
+                    f"{k.help.replace('|', '/')}{legacy} |")
     return "\n".join(rows)
 
 

@@ -168,7 +168,7 @@ def lane_overrides(config: PowerConfig, mode: str) -> dict[str, Any]:
         if mode != MODE_AUTO and mode not in key_owners(name):
             del data[name]
     if mode == MODE_OFF:
-        data["spec_mtp_adaptive"] = False
+        data["spec_adaptive"] = False
     data["spec_mode"] = mode
     return data
 

@@ -5,7 +5,7 @@
 * **Guarded (K > S, e.g. K7/S6).** Rounds propose K while the request stays on the high-acceptance
   path. A rejected suffix deeper than S forces one exact replay (checkpoint restore + re-decode of
   the accepted prefix); after that first replay every later round of the request is clamped to S.
-* **Adaptive (``spec_mtp_adaptive``, opt-in).** The request-local controller never uses replay as
+* **Adaptive (``spec_adaptive``, opt-in).** The request-local controller never uses replay as
   its first signal: it starts at ``min(K, S)``, opens the wider K only after a fully accepted first
   probe, and closes that path after a partial first round. Healthy partial rounds keep their graph
   shape (no per-round resizing). ``spec_adaptive_low_yield_rounds`` consecutive rounds whose
@@ -110,7 +110,7 @@ class Scheduler:
             costs=tuple(costs) if costs else None,
             k_max=config.draft_max,
             window=None if window is None else min(window, config.snapshots),
-            adaptive=config.spec_mtp_adaptive,
+            adaptive=config.spec_adaptive,
             low_yield=config.spec_adaptive_low_yield,
             low_yield_rounds=config.spec_adaptive_low_yield_rounds,
             enabled=enabled,

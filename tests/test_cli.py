@@ -67,7 +67,7 @@ def test_run_with_config_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,code,msg", [
     (["run", "--draft-max", "0", *REF], 2, "spec_draft_max"),
-    (["run", "--snapshots", "9", "--draft-max", "7", *REF], 2, "spec_mtp_recurrent_snapshots"),
+    (["run", "--snapshots", "9", "--draft-max", "7", *REF], 2, "spec_recurrent_snapshots"),
     (["run", "--mode", "mtp", *REF], 2, "pip install power-mtp"),
     (["run", "--mode", "Not A Mode", *REF], 2, "spec_mode"),
     (["run", "--config", "/nonexistent.toml", *REF], 2, "config"),

@@ -127,6 +127,8 @@ def test_strategies_may_share_a_key_declared_alike():
     (ConfigKey(name="tp_lookback", type=int, default=4, lo=1, hi=8), "declare it alike or rename it"),
     (ConfigKey(name="temperature", type=float, default=0.0, lo=0.0, hi=1.0), "which is the core's"),
     (ConfigKey(name="tp_per_request", type=bool, default=False, scope="request"), "scope 'request'"),
+    (ConfigKey(name="spec_mtp_adaptive", type=bool, default=False), "which is the core's"),  # a core key's alias
+    (ConfigKey(name="tp_renamed", type=int, default=1, aliases=("tp_old",)), "earlier names are the core's"),
 ])
 def test_a_bad_declaration_is_a_plugin_error_naming_the_plugin(tp, key, match):
     with pytest.raises(PluginError, match=match) as err:
@@ -159,12 +161,48 @@ def test_first_party_keys_keep_their_names_and_errors():
     assert (err.value.key, err.value.allowed) == ("spec_mtp_fr_vocab_size", "an integer >= 1")
 
 
+# -- a core key's earlier name -----------------------------------------------------------------------------
+LEGACY = {"spec_mtp_recurrent_snapshots": ("spec_recurrent_snapshots", 3), "spec_mtp_adaptive": ("spec_adaptive", True)}
+
+
+@pytest.mark.parametrize("old", sorted(LEGACY))
+def test_a_core_keys_earlier_name_is_taken_wherever_the_key_is(old, tmp_path):
+    """The seed's ``spec_mtp_*`` names of two keys that serve every strategy: keywords, a mapping, TOML, a
+    sequence's and a request's changes all take them as the key; reads by them answer the key's value; the
+    configuration (and its digest) is the one the key's name makes."""
+    new, value = LEGACY[old]
+    want = PowerConfig(spec_mode="mtp", spec_draft_max=7, **{new: value})
+    assert want != PowerConfig(spec_mode="mtp", spec_draft_max=7)
+    toml = tmp_path / "power.toml"
+    toml.write_text(f'spec_mode = "mtp"\nspec_draft_max = 7\n{old} = {str(value).lower()}\n')
+    for got in (PowerConfig(spec_mode="mtp", spec_draft_max=7, **{old: value}),
+                PowerConfig.from_mapping({"spec_mode": "mtp", "spec_draft_max": 7, old: value}),
+                PowerConfig.from_toml(toml),
+                PowerConfig(spec_mode="mtp", spec_draft_max=7).scoped("sequence", {old: value})):
+        assert got == want and got.digest() == want.digest()
+        assert getattr(got, old) == getattr(got, new) == value
+        assert old not in got.to_dict() and got.to_dict()[new] == value
+
+
+@pytest.mark.parametrize("old", sorted(LEGACY))
+def test_both_names_of_one_key_or_a_bad_value_by_the_old_name_are_typed_errors(old):
+    new, value = LEGACY[old]
+    with pytest.raises(ConfigError, match="not both") as err:
+        PowerConfig(spec_mode="mtp", **{old: value, new: value})
+    assert err.value.key == old
+    with pytest.raises(ConfigError) as err:
+        PowerConfig(spec_mode="mtp", **{old: "many"})
+    assert err.value.key == new  # the key's own check, by its name
+    with pytest.raises(ConfigError, match="fixed when the"):
+        PowerConfig(spec_mode="mtp").scoped("request", {old: value})
+
+
 # -- scopes ------------------------------------------------------------------------------------------------
 def test_scopes_come_from_the_declarations(tp):
     assert SAMPLING_KEYS == ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n",
                              "frequency_penalty", "presence_penalty", "logit_bias")
     assert {k.scope for k in declared_keys()} <= set(SCOPES)
-    assert {"spec_draft_max", "spec_mtp_adaptive", "trace", "spec_draft_p_min", "tp_lookback"} <= set(SEQUENCE_KEYS)
+    assert {"spec_draft_max", "spec_adaptive", "trace", "spec_draft_p_min", "tp_lookback"} <= set(SEQUENCE_KEYS)
     assert not {"n_ctx", "numerics", "temperature", "spec_mtp_fr_vocab_size"} & set(SEQUENCE_KEYS)
     assert all(k.owner in ("session", "transaction", "scheduler", "sampler") for k in CORE_KEYS)
 

@@ -23,15 +23,15 @@ from tests.helpers import check_host_split, open_session, run
     (dict(spec_draft_max=0), "spec_draft_max"),
     (dict(spec_draft_max=65), "spec_draft_max"),
     (dict(spec_draft_max=True), "spec_draft_max"),
-    (dict(spec_draft_max=3, spec_mtp_recurrent_snapshots=4), "spec_mtp_recurrent_snapshots"),
-    (dict(spec_mtp_recurrent_snapshots=0), "spec_mtp_recurrent_snapshots"),
+    (dict(spec_draft_max=3, spec_recurrent_snapshots=4), "spec_recurrent_snapshots"),
+    (dict(spec_recurrent_snapshots=0), "spec_recurrent_snapshots"),
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(min_p=1.0), "min_p"),
-    (dict(spec_mode="off", spec_mtp_adaptive=True), "spec_mtp_adaptive"),
+    (dict(spec_mode="off", spec_adaptive=True), "spec_adaptive"),
     (dict(spec_mode="dflash", spec_mtp_fr_vocab_size=8192), "spec_mtp_fr_vocab_size"),
-    (dict(spec_mtp_adaptive="yes"), "spec_mtp_adaptive"),
+    (dict(spec_adaptive="yes"), "spec_adaptive"),
     (dict(spec_mode="UPPER"), "spec_mode"),
     (dict(n_gpu_layers=-2), "n_gpu_layers"),
     (dict(n_gpu_layers=1.0), "n_gpu_layers"),
@@ -108,9 +108,9 @@ def test_token_digest_is_int32_little_endian_sha256():
 def test_receipt_fields_and_hash_stability():
     model = "reference:seed=4,vocab=60,dim=8,recurrent=1"
     a = run(model, [1, 2, 3], "ref-draft", "reference:accept=0.5", max_tokens=25, spec_draft_max=6,
-            spec_mtp_recurrent_snapshots=4)
+            spec_recurrent_snapshots=4)
     b = run(model, [1, 2, 3], "ref-draft", "reference:accept=0.5", max_tokens=25, spec_draft_max=6,
-            spec_mtp_recurrent_snapshots=4)
+            spec_recurrent_snapshots=4)
     d = a.receipt.to_dict()
     for key in ("schema", "config_sha256", "artifacts", "strategy", "backend", "rounds", "scheduler",
                 "output_sha256", "timings", "summary", "receipt_sha256", "selection", "status"):
@@ -136,7 +136,7 @@ def test_receipt_rollback_counts_are_the_requests_own():
     # backend.rollback once held the target's live session-wide counters: every receipt of a session
     # showed the running totals. Each request now reports its own share, as a fresh session would.
     model, draft = "reference:seed=4,vocab=60,dim=8,recurrent=1", "reference:accept=0.5"
-    cfg = dict(spec_draft_max=4, spec_mtp_recurrent_snapshots=1)  # K > S: some rollbacks restore and replay
+    cfg = dict(spec_draft_max=4, spec_recurrent_snapshots=1)  # K > S: some rollbacks restore and replay
     requests = [([7, 8, 9, 10], 40), ([5, 6], 30)]
     with open_session(model, "ref-draft", draft, **cfg) as s:
         shared = [s.generate(p, max_tokens=n).receipt for p, n in requests]

@@ -29,8 +29,8 @@ def scenarios(draw, stochastic: bool = False):
     else:
         draft = f"reference:seed={draw(st.integers(0, 10_000))},vocab={vocab},dim=8,recurrent=0"
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=12))
-    cfg = dict(spec_draft_max=k, spec_mtp_recurrent_snapshots=s, max_tokens=draw(st.integers(1, 40)),
-               spec_mtp_adaptive=draw(st.booleans()))
+    cfg = dict(spec_draft_max=k, spec_recurrent_snapshots=s, max_tokens=draw(st.integers(1, 40)),
+               spec_adaptive=draw(st.booleans()))
     if stochastic:
         cfg.update(temperature=draw(st.floats(0.2, 1.5)), top_p=draw(st.sampled_from([1.0, 0.9, 0.5])),
                    top_k=draw(st.sampled_from([0, 5, 20])), seed=draw(st.integers(0, 2**32)))
@@ -38,7 +38,7 @@ def scenarios(draw, stochastic: bool = False):
 
 
 def _reference(model, prompt, cfg):
-    base = {k: v for k, v in cfg.items() if k not in ("spec_mtp_recurrent_snapshots", "spec_mtp_adaptive")}
+    base = {k: v for k, v in cfg.items() if k not in ("spec_recurrent_snapshots", "spec_adaptive")}
     return run(model, prompt, "off", **base)
 
 
@@ -92,7 +92,7 @@ def test_decode_work_accounts_for_replays(k, s):
     model = "reference:seed=3,vocab=50,dim=8,recurrent=1"
     prompt = [1, 2, 3, 4]
     with open_session(model, "ref-draft", "reference:seed=4,vocab=50,dim=8,recurrent=0",
-                      spec_draft_max=k, spec_mtp_recurrent_snapshots=s, max_tokens=30) as sess:
+                      spec_draft_max=k, spec_recurrent_snapshots=s, max_tokens=30) as sess:
         res = sess.generate(prompt)
         rounds = res.receipt.rounds
         expected = len(prompt) - 1 + sum(r["shape"] for r in rounds) + sum(r["emitted"] for r in rounds

@@ -18,22 +18,22 @@ def scheduled(res):
 
 
 def sched(k=7, s=7, adaptive=False, window="s", **kw):
-    cfg = PowerConfig(spec_mode="ref-draft", spec_draft_max=k, spec_mtp_recurrent_snapshots=s,
-                      spec_mtp_adaptive=adaptive, **kw)
+    cfg = PowerConfig(spec_mode="ref-draft", spec_draft_max=k, spec_recurrent_snapshots=s,
+                      spec_adaptive=adaptive, **kw)
     return Scheduler.for_request(cfg, s if window == "s" else window)
 
 
 def test_spec_draft_max_bounds_width_and_snapshots_bound_rollback():
-    """spec_draft_max bounds proposal width. spec_mtp_recurrent_snapshots bounds resident rollback state."""
-    res = run(MODEL, PROMPT, "ref-draft", spec_draft_max=3, spec_mtp_recurrent_snapshots=2, max_tokens=30)
+    """spec_draft_max bounds proposal width. spec_recurrent_snapshots bounds resident rollback state."""
+    res = run(MODEL, PROMPT, "ref-draft", spec_draft_max=3, spec_recurrent_snapshots=2, max_tokens=30)
     assert max(r["proposed"] for r in res.receipt.rounds) <= 3
-    with open_session(MODEL, "ref-draft", spec_draft_max=3, spec_mtp_recurrent_snapshots=2) as s:
+    with open_session(MODEL, "ref-draft", spec_draft_max=3, spec_recurrent_snapshots=2) as s:
         assert s.opened.target.capabilities.rollback_window == 2
 
 
 def test_k7_s7_keeps_a_rollback_point_for_every_proposed_token():
     """K7/S7 keeps a rollback point for every proposed token ... avoids the replay condition entirely."""
-    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=7, max_tokens=40)
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_recurrent_snapshots=7, max_tokens=40)
     assert res.receipt.replays == 0
     assert any(r["shape"] - r["emitted"] == 7 for r in res.receipt.rounds)  # full-depth rollbacks happened
     assert res.receipt.scheduler["mode"] == "balanced"
@@ -41,13 +41,13 @@ def test_k7_s7_keeps_a_rollback_point_for_every_proposed_token():
 
 def test_k7_s7_is_the_balanced_default():
     cfg = PowerConfig()  # K unset: the strategy's default, else 7
-    assert (cfg.spec_draft_max, cfg.draft_max, cfg.snapshots, cfg.spec_mtp_adaptive) == (None, 7, 7, False)
+    assert (cfg.spec_draft_max, cfg.draft_max, cfg.snapshots, cfg.spec_adaptive) == (None, 7, 7, False)
 
 
 def test_k7_s6_rejected_suffix_may_exceed_window_and_replays_once_then_clamps_to_six():
     """K7/S6: a rejected suffix may exceed the resident window. Power's guarded K7/S6 path permits one
     exact replay, then clamps all later rounds in that request to six proposals."""
-    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=40)
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_recurrent_snapshots=6, max_tokens=40)
     rounds = scheduled(res)
     first = next(i for i, r in enumerate(rounds) if r["replayed"])
     assert rounds[first]["shape"] - rounds[first]["emitted"] == 7  # depth 7 > S=6
@@ -60,7 +60,7 @@ def test_k7_s6_rejected_suffix_may_exceed_window_and_replays_once_then_clamps_to
 
 def test_guard_leaves_high_acceptance_requests_unchanged():
     """The guard bounds replay without changing requests that remain on the high-acceptance path."""
-    res = run(MODEL, PROMPT, "ref-draft", None, spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=40)
+    res = run(MODEL, PROMPT, "ref-draft", None, spec_draft_max=7, spec_recurrent_snapshots=6, max_tokens=40)
     assert res.receipt.replays == 0 and res.receipt.scheduler["clamp"] is None
     assert all(r["planned"] == 7 for r in scheduled(res)[:-1])
 
@@ -94,8 +94,8 @@ def test_adaptive_closes_wide_path_after_partial_first_round():
 
 def test_adaptive_does_not_use_replay_as_first_signal():
     """It avoids using replay as its first signal: the probe at min(K,S) can never replay."""
-    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_recurrent_snapshots=6,
-              spec_mtp_adaptive=True, max_tokens=40)
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_recurrent_snapshots=6,
+              spec_adaptive=True, max_tokens=40)
     assert res.receipt.replays == 0
     assert scheduled(res)[0]["planned"] == 6
 
@@ -131,7 +131,7 @@ def test_low_yield_streak_resets_on_a_good_round():
 
 
 def test_circuit_end_to_end_and_exact():
-    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_mtp_adaptive=True, max_tokens=40,
+    res = run(MODEL, PROMPT, "ref-draft", OTHER, spec_draft_max=7, spec_adaptive=True, max_tokens=40,
               spec_adaptive_low_yield_rounds=2)
     assert res.receipt.scheduler["circuit_open"]
     reasons = [r["reason"] for r in res.receipt.rounds]
@@ -142,7 +142,7 @@ def test_circuit_end_to_end_and_exact():
 
 
 def test_legacy_key_spec_mtp_adaptive_selects_the_controller(tmp_path):
-    """The legacy ACL key remains spec_mtp_adaptive."""
+    """The legacy ACL key remains spec_adaptive."""
     f = tmp_path / "power.toml"
     f.write_text('spec_mode = "mtp"\nspec_draft_max = 7\nspec_mtp_recurrent_snapshots = 6\nspec_mtp_adaptive = true\n')
     cfg = PowerConfig.from_toml(f)

@@ -74,9 +74,9 @@ def test_a_request_in_a_lane_equals_a_session_of_that_strategy_alone(sampling):
 
 
 def test_each_lane_gets_its_own_keys_and_the_draft_goes_where_it_is_read():
-    with Session.open(_config(spec_mtp_adaptive=True), model=MODEL, plugins=core_plugins(),
+    with Session.open(_config(spec_adaptive=True), model=MODEL, plugins=core_plugins(),
                       strategies=["ref-draft", "off"]) as s:
-        assert s.lanes[0].config.spec_mtp_adaptive and not s.lanes[1].config.spec_mtp_adaptive
+        assert s.lanes[0].config.spec_adaptive and not s.lanes[1].config.spec_adaptive
     with pytest.raises(ConfigError) as info:
         _open(("ref-draft", "off"), draft="/some/draft.gguf")  # neither reads a draft file
     assert info.value.key == "draft"

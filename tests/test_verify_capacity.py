@@ -214,7 +214,7 @@ def scenarios(draw):
     prompt = (unit * draw(st.integers(1, 4)))[:16]
     cfg: dict[str, Any] = dict(max_tokens=draw(st.integers(1, 40)))
     if mode != "off":
-        cfg.update(spec_draft_max=k, spec_mtp_adaptive=draw(st.booleans()))
+        cfg.update(spec_draft_max=k, spec_adaptive=draw(st.booleans()))
     if draw(st.booleans()):
         cfg.update(temperature=draw(st.floats(0.2, 1.5)), top_k=draw(st.sampled_from([0, 5])),
                    seed=draw(st.integers(0, 2**32)))

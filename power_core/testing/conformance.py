@@ -301,7 +301,7 @@ class AdapterConformance(AdapterHarness):
         v = self.n_vocab()
         p = self.prompt(7, v)
         s_ = max(1, self.k - 2)
-        res = self.speculative(p, spec_mtp_recurrent_snapshots=s_,
+        res = self.speculative(p, spec_recurrent_snapshots=s_,
                                wrap=lambda inner: NoisyProposer(inner, vocab=v, reject_at=0, keep_tail=True))
         ref = self.reference(p).tokens
         assert res.tokens == ref, (f"S={s_} < K={self.k}, every proposal rejected at 0: speculative emitted "

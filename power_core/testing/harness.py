@@ -105,7 +105,7 @@ class AdapterHarness:
         return cache[full]
 
     def reference(self, prompt: list[int], stop_ids: Sequence[int] | None = None, **cfg: Any) -> Result:
-        cfg = {k: v for k, v in cfg.items() if k not in ("spec_mtp_recurrent_snapshots", "spec_mtp_adaptive")}
+        cfg = {k: v for k, v in cfg.items() if k not in ("spec_recurrent_snapshots", "spec_adaptive")}
 
         def make() -> Result:
             with self.open("off", stop_ids=stop_ids, **cfg) as s:

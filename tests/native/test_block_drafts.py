@@ -57,7 +57,7 @@ def generate(model, mode, prompt, draft=None, **cfg):
     base = dict(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2)
     base.update(cfg)
     if mode == "off":
-        base = {k: v for k, v in base.items() if k not in ("spec_mtp_recurrent_snapshots", "spec_mtp_adaptive",
+        base = {k: v for k, v in base.items() if k not in ("spec_recurrent_snapshots", "spec_adaptive",
                                                            "spec_draft_p_min")}
         draft = None
     with Session.open(PowerConfig(**base), model=str(model), draft=str(draft) if draft else None) as s:
@@ -76,8 +76,8 @@ def test_greedy_equals_off(drafts, arch, mode, k, s, adaptive):
     target, draft = drafts[("target", arch)], drafts[(arch, mode)]
     for prompt in PROMPTS:
         ref = generate(target, "off", prompt)
-        got = generate(target, mode, prompt, draft, spec_draft_max=k, spec_mtp_recurrent_snapshots=s,
-                       spec_mtp_adaptive=adaptive)
+        got = generate(target, mode, prompt, draft, spec_draft_max=k, spec_recurrent_snapshots=s,
+                       spec_adaptive=adaptive)
         assert got.tokens == ref.tokens, (arch, mode, k, s, adaptive, prompt)
         assert got.receipt.strategy["name"] == mode
         if not adaptive:
@@ -100,7 +100,7 @@ def test_dspark_seed_profile_k10_s6(drafts):
     target, draft = drafts[("target", "qwen35")], drafts[("qwen35", "dspark")]
     ref = generate(target, "off", PROMPTS[0], max_tokens=64)
     got = generate(target, "dspark", PROMPTS[0], draft, max_tokens=64, spec_draft_max=10,
-                   spec_mtp_recurrent_snapshots=6, trace=True)
+                   spec_recurrent_snapshots=6, trace=True)
     assert got.tokens == ref.tokens
     assert max(r["proposed"] for r in got.receipt.rounds) == 10
     assert got.receipt.backend["n_rs_seq"] == 6 and got.receipt.scheduler["mode"] == "guarded"
@@ -279,9 +279,9 @@ def test_vocabulary_mismatch_without_d2t(tiny_dir, drafts, tiny_qwen35):
 def test_dflash2_refuses_the_adaptive_controller(drafts):
     target, draft = drafts[("target", "qwen35")], drafts[("qwen35", "dflash2")]
     with pytest.raises(ConfigError) as err:
-        Session.open(PowerConfig(spec_mode="dflash2", spec_mtp_adaptive=True, n_ctx=256), model=str(target),
+        Session.open(PowerConfig(spec_mode="dflash2", spec_adaptive=True, n_ctx=256), model=str(target),
                      draft=str(draft))
-    assert err.value.key == "spec_mtp_adaptive" and "evidence" in str(err.value)
+    assert err.value.key == "spec_adaptive" and "evidence" in str(err.value)
 
 
 def test_dspark_p_min_without_confidence_head_is_refused(drafts):

@@ -23,7 +23,7 @@ PROMPT = [1, 17, 42, 99, 5, 63, 8]
 
 
 def _cfg(mode: str, k: int = 4, s: int | None = None, n: int = 40) -> PowerConfig:
-    return PowerConfig(spec_mode=mode, spec_draft_max=k, spec_mtp_recurrent_snapshots=s, max_tokens=n,
+    return PowerConfig(spec_mode=mode, spec_draft_max=k, spec_recurrent_snapshots=s, max_tokens=n,
                        n_ctx=256, n_threads=2)
 
 

@@ -64,7 +64,7 @@ def generate(model, mode, prompt, draft=None, **cfg):
     base = dict(spec_mode=mode, max_tokens=32, n_ctx=256, n_threads=2)
     base.update(cfg)
     if mode == "off":
-        base = {k: v for k, v in base.items() if k not in ("spec_draft_p_min", "spec_mtp_recurrent_snapshots")}
+        base = {k: v for k, v in base.items() if k not in ("spec_draft_p_min", "spec_recurrent_snapshots")}
         draft = None
     with Session.open(PowerConfig(**base), model=str(model), draft=str(draft) if draft else None) as s:
         return s.generate(prompt)

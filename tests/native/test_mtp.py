@@ -40,7 +40,7 @@ def generate(model, mode: str, prompt, **cfg):
     base = dict(spec_mode=mode, max_tokens=48, n_ctx=256, n_threads=2)
     base.update(cfg)
     if mode == "off":
-        base = {k: v for k, v in base.items() if k not in ("spec_mtp_recurrent_snapshots", "spec_mtp_adaptive",
+        base = {k: v for k, v in base.items() if k not in ("spec_recurrent_snapshots", "spec_adaptive",
                                                            "spec_mtp_fr_vocab_size")}
     with Session.open(PowerConfig(**base), model=str(model)) as s:
         return s.generate(prompt)
@@ -66,8 +66,8 @@ def predictable_mtp(tiny_dir) -> Path:
 def test_greedy_mtp_equals_off(mtp_target, k, s, adaptive):
     for prompt in PROMPTS:
         ref = generate(mtp_target, "off", prompt)
-        got = generate(mtp_target, "mtp", prompt, spec_draft_max=k, spec_mtp_recurrent_snapshots=s,
-                       spec_mtp_adaptive=adaptive)
+        got = generate(mtp_target, "mtp", prompt, spec_draft_max=k, spec_recurrent_snapshots=s,
+                       spec_adaptive=adaptive)
         assert got.tokens == ref.tokens, (k, s, adaptive, prompt)
         assert got.receipt.strategy["name"] == "mtp"
         if not adaptive:
@@ -79,7 +79,7 @@ def test_seeded_stochastic_mtp_equals_off(mtp_target, k, s):
     for seed in (1, 7, 42):
         cfg = dict(temperature=0.9, top_k=40, top_p=0.95, seed=seed)
         ref = generate(mtp_target, "off", PROMPTS[0], **cfg)
-        got = generate(mtp_target, "mtp", PROMPTS[0], spec_draft_max=k, spec_mtp_recurrent_snapshots=s, **cfg)
+        got = generate(mtp_target, "mtp", PROMPTS[0], spec_draft_max=k, spec_recurrent_snapshots=s, **cfg)
         assert got.tokens == ref.tokens, seed
 
 
@@ -152,7 +152,7 @@ def test_predictable_head_high_acceptance(predictable_mtp):
 
 def test_guarded_k7_s6_replays_once_then_clamps(predictable_mtp):
     """A full rejection (depth 7 > S=6) needs one exact replay; the guard then clamps K to 6."""
-    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_mtp_recurrent_snapshots=6, max_tokens=64, n_ctx=256,
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_recurrent_snapshots=6, max_tokens=64, n_ctx=256,
                       n_threads=2)
     with Session.open(cfg, model=str(predictable_mtp)) as s:
         s.proposer = NoisyProposer(s.proposer, vocab=128, reject_at=0, keep_tail=True)
@@ -169,10 +169,10 @@ def test_guarded_k7_s6_replays_once_then_clamps(predictable_mtp):
 def test_adaptive_widens_on_full_acceptance_and_opens_circuit_on_low_yield(predictable_mtp):
     ref = generate(predictable_mtp, "off", PROMPTS[0], max_tokens=64)
     good = generate(predictable_mtp, "mtp", PROMPTS[0], max_tokens=64, spec_draft_max=7,
-                    spec_mtp_recurrent_snapshots=4, spec_mtp_adaptive=True)
+                    spec_recurrent_snapshots=4, spec_adaptive=True)
     assert good.tokens == ref.tokens
     assert max(r["planned"] for r in good.receipt.rounds) > 4  # widened after a fully accepted probe
-    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_mtp_adaptive=True, max_tokens=64, n_ctx=256,
+    cfg = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_adaptive=True, max_tokens=64, n_ctx=256,
                       n_threads=2)
     with Session.open(cfg, model=str(predictable_mtp)) as s:
         s.proposer = NoisyProposer(s.proposer, vocab=128, reject_at=0, keep_tail=True)

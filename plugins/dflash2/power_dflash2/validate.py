@@ -64,8 +64,8 @@ def validate_dflash2(target: ArtifactView, draft: ArtifactView | None, config: A
         for part in ("attn", "ffn"):
             need_tensor(draft, f"blk.{i}.{part}_conv_base", p, (n_embd, kernel, 2))
             need_tensor(draft, f"blk.{i}.{part}_conv_proj.weight", p, (n_embd, proj))
-    if getattr(config, "spec_mtp_adaptive", False):
-        raise ConfigError("spec_mtp_adaptive", True, "false for spec_mode 'dflash2'",
+    if getattr(config, "spec_adaptive", False):
+        raise ConfigError("spec_adaptive", True, "false for spec_mode 'dflash2'",
                           "DFlash2 runs its fixed external-draft shape; an adaptive DFlash2 profile needs separate "
                           "evidence (the seed) and is not offered")
     facts = attrs.asdict(bb) | {"selector_rank": rank, "selector_top_k": top_k, "conv_kernel_size": kernel,
