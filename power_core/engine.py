@@ -18,9 +18,12 @@ oldest waiting ticket that fits.
 
 * *shared*: the sequences are one :class:`~power_core.runtime.BatchRuntime`'s; one driver thread
   runs one target pass at a time for every active request (:class:`~power_core.passes.SharedPasses`).
-* *solo*: each sequence has a target of its own. The thread that reads a request's rounds runs them
-  (prefill, then one pass per round), so independent requests decode in parallel threads without a
-  hand-off per round.
+* *solo*: each sequence has a target of its own. The process's compute thread
+  (:func:`~power_core.compute.compute_thread`) runs a request's prefill and rounds, whichever thread reads
+  them: llama.cpp's CPU backend leads an OpenMP team from the thread that decodes, and a process with a team
+  per reading thread decodes at a third of the speed (:mod:`power_core.compute`). A reader that iterates
+  :meth:`Engine.rounds` hands it one round at a time; :meth:`Engine.run` the whole request, which gives way
+  between rounds to another request waiting there.
 
 Either way :meth:`Engine.rounds` yields :class:`~power_core.passes.Commit` values: each round's record
 with a snapshot of the request taken when the round committed, so a reader in another thread never
@@ -35,7 +38,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import inspect
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -43,6 +49,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from power_core.compute import ComputeThread, compute_thread
 from power_core.constraint import ConstraintSpec
 from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, RuntimeFault, SessionBusy, StateLost
 from power_core.logs import get_logger
@@ -195,7 +202,7 @@ class Engine(Generic[SlotT]):
 
     @property
     def runtime(self) -> BatchRuntime | None:
-        """The shared passes' runtime (``None``: every sequence decodes alone, on its reader's thread)."""
+        """The shared passes' runtime (``None``: every sequence decodes alone, on the compute thread)."""
         return self._driver.runtime if self._driver is not None else None
 
     @runtime.setter
@@ -393,7 +400,7 @@ class Engine(Generic[SlotT]):
         if gen.session not in self.sessions:
             raise SessionBusy("this request's session does not belong to the engine")
         if gen.txn is None or gen.txn.finished is None:
-            for _ in self._solo(gen) if self._driver is None else self._shared(self._driver, gen, quiet=True):
+            for _ in self._solo(gen, quiet=True) if self._driver is None else self._shared(self._driver, gen, quiet=True):
                 pass
         return gen.result()
 
@@ -425,9 +432,37 @@ class Engine(Generic[SlotT]):
         finally:
             self.release(gen.session)
 
-    # -- the solo driver: the reader's thread runs the rounds -----------------------------------------------
-    def _solo(self, gen: Request[Any]) -> Generator[Commit, None, None]:
+    # -- the solo driver: the process's compute thread runs the rounds (power_core.compute) ------------------
+    def _solo(self, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:
         self._begin(gen)
+        compute = compute_thread()
+        rounds = self._solo_rounds(gen)
+        step = functools.partial(next, rounds, None)
+        cancel = gen.cancel.cancel
+        try:
+            if quiet:  # to its end in one call, giving way between rounds to another request's
+                while compute.call(functools.partial(self._run_while_alone, rounds, compute), interrupt=cancel):
+                    pass
+                return
+            while (commit := compute.call(step, interrupt=cancel)) is not None:
+                yield commit
+        finally:
+            if inspect.getgeneratorstate(rounds) == inspect.GEN_CREATED:  # failed before its first round
+                self.end_attempt(gen, sys.exc_info()[1])
+            else:  # (a reader that left early: its open round ends, its sequence goes back)
+                compute.call(rounds.close)
+            gen.report()  # its receipt and observers: on the reader's thread, as on shared passes
+
+    @staticmethod
+    def _run_while_alone(rounds: Generator[Commit, None, None], compute: ComputeThread) -> bool:
+        """Run ``rounds`` until they end (False) or another request waits for the compute thread (True)."""
+        for _ in rounds:
+            if compute.busy():
+                return True
+        return False
+
+    def _solo_rounds(self, gen: Request[Any]) -> Generator[Commit, None, None]:
+        """The request's prefill and rounds (on the compute thread); its attempt ends with them."""
         txn = gen.txn
         assert txn is not None
         failure: BaseException | None = None
@@ -449,7 +484,6 @@ class Engine(Generic[SlotT]):
             raise
         finally:
             self.end_attempt(gen, failure)
-            gen.report()
 
     # -- the shared driver: one thread runs every request's rounds in shared passes (power_core.passes) -----
     def _shared(self, driver: SharedPasses, gen: Request[Any], quiet: bool = False) -> Generator[Commit, None, None]:

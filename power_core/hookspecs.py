@@ -89,7 +89,7 @@ def power_txn_phase(phase: str, round_index: int, step: Callable[[], Any]) -> An
 
     A wrapper runs on the thread that drives the target, inside the round: the shared passes'
     driver (``power-engine``) for a request in shared passes, so its time is every request's of
-    the pass; the reader's thread for a sequence that decodes alone. Keep it short.
+    the pass; the compute thread (``power-compute``) for a sequence that decodes alone. Keep it short.
 
     Stops at first non-None result (there is exactly one non-wrapper implementation: the core's).
 

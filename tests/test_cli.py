@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -153,7 +154,10 @@ class _CtrlCAt:
     def power_txn_phase(self, phase, round_index):
         if phase == "verify" and round_index == self.round_index:
             if self.how == "signal":
-                os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next bytecode
+                # the main thread runs the handler (a cancel) while it waits for the compute thread, where
+                # this round runs (power_core.compute): give it the moment it takes before the round goes on
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
             else:
                 raise KeyboardInterrupt
         return (yield)

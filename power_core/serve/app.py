@@ -272,8 +272,9 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
     a 503 when the queue is full or the request's timeout passes first), started there, and answered: whole,
     or streamed. On shared passes its rounds run in the driver, which hands each commit straight to the
     event loop (:class:`Following`: no thread waits for the request; a worker begins it, for its
-    ``power_request_start`` observers); on a sequence that decodes alone a worker runs them (:func:`run_job`).
-    Its timeout stops it; its receipt is kept and offered to the audit when it ends (:func:`_ended`)."""
+    ``power_request_start`` observers); on a sequence that decodes alone a worker reads them from the
+    compute thread (:func:`run_job`). Its timeout stops it; its receipt is kept and offered to the audit when
+    it ends (:func:`_ended`)."""
     job, engine = prepared.job, state.engine
     if state.draining:
         raise _shutting_down()

@@ -1,0 +1,110 @@
+"""The process's compute thread: the one thread every solo request's rounds run on.
+
+llama.cpp's CPU backend runs a graph as an OpenMP team led by the thread that calls it, and libgomp keeps a
+team for every thread that has led one. Once the process holds more of those threads than CPUs, libgomp
+stops spinning at the barriers between a graph's ops, and every pass pays a sleep and a wake-up per barrier
+(:func:`power_core.opening.in_own_thread` says the same of opening). So a request must not decode on
+whichever thread happens to read it: on this 2-core machine (tiny qwen35 with its MTP head, 192 tokens) one
+session read from one thread took 52 ms a request, the same session read from two threads in turn 166 ms
+(and 147 ms afterwards, back on the first thread), two sessions each read from a thread of its own 154 ms,
+and ``power serve --no-batch --parallel 2`` 147 ms against 42 ms on shared passes.
+
+:func:`compute_thread` is one daemon thread per process (``power-compute``), started when first needed. The
+solo driver (:meth:`~power_core.engine.Engine.rounds`) hands it a request's rounds; whoever reads them
+waits. Requests of several sessions interleave there round by round (:meth:`ComputeThread.busy` lets a
+request that runs to its end give way between rounds). The shared passes' driver (one thread per engine)
+and the thread that opens a model (which ends) lead the only other teams.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["ComputeThread", "compute_thread"]
+
+_T = TypeVar("_T")
+#: a call: the context's ``run``, the box its outcome goes to, the callable, the lock released when it is there
+_Job = tuple[Callable[..., Any], list[tuple[bool, Any]], Callable[[], Any], threading.Lock]
+
+
+class ComputeThread:
+    """A thread that runs the callables handed to it, one at a time, in the order they came
+    (:meth:`call`)."""
+
+    def __init__(self, name: str = "power-compute") -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        """The thread's identifier."""
+        return self._thread.ident
+
+    def busy(self) -> bool:
+        """Whether a call is waiting for this thread (read by the call it runs, to give way)."""
+        return not self._jobs.empty()
+
+    def call(self, fn: Callable[[], _T], *, interrupt: Callable[[], None] | None = None) -> _T:
+        """``fn()`` on this thread, in the caller's context (``contextvars``: its log fields); its result,
+        or its exception, raised here. A call from this thread itself runs at once. Interrupted while it
+        waits (Ctrl-C), the caller runs ``interrupt`` (a request's cancel), still waits for ``fn`` to
+        return (what it changed is settled), and re-raises."""
+        if threading.get_ident() == self._thread.ident:
+            return fn()
+        box: list[tuple[bool, Any]] = []
+        done = threading.Lock()
+        done.acquire()
+        self._jobs.put((contextvars.copy_context().run, box, fn, done))
+        try:
+            done.acquire()
+        except BaseException:
+            if interrupt is not None:
+                interrupt()
+            while not box:  # the work in flight settles before the interrupt propagates
+                try:
+                    done.acquire()
+                except BaseException:  # noqa: BLE001 - a second interrupt: still wait for it
+                    continue
+            raise
+        ok, value = box[0]
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
+
+    def _serve(self) -> None:
+        while True:
+            run, box, fn, done = self._jobs.get()
+            try:
+                box.append((True, run(fn)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+                box.append((False, exc))
+            finally:
+                done.release()
+
+
+_lock = threading.Lock()
+_compute: ComputeThread | None = None
+
+
+def compute_thread() -> ComputeThread:
+    """The process's compute thread (started on first use)."""
+    global _compute
+    with _lock:
+        if _compute is None:
+            _compute = ComputeThread()
+        return _compute
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of its parent's threads: it starts its own compute thread when it needs one."""
+    global _compute, _lock
+    _compute, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
