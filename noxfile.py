@@ -285,6 +285,15 @@ def bench_sampling(session: nox.Session) -> None:
 
 
 @nox.session(python=PY)
+def bench_threads(session: nox.Session) -> None:
+    """Whether the thread that reads a request matters (power_core.compute): one session from one thread, from two
+    in turn, two sessions on two threads, and ``power serve --no-batch``; ``-- --base DIR`` pairs another checkout."""
+    install_all(session, models=False)
+    session.run("python", "tests/bench/bench_threads.py", "--out", str(ROOT / "evidence" / "bench_threads.json"),
+                *session.posargs)
+
+
+@nox.session(python=PY)
 def bench_rss(session: nox.Session) -> None:
     """RSS of 4 sessions sharing one loaded model vs 4 separate loads (SmolLM2, Gemma-3; both numerics)."""
     install_all(session)
