@@ -47,11 +47,12 @@ def served(*args: str, startup_s: float = 180.0, env: dict[str, str] | None = No
 
 @contextlib.contextmanager
 def listening(cmd: list[str], *, startup_s: float = 180.0, env: dict[str, str] | None = None,
-              announce: re.Pattern[str] = _ANNOUNCE) -> Iterator[Served]:
+              announce: re.Pattern[str] = _ANNOUNCE, cwd: Path | None = None) -> Iterator[Served]:
     """Any server process that announces ``listening on http://127.0.0.1:PORT`` on stderr once it serves
-    (``power serve``, llama.cpp's ``llama-server --port 0``); stopped with SIGTERM afterwards."""
+    (``power serve``, llama.cpp's ``llama-server --port 0``); stopped with SIGTERM afterwards. It runs in ``cwd``
+    (default: the repository root, whose ``power_core`` a ``python -m`` command imports first)."""
     what = Path(cmd[0]).name if cmd[0] != sys.executable else "power serve"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd or ROOT, env=env)
     log: list[str] = []
     found = threading.Event()
     url: list[str] = []

@@ -85,7 +85,7 @@ def _serve(model: Path, n: int, mode: str, base: Path | None) -> float:
                     "--parallel", "2", "--no-batch")
     prompts = ["hello world, this is a test prompt for the speculative decoding benchmark",
                "the quick brown fox jumps over the lazy dog and then the dog sleeps"]
-    with listening(cmd, env=env) as s, httpx.Client(timeout=600) as c:
+    with listening(cmd, env=env, cwd=base) as s, httpx.Client(timeout=600) as c:
         name = c.get(s.base_url + "/models").json()["data"][0]["id"]
         ms = []
         for i in range(n + 4):
