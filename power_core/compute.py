@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import os
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,6 +29,8 @@ from typing import Any, TypeVar
 __all__ = ["ComputeThread", "compute_thread"]
 
 _T = TypeVar("_T")
+#: how often a thread waiting for a call runs its signal handlers (the longest a Ctrl-C waits for them)
+_WAIT_SLICE_S = 0.05
 #: a call: the context's ``run``, the box its outcome goes to, the callable, the lock released when it is there
 _Job = tuple[Callable[..., Any], list[tuple[bool, Any]], Callable[[], Any], threading.Lock]
 
@@ -62,13 +65,16 @@ class ComputeThread:
         done.acquire()
         self._jobs.put((contextvars.copy_context().run, box, fn, done))
         try:
-            done.acquire()
+            # in slices: a signal that lands just before the lock's wait begins (a Ctrl-C) does not wake it,
+            # and its handler runs only when this thread next runs Python
+            while not done.acquire(timeout=_WAIT_SLICE_S):
+                pass
         except BaseException:
             if interrupt is not None:
                 interrupt()
             while not box:  # the work in flight settles before the interrupt propagates
                 try:
-                    done.acquire()
+                    done.acquire(timeout=_WAIT_SLICE_S)
                 except BaseException:  # noqa: BLE001 - a second interrupt: still wait for it
                     continue
             raise
@@ -78,6 +84,8 @@ class ComputeThread:
         raise value
 
     def _serve(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):  # a Ctrl-C interrupts the thread that waits for a call, never
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this one (nor its OpenMP team)
         while True:
             run, box, fn, done = self._jobs.get()
             try:

@@ -447,10 +447,11 @@ class Engine(Generic[SlotT]):
             while (commit := compute.call(step, interrupt=cancel)) is not None:
                 yield commit
         finally:
-            if inspect.getgeneratorstate(rounds) == inspect.GEN_CREATED:  # failed before its first round
+            state = inspect.getgeneratorstate(rounds)
+            if state == inspect.GEN_CREATED:  # failed before its first round
                 self.end_attempt(gen, sys.exc_info()[1])
-            else:  # (a reader that left early: its open round ends, its sequence goes back)
-                compute.call(rounds.close)
+            elif state == inspect.GEN_SUSPENDED:  # a reader that left early: its open round ends, its sequence
+                compute.call(rounds.close)  # goes back
             gen.report()  # its receipt and observers: on the reader's thread, as on shared passes
 
     @staticmethod

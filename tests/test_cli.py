@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -154,9 +154,9 @@ class _CtrlCAt:
     def power_txn_phase(self, phase, round_index):
         if phase == "verify" and round_index == self.round_index:
             if self.how == "signal":
-                # the main thread runs the handler (a cancel) while it waits for the compute thread, where
-                # this round runs (power_core.compute): give it the moment it takes before the round goes on
-                os.kill(os.getpid(), signal.SIGINT)
+                # a terminal's Ctrl-C reaches the main thread, which runs the handler (a cancel) while it waits
+                # for the compute thread, where this round runs (power_core.compute): give it that moment
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
                 time.sleep(0.2)
             else:
                 raise KeyboardInterrupt
