@@ -4,10 +4,10 @@ llama.cpp's CPU backend runs a graph as an OpenMP team led by the thread that ca
 team for every thread that has led one. Once the process holds more of those threads than CPUs, libgomp
 stops spinning at the barriers between a graph's ops, and every pass pays a sleep and a wake-up per barrier
 (:func:`power_core.opening.in_own_thread` says the same of opening). So a request must not decode on
-whichever thread happens to read it: on this 2-core machine (tiny qwen35 with its MTP head, 192 tokens) one
-session read from one thread took 52 ms a request, the same session read from two threads in turn 166 ms
-(and 147 ms afterwards, back on the first thread), two sessions each read from a thread of its own 154 ms,
-and ``power serve --no-batch --parallel 2`` 147 ms against 42 ms on shared passes.
+whichever thread happens to read it: with a team per reading thread, on this 2-core machine (tiny qwen35 with
+its MTP head, 192 tokens; ``nox -s bench_threads``, docs/evidence/bench_threads) a session read from two
+threads in turn took 176 ms a request against 44 from one, two sessions each read from a thread of its own
+155 ms, and ``power serve --no-batch --parallel 2`` 145 ms; on this thread, 45, 45 and 37 ms.
 
 :func:`compute_thread` is one daemon thread per process (``power-compute``), started when first needed. The
 solo driver (:meth:`~power_core.engine.Engine.rounds`) hands it a request's rounds; whoever reads them
