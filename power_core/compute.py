@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["ComputeThread", "compute_thread"]
+__all__ = ["ComputeThread", "compute_thread", "wait_get"]
 
 _T = TypeVar("_T")
 #: how often a thread waiting for a call runs its signal handlers (the longest a Ctrl-C waits for them)
@@ -94,6 +94,16 @@ class ComputeThread:
                 box.append((False, exc))
             finally:
                 done.release()
+
+
+def wait_get(q: queue.Queue[_T]) -> _T:
+    """``q.get()`` in slices, so that a signal landing just before the wait begins has its handler (a Ctrl-C's)
+    run within a slice, not when the next item arrives (for a reader waiting for a request's end: its end)."""
+    while True:
+        try:
+            return q.get(timeout=_WAIT_SLICE_S)
+        except queue.Empty:
+            continue
 
 
 _lock = threading.Lock()

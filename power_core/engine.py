@@ -49,7 +49,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from power_core.compute import ComputeThread, compute_thread
+from power_core.compute import ComputeThread, compute_thread, wait_get
 from power_core.constraint import ConstraintSpec
 from power_core.errors import Cancelled, ConfigError, Overloaded, PowerError, RuntimeFault, SessionBusy, StateLost
 from power_core.logs import get_logger
@@ -494,7 +494,7 @@ class Engine(Generic[SlotT]):
         ended = False
         try:
             while True:
-                item = events.get()
+                item = wait_get(events)
                 if isinstance(item, Ended):
                     ended = True
                     gen.report()  # its receipt and observers: on this thread, never the driver's
@@ -505,7 +505,7 @@ class Engine(Generic[SlotT]):
         finally:
             if not ended:  # the reader left early: stop the request at the next pass, wait for its end
                 gen.cancel.cancel()
-                while not isinstance(events.get(), Ended):
+                while not isinstance(wait_get(events), Ended):
                     pass
                 gen.report()
 

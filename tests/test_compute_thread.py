@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import queue
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from helpers import open_session
 
-from power_core.compute import ComputeThread, compute_thread
+from power_core.compute import ComputeThread, compute_thread, wait_get
 from power_core.errors import Cancelled, ConfigError
 from power_core.plugins import hookimpl
 
@@ -129,3 +130,14 @@ def test_an_interrupted_caller_runs_its_interrupt_and_waits_for_the_call():
     assert time.perf_counter() - t0 < 5  # the interrupt stopped the work (not its 10 s timeout)
     assert finished == [True]  # the work settled before the interrupt reached the caller
     assert worker.call(lambda: "still serving") == "still serving"
+
+
+def test_wait_get_returns_the_item_and_lets_a_ctrl_c_through():
+    q: queue.Queue[str] = queue.Queue()
+    threading.Timer(0.12, q.put, ("item",)).start()
+    assert wait_get(q) == "item"
+    threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        wait_get(q)  # nothing ever arrives
+    assert time.perf_counter() - t0 < 5
