@@ -64,20 +64,19 @@ class ComputeThread:
         done = threading.Lock()
         done.acquire()
         self._jobs.put((contextvars.copy_context().run, box, fn, done))
-        try:
-            # in slices: a signal that lands just before the lock's wait begins (a Ctrl-C) does not wake it,
-            # and its handler runs only when this thread next runs Python
-            while not done.acquire(timeout=_WAIT_SLICE_S):
-                pass
-        except BaseException:
-            if interrupt is not None:
-                interrupt()
-            while not box:  # the work in flight settles before the interrupt propagates
-                try:
-                    done.acquire(timeout=_WAIT_SLICE_S)
-                except BaseException:  # noqa: BLE001 - a second interrupt: still wait for it
-                    continue
-            raise
+        interrupted: BaseException | None = None
+        # in slices: a signal that lands just before the lock's wait begins (a Ctrl-C) does not wake it, and
+        # its handler runs only when this thread next runs Python. Interrupted, the call still settles first.
+        while not box:
+            try:
+                done.acquire(timeout=_WAIT_SLICE_S)
+            except BaseException as exc:  # noqa: BLE001 - raised once the call has settled
+                if interrupted is None:
+                    interrupted = exc
+                    if interrupt is not None:
+                        interrupt()
+        if interrupted is not None:
+            raise interrupted
         ok, value = box[0]
         if ok:
             return value  # type: ignore[no-any-return]

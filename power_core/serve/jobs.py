@@ -6,8 +6,8 @@ sequences from admission to its last round. On shared passes no thread waits for
 (:class:`Following`): the driver hands each :class:`~power_core.passes.Commit` straight to the event loop
 (:meth:`Engine.feed <power_core.engine.Engine.feed>`), and at the end a worker makes its receipt
 (:func:`finish_job`, once per request). A sequence that decodes alone has a worker read its rounds
-(:func:`run_job`), which the process's compute thread runs (:mod:`power_core.compute`). Either way the answer reads commits, never the request
-while the driver changes it.
+(:func:`run_job`), which the process's compute thread runs (:mod:`power_core.compute`). Either way the
+answer reads commits, never the request while the driver changes it.
 
 A request ends early only through its :class:`~power_core.transaction.CancelToken`: the client went
 away, its timeout fired, or the server is draining. The token also aborts a decode in flight, so the
@@ -447,9 +447,9 @@ def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
 def run_job(engine: Engine[Session], gen: Generation, job: Job, metrics: Metrics,
             post: Callable[[Commit], None] | None) -> Outcome:
     """Run ``gen`` (``job`` started on a sequence of ``engine`` admitted for it) to its end on this thread: a
-    worker, for a sequence that decodes alone (its rounds run on the compute thread, this one reads them). ``post`` receives each
-    :class:`~power_core.passes.Commit` as its round closes (streaming; ``None``: the end only, and no
-    hand-over per round)."""
+    worker, for a sequence that decodes alone (its rounds run on the compute thread, this one reads them).
+    ``post`` receives each :class:`~power_core.passes.Commit` as its round closes (streaming; ``None``: the
+    end only, and no hand-over per round)."""
     error: BaseException | None = None
     try:
         if post is None:

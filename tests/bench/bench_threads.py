@@ -64,11 +64,16 @@ print(json.dumps({"median_ms": statistics.median(ms), "ms": ms}))
 """
 
 
-def _in_process(model: Path, case: str, n: int, mode: str, base: Path | None) -> float:
+def _env(base: Path | None) -> dict[str, str]:
+    """This environment, with ``base``'s ``power_core`` imported first when given."""
     env = dict(os.environ)
     if base is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(base), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", CHILD, str(model), case, str(n), mode], env=env, check=True,
+    return env
+
+
+def _in_process(model: Path, case: str, n: int, mode: str, base: Path | None) -> float:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(model), case, str(n), mode], env=_env(base), check=True,
                          capture_output=True, text=True, cwd=base or ROOT)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
 
@@ -78,14 +83,11 @@ def _serve(model: Path, n: int, mode: str, base: Path | None) -> float:
 
     from tests.serve_helpers import listening, power_cmd
 
-    env = dict(os.environ)
-    if base is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(base), env.get("PYTHONPATH", "")])
     cmd = power_cmd("serve", "--port", "0", "--model", str(model), "--mode", mode, "--threads", "2", "--n-ctx", "512",
                     "--parallel", "2", "--no-batch")
     prompts = ["hello world, this is a test prompt for the speculative decoding benchmark",
                "the quick brown fox jumps over the lazy dog and then the dog sleeps"]
-    with listening(cmd, env=env, cwd=base) as s, httpx.Client(timeout=600) as c:
+    with listening(cmd, env=_env(base), cwd=base) as s, httpx.Client(timeout=600) as c:
         name = c.get(s.base_url + "/models").json()["data"][0]["id"]
         ms = []
         for i in range(n + 4):
