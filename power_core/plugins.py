@@ -133,6 +133,13 @@ class PowerPlugins:
         raise StrategyNotFound(f"spec_mode {name!r} is not an installed strategy; installed: "
                                f"{', '.join(self.strategies.names())}")
 
+    def observes_requests(self) -> bool:
+        """Whether a registered plugin implements ``power_request_start`` or ``power_request_end``. A
+        server runs a request's begin and end on a worker only because such an observer may be slow;
+        with none it skips the hand-off. Asked per request: plugins may register late."""
+        hook = self.pm.hook
+        return bool(hook.power_request_start.get_hookimpls() or hook.power_request_end.get_hookimpls())
+
     def config_keys(self) -> tuple[ConfigKey, ...]:
         """The core's configuration keys, then those the registered strategies declare."""
         return declared_keys(self.strategies.names())

@@ -160,6 +160,52 @@ def test_a_request_whose_begin_fails_on_feed_gives_its_sequence_back_once(monkey
         engine.release(late.session)
 
 
+@pytest.mark.parametrize("observed", [False, True], ids=["no-observer", "observer"])
+def test_begin_and_end_run_on_the_loop_unless_an_observer_listens(monkeypatch, observed):
+    """With no ``power_request_start``/``power_request_end`` observer, a request's begin (``Engine.feed``) and
+    its end (``finish_job``: receipt, metrics) run on the event loop's thread: no worker hand-off at either end.
+    With one (it may be slow), both run on a ``power-slot`` worker, and the observer hears both there.
+    Either way the answer and its receipt are the same."""
+    import power_core.serve.jobs as jobs_module
+    from power_core.plugins import hookimpl
+
+    where: dict[str, list[str]] = {"feed": [], "finish": [], "observer": []}
+    feed, finish = Engine.feed, jobs_module.finish_job
+
+    def spy_feed(self, gen, deliver, *, quiet=False):
+        where["feed"].append(threading.current_thread().name)
+        return feed(self, gen, deliver, quiet=quiet)
+
+    def spy_finish(*args):
+        where["finish"].append(threading.current_thread().name)
+        return finish(*args)
+
+    class Observer:
+        @hookimpl
+        def power_request_start(self, request):
+            where["observer"].append(threading.current_thread().name)
+
+        @hookimpl
+        def power_request_end(self, receipt):
+            where["observer"].append(threading.current_thread().name)
+
+    monkeypatch.setattr(Engine, "feed", spy_feed)
+    monkeypatch.setattr(jobs_module, "finish_job", spy_finish)
+    plugins = core_plugins(Observer()) if observed else core_plugins()
+    with Session.open_engine(2, PowerConfig(spec_mode="ref-draft", n_ctx=256), model="reference",
+                             plugins=plugins) as engine:
+        app = create_app(engine, ServeOptions(model_name="m"))
+        whole, streamed = _post(app, BODY, {**BODY, "stream": True})
+    assert whole.status_code == 200 and streamed.status_code == 200
+    assert _stream_text(streamed)[0] == whole.json()["choices"][0]["text"]
+    loop_thread = threading.main_thread().name  # asyncio.run's loop runs on the calling thread
+    expected = ["power-slot"] * 2 if observed else [loop_thread] * 2
+    assert [name.split("_")[0] for name in where["feed"]] == expected
+    assert [name.split("_")[0] for name in where["finish"]] == expected
+    assert [name.split("_")[0] for name in where["observer"]] == (["power-slot"] * 4 if observed else [])
+    assert [kept[0]["receipt"].status for kept in app.state.power.receipts._items.values()] == ["completed"] * 2
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 def test_a_request_on_shared_passes_whose_begin_crashes_answers_an_error(monkeypatch, stream):
     """A defect when the worker begins the request: a stream ends with an OpenAI-shaped error event, a

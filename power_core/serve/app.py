@@ -308,10 +308,9 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
     post = stream.post if stream is not None else None
     loop = asyncio.get_running_loop()
     if engine.runtime is not None:
-        following = Following(state.executor, job, gen, state.metrics, post)
-        begun = loop.run_in_executor(state.executor, functools.partial(engine.feed, gen, following.deliver,
-                                                                       quiet=post is None))
-        begun.add_done_callback(following.begun)
+        following = Following(state.executor, job, gen, state.metrics, post,
+                              observed=session.plugins.observes_requests())
+        following.start(engine)
         fut = following.outcome
     else:
         fut = loop.run_in_executor(state.executor, run_job, engine, gen, job, state.metrics, post)

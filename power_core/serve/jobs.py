@@ -17,8 +17,10 @@ slot comes back within one target pass; the request's receipt says ``cancelled``
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
+import functools
 import json
 import re
 import threading
@@ -202,6 +204,18 @@ _STORE_GAUGES: tuple[tuple[str, Callable[[StoreReport], float | None], str], ...
 )
 
 
+class RoundHistogram(Histogram):
+    """A histogram that takes a round's tokens at once: they share one latency, so :meth:`observe_many` records
+    what ``n`` calls of ``observe`` would (one bucket lookup, two increments, in place of ``n`` of each: a
+    200-token request's end spent about 0.2 ms in them)."""
+
+    def observe_many(self, amount: float, n: int) -> None:
+        """``n`` observations of ``amount``."""
+        self._raise_if_not_observable()
+        self._sum.inc(amount * n)
+        self._buckets[bisect.bisect_left(self._upper_bounds, amount)].inc(n)  # the first bound >= amount
+
+
 class Metrics:
     """Prometheus metrics in the names llama.cpp's server and vLLM share (``power:`` prefix)."""
 
@@ -233,7 +247,7 @@ class Metrics:
         self.waiting = Gauge("power:num_requests_waiting", "Requests waiting for a slot", registry=r)
         self.ttft = Histogram("power:time_to_first_token_seconds", "Arrival to the first committed token",
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("power:inter_token_latency_seconds", "Time per emitted token after the first "
+        self.itl = RoundHistogram("power:inter_token_latency_seconds", "Time per emitted token after the first "
                              "(a round's time shared by the tokens it emitted)", buckets=_LATENCY_BUCKETS, registry=r)
         self.observer_faults = Counter("power:observer_faults", "Observer hooks that raised (logged; the "
                                        "requests themselves were unaffected)", registry=r)
@@ -438,9 +452,7 @@ def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
     rounds = gen.txn.rounds if gen.txn is not None else []
     for record in rounds[1:]:
         if record.emitted:
-            per_token = record.seconds / record.emitted
-            for _ in range(record.emitted):
-                metrics.itl.observe(per_token)
+            metrics.itl.observe_many(record.seconds / record.emitted, record.emitted)
     metrics.rounds(rounds)
 
 
@@ -494,15 +506,32 @@ def finish_job(job: Job, gen: Generation, metrics: Metrics, error: BaseException
 class Following:
     """A request on the shared passes as the event loop follows it, with no thread of its own: its
     :meth:`deliver` is what :meth:`Engine.feed` hands the driver; the driver hands each commit through it
-    straight to the answer (``post``: to the loop) and its end to :meth:`_ended` on the loop, which has a
-    worker make the outcome (:func:`finish_job`). :attr:`outcome` is that outcome, or the error when the
-    engine or the session refused to begin the request (:meth:`begun`)."""
+    straight to the answer (``post``: to the loop) and its end to :meth:`_ended` on the loop, which makes the
+    outcome (:func:`finish_job`). :attr:`outcome` is that outcome, or the error when the engine or the
+    session refused to begin the request. Its begin (:meth:`start`) and its end run on the loop itself,
+    unless a ``power_request_start``/``power_request_end`` observer listens (:meth:`PowerPlugins.observes_requests
+    <power_core.plugins.PowerPlugins.observes_requests>`): one may be slow, so both then run on a worker. Either
+    way they hold the GIL, so a worker spares the loop's other requests nothing else, and costs two thread
+    hand-offs at each end (about 0.4 ms each on a 2-core machine, docs/evidence/bench_breakdown)."""
 
     def __init__(self, executor: Executor, job: Job, gen: Generation, metrics: Metrics,
-                 post: Callable[[Commit], None] | None) -> None:
+                 post: Callable[[Commit], None] | None, *, observed: bool) -> None:
         self.loop = asyncio.get_running_loop()
         self.executor, self.job, self.gen, self.metrics, self.post = executor, job, gen, metrics, post
+        self.observed = observed
         self.outcome: asyncio.Future[Outcome] = self.loop.create_future()
+
+    def start(self, engine: Engine[Session]) -> None:
+        """Begin the request and hand it to ``engine``'s driver (:meth:`Engine.feed`): here, or on a worker
+        when observers listen. A refusal is the outcome (nothing was delivered)."""
+        feed = functools.partial(engine.feed, self.gen, self.deliver, quiet=self.post is None)
+        if self.observed:
+            self.loop.run_in_executor(self.executor, feed).add_done_callback(self._begun)
+            return
+        try:
+            feed()
+        except Exception as exc:
+            self.outcome.set_exception(exc)
 
     def deliver(self, item: Commit | Ended) -> None:
         """The driver's thread: a commit goes to the answer, the end to the event loop."""
@@ -514,12 +543,21 @@ class Following:
             self.loop.call_soon_threadsafe(self._ended, item.failure)
 
     def _ended(self, failure: BaseException | None) -> None:
-        done = self.loop.run_in_executor(self.executor, finish_job, self.job, self.gen, self.metrics, failure)
-        done.add_done_callback(self._settle)
+        if self.observed:
+            done = self.loop.run_in_executor(self.executor, finish_job, self.job, self.gen, self.metrics, failure)
+            done.add_done_callback(self._settle)
+            return
+        try:
+            outcome = finish_job(self.job, self.gen, self.metrics, failure)
+        except Exception as exc:
+            if not self.outcome.done():
+                self.outcome.set_exception(exc)
+        else:
+            if not self.outcome.done():
+                self.outcome.set_result(outcome)
 
-    def begun(self, begun: asyncio.Future[None]) -> None:
-        """The request's begin (:meth:`Engine.feed`, on a worker: its ``power_request_start`` observers may be
-        slow) ended, on the loop: a refusal is the outcome (nothing was delivered)."""
+    def _begun(self, begun: asyncio.Future[None]) -> None:
+        """The begin on a worker ended (on the loop): a refusal is the outcome (nothing was delivered)."""
         if not begun.cancelled() and (exc := begun.exception()) is not None and not self.outcome.done():
             self.outcome.set_exception(exc)
 
