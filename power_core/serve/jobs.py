@@ -511,8 +511,8 @@ class Following:
     session refused to begin the request. Its begin (:meth:`start`) and its end run on the loop itself,
     unless a ``power_request_start``/``power_request_end`` observer listens (:meth:`PowerPlugins.observes_requests
     <power_core.plugins.PowerPlugins.observes_requests>`): one may be slow, so both then run on a worker. Either
-    way they hold the GIL, so a worker spares the loop's other requests nothing else, and costs two thread
-    hand-offs at each end (about 0.4 ms each on a 2-core machine, docs/evidence/bench_breakdown)."""
+    way they hold the GIL, so a worker spares the loop's other requests nothing, and costs thread hand-offs at
+    both ends (about 0.55 ms a request on a 2-core machine, docs/evidence/bench_drafts/ends-2026-12-05)."""
 
     def __init__(self, executor: Executor, job: Job, gen: Generation, metrics: Metrics,
                  post: Callable[[Commit], None] | None, *, observed: bool) -> None:
