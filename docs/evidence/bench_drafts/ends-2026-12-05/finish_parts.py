@@ -1,3 +1,4 @@
+"""Where finish_job's time goes, median microseconds a request: python finish_parts.py MODEL."""
 import sys, asyncio, time, statistics, httpx, collections
 from power_core.config import PowerConfig
 from power_core.session import Session
@@ -18,7 +19,7 @@ timed(generation.Generation, "report", "report")
 timed(receipt.Receipt, "to_json", "to_json")
 timed(receipt.Receipt, "digest", "digest")
 cfg = PowerConfig(spec_mode="mtp", max_tokens=192, n_threads=2, spec_draft_max=7, n_ctx=512)
-with Session.open_engine(4, cfg, model="sys.argv[1]") as engine:
+with Session.open_engine(4, cfg, model=sys.argv[1]) as engine:
     app = create_app(engine, ServeOptions(model_name="m"))
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:

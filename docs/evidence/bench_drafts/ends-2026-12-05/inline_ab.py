@@ -1,3 +1,4 @@
+"""A served request's begin and end on the event loop vs on a worker, paired in one process: python inline_ab.py N MODEL."""
 import asyncio, time, statistics, httpx, sys
 from power_core.config import PowerConfig
 from power_core.session import Session
@@ -7,7 +8,7 @@ flag = {"v": False}
 PowerPlugins.observes_requests = lambda self: flag["v"]
 cfg = PowerConfig(spec_mode="mtp", max_tokens=192, n_threads=2, spec_draft_max=7, n_ctx=512)
 res = {False: [], True: []}
-with Session.open_engine(4, cfg, model="sys.argv[2]") as engine:
+with Session.open_engine(4, cfg, model=sys.argv[2]) as engine:
     app = create_app(engine, ServeOptions(model_name="m"))
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
