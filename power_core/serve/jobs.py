@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import numpy as np
@@ -202,6 +202,9 @@ _STORE_GAUGES: tuple[tuple[str, Callable[[StoreReport], float | None], str], ...
     ("stale_tmp_removed", lambda r: r.stale_tmp_removed, "Stale temporary files removed at startup"),
     ("write_errors", lambda r: r.write_errors, "Failed writes and fsyncs of the store"),
 )
+
+
+_T = TypeVar("_T")
 
 
 class RoundHistogram(Histogram):
@@ -512,7 +515,7 @@ class Following:
     unless a ``power_request_start``/``power_request_end`` observer listens (:meth:`PowerPlugins.observes_requests
     <power_core.plugins.PowerPlugins.observes_requests>`): one may be slow, so both then run on a worker. Either
     way they hold the GIL, so a worker spares the loop's other requests nothing, and costs thread hand-offs at
-    both ends (about 0.55 ms a request on a 2-core machine, docs/evidence/bench_drafts/ends-2026-12-05)."""
+    both ends (a median 0.16 ms a request on a 2-core machine, docs/evidence/bench_drafts/ends-2026-12-05)."""
 
     def __init__(self, executor: Executor, job: Job, gen: Generation, metrics: Metrics,
                  post: Callable[[Commit], None] | None, *, observed: bool) -> None:
@@ -522,16 +525,22 @@ class Following:
         self.outcome: asyncio.Future[Outcome] = self.loop.create_future()
 
     def start(self, engine: Engine[Session]) -> None:
-        """Begin the request and hand it to ``engine``'s driver (:meth:`Engine.feed`): here, or on a worker
-        when observers listen. A refusal is the outcome (nothing was delivered)."""
-        feed = functools.partial(engine.feed, self.gen, self.deliver, quiet=self.post is None)
+        """Begin the request and hand it to ``engine``'s driver (:meth:`Engine.feed`). A refusal is the outcome
+        (nothing was delivered)."""
+        self._run(functools.partial(engine.feed, self.gen, self.deliver, quiet=self.post is None)) \
+            .add_done_callback(self._begun)
+
+    def _run(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """``fn(*args)`` on a worker when request observers listen (one may be slow), else here and now; its
+        future either way."""
         if self.observed:
-            self.loop.run_in_executor(self.executor, feed).add_done_callback(self._begun)
-            return
+            return self.loop.run_in_executor(self.executor, fn, *args)
+        done: asyncio.Future[_T] = self.loop.create_future()
         try:
-            feed()
+            done.set_result(fn(*args))
         except Exception as exc:
-            self.outcome.set_exception(exc)
+            done.set_exception(exc)
+        return done
 
     def deliver(self, item: Commit | Ended) -> None:
         """The driver's thread: a commit goes to the answer, the end to the event loop."""
@@ -543,21 +552,10 @@ class Following:
             self.loop.call_soon_threadsafe(self._ended, item.failure)
 
     def _ended(self, failure: BaseException | None) -> None:
-        if self.observed:
-            done = self.loop.run_in_executor(self.executor, finish_job, self.job, self.gen, self.metrics, failure)
-            done.add_done_callback(self._settle)
-            return
-        try:
-            outcome = finish_job(self.job, self.gen, self.metrics, failure)
-        except Exception as exc:
-            if not self.outcome.done():
-                self.outcome.set_exception(exc)
-        else:
-            if not self.outcome.done():
-                self.outcome.set_result(outcome)
+        self._run(finish_job, self.job, self.gen, self.metrics, failure).add_done_callback(self._settle)
 
     def _begun(self, begun: asyncio.Future[None]) -> None:
-        """The begin on a worker ended (on the loop): a refusal is the outcome (nothing was delivered)."""
+        """The begin ended (on the loop): a refusal is the outcome (nothing was delivered)."""
         if not begun.cancelled() and (exc := begun.exception()) is not None and not self.outcome.done():
             self.outcome.set_exception(exc)
 
