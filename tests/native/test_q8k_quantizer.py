@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
