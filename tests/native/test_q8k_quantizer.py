@@ -11,10 +11,12 @@ as CI's is; elsewhere the test skips.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import platform
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,13 +78,21 @@ def _blocks() -> Iterator[np.ndarray]:
     yield np.full(QK_K, 1e-45, np.float32)  # iscale = -inf: each value keeps its low byte, as _ref's store does
 
 
+@contextlib.contextmanager
+def _from_float(cpu: ctypes.CDLL, batch_invariant: bool) -> Iterator[Any]:
+    """ggml-cpu's q8_K ``from_float`` with batch-invariant mode set as asked, the mode restored afterwards."""
+    was = cpu.ggml_cpu_get_batch_invariant()
+    cpu.ggml_cpu_set_batch_invariant(batch_invariant)
+    try:
+        yield cpu.ggml_get_type_traits_cpu(GGML_TYPE_Q8_K).contents.from_float
+    finally:
+        cpu.ggml_cpu_set_batch_invariant(was)
+
+
 def test_batch_invariant_q8k_row_quantizer_writes_refs_bytes() -> None:
     base, cpu = _libraries()
-    from_float = cpu.ggml_get_type_traits_cpu(GGML_TYPE_Q8_K).contents.from_float
-    was = cpu.ggml_cpu_get_batch_invariant()
-    cpu.ggml_cpu_set_batch_invariant(True)
-    try:
-        differ = []
+    differ = []
+    with _from_float(cpu, True) as from_float:
         for n, block in enumerate(_blocks()):
             x = np.ascontiguousarray(np.tile(block, 3))  # three blocks per row: the block loop, not one block
             simd = np.zeros(3 * BLOCK_BYTES, np.uint8)
@@ -91,21 +101,14 @@ def test_batch_invariant_q8k_row_quantizer_writes_refs_bytes() -> None:
             base.quantize_row_q8_K_ref(x.ctypes.data, ref.ctypes.data, x.size)
             if not np.array_equal(simd, ref):
                 differ.append(n)
-    finally:
-        cpu.ggml_cpu_set_batch_invariant(was)
     assert not differ, f"blocks {differ[:10]} quantize to other bytes than quantize_row_q8_K_ref's"
 
 
 def test_stock_mode_keeps_refs_quantizer() -> None:
     """Outside batch-invariant mode ``from_float`` is upstream's, ``_ref`` itself (0013 is inert there)."""
-    base, cpu = _libraries()
-    from_float = cpu.ggml_get_type_traits_cpu(GGML_TYPE_Q8_K).contents.from_float
-    was = cpu.ggml_cpu_get_batch_invariant()
-    cpu.ggml_cpu_set_batch_invariant(False)
-    try:
-        x = np.zeros(QK_K, np.float32)  # _ref leaves a zero block's bsums as they were; 0013 zeroes them
-        out = np.full(BLOCK_BYTES, 0x55, np.uint8)
+    _, cpu = _libraries()
+    x = np.zeros(QK_K, np.float32)  # _ref leaves a zero block's bsums as they were; 0013 zeroes them
+    out = np.full(BLOCK_BYTES, 0x55, np.uint8)
+    with _from_float(cpu, False) as from_float:
         from_float(x.ctypes.data, out.ctypes.data, QK_K)
-    finally:
-        cpu.ggml_cpu_set_batch_invariant(was)
     assert (out[4 + QK_K:] == 0x55).all()
