@@ -319,7 +319,7 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
     state.jobs[job] = fut
     fut.add_done_callback(functools.partial(_ended, state, job, timer))
     if stream is not None:
-        return stream.response(fut)
+        return stream.response(request, fut)
     return await WholeAnswer(state, prepared, session).response(request, fut)
 
 
@@ -430,10 +430,6 @@ def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
     """The ASGI app over ``engine`` (its sequences are the slots; it admits and runs every request).
     Closing the engine is the caller's job, after the app has shut down (its lifespan waits for
     in-flight decodes first)."""
-    from sse_starlette.sse import AppStatus
-
-    # streams end when their request does, not when uvicorn is told to stop: the drain lets them finish
-    AppStatus.disable_automatic_graceful_drain()
     metrics_ = Metrics()
     metrics_.running.set_function(lambda: engine.busy)
     metrics_.waiting.set_function(lambda: engine.waiting)
@@ -466,7 +462,6 @@ def create_app(engine: Engine[Session], options: ServeOptions) -> Starlette:
         # the requests end (on shared passes no thread waits for them: their outcomes do), then the workers
         await asyncio.gather(*state.jobs.values(), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, functools.partial(state.executor.shutdown, wait=True))
-        AppStatus.should_exit = True
 
     app = Starlette(
         routes=[

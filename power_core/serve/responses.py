@@ -16,9 +16,8 @@ from typing import Any
 
 import attrs
 import numpy as np
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from power_core.constraint import NO_PRESERVED, PreservedTokens
 from power_core.errors import PowerError
@@ -231,9 +230,21 @@ class StreamAnswer(_Answer):
         except RuntimeError:  # the loop is gone (shutdown): nobody is reading
             pass
 
-    def response(self, fut: asyncio.Future[Outcome]) -> EventSourceResponse:
+    def response(self, request: Request, fut: asyncio.Future[Outcome]) -> StreamingResponse:
         """The SSE response of the decode ``fut``, whose commits arrive through :meth:`post`."""
-        return EventSourceResponse(self.events(fut), ping=15, sep="\n", headers={"X-Request-Id": self.job.id})
+        return StreamingResponse(self._sse(request, fut), media_type="text/event-stream",
+                                 headers={"X-Request-Id": self.job.id, "Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+
+    async def _sse(self, request: Request, fut: asyncio.Future[Outcome]) -> AsyncIterator[bytes]:
+        """:meth:`events` as server-sent events, one ``data:`` line each; a client that goes away stops the
+        decode at once (not at the next event's write), as a whole answer's does."""
+        watcher = asyncio.ensure_future(_watch_disconnect(request, self.job, fut))
+        try:
+            async for event in self.events(fut):
+                yield b"data: " + event.encode() + b"\n\n"
+        finally:
+            watcher.cancel()
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> str:
         body = {"id": self.job.id, "object": self.object, "created": self.created,
