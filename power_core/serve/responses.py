@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from power_core.constraint import NO_PRESERVED, PreservedTokens
 from power_core.errors import PowerError
@@ -200,6 +201,24 @@ class WholeAnswer(_Answer):
                 "choices": [choice], "usage": _usage(prepared, outcome), "power": _power_extension(job, outcome)}
 
 
+class _EventStream(StreamingResponse):
+    """Starlette's streaming response, ended quietly when its client has gone away: a server of ASGI 2.4
+    raises at the next write (:class:`ClientDisconnect`), which is how a stream ends, not a server error.
+    Its events are closed at once either way (their request stopped), not when the collector finds them."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass
+        finally:
+            await self.events.aclose()
+
+
 class StreamAnswer(_Answer):
     """A streamed answer: a chunk per commit that adds text or logprobs, as the request's rounds close (a chat
     stream opens with the assistant's role; tool-call markup never reaches the client), then the finish
@@ -232,11 +251,10 @@ class StreamAnswer(_Answer):
 
     def response(self, request: Request, fut: asyncio.Future[Outcome]) -> StreamingResponse:
         """The SSE response of the decode ``fut``, whose commits arrive through :meth:`post`."""
-        return StreamingResponse(self._sse(request, fut), media_type="text/event-stream",
-                                 headers={"X-Request-Id": self.job.id, "Cache-Control": "no-cache",
-                                          "X-Accel-Buffering": "no"})
+        return _EventStream(self._sse(request, fut),
+                            headers={"X-Request-Id": self.job.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _sse(self, request: Request, fut: asyncio.Future[Outcome]) -> AsyncIterator[bytes]:
+    async def _sse(self, request: Request, fut: asyncio.Future[Outcome]) -> AsyncGenerator[bytes, None]:
         """:meth:`events` as server-sent events, one ``data:`` line each; a client that goes away stops the
         decode at once (not at the next event's write), as a whole answer's does."""
         watcher = asyncio.ensure_future(_watch_disconnect(request, self.job, fut))
