@@ -24,13 +24,15 @@ class _SlowRounds:
         return result
 
 
-def _asgi_stream_then_disconnect(app, body: dict, settle=None) -> tuple[list[str], int]:
+def _asgi_stream_then_disconnect(app, body: dict, settle=None, spec: str = "2.3") -> tuple[list[str], int]:
     """POST ``body`` to ``/v1/completions`` on the ASGI ``app`` in process, read the stream's first
     event, then go away (``http.disconnect``); the events read, and the tasks still pending on an
     ``asyncio.Queue`` once the response has ended. ``settle``: a coroutine function awaited on the same
-    loop once the response has ended (e.g. for the request's outcome)."""
+    loop once the response has ended (e.g. for the request's outcome). ``spec`` "2.4": every write after
+    the first event raises ``OSError``, as an ASGI 2.4 server's ``send`` does once its client has gone."""
     raw = json.dumps(body).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec}, "http_version": "1.1", "method": "POST",
+             "scheme": "http",
              "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
@@ -49,6 +51,8 @@ def _asgi_stream_then_disconnect(app, body: dict, settle=None) -> tuple[list[str
             return {"type": "http.disconnect"}
 
         async def send(message: dict) -> None:
+            if spec == "2.4" and first.is_set():
+                raise OSError("the client has gone")
             if message["type"] == "http.response.body" and message.get("body"):
                 events.append(message["body"].decode())
                 first.set()
