@@ -1,12 +1,13 @@
 """The event loop's CPU time per streamed request: the server's main thread (/proc/PID/task/PID/stat) of
 `power serve --mode off` on the tests' tiny llama, two checkouts interleaved: /tmp/wt-sse (the commit before
-the change, sse-starlette; `git worktree add /tmp/wt-sse 9a1f6f4`) and /work/main.
+the change, sse-starlette; `git worktree add /tmp/wt-sse 9a1f6f4`) and this checkout.
 
     python sse_cpu.py REQUESTS TOKENS ROUNDS      # e.g. 150 64 6
 """
 import os, sys, time, statistics
 from pathlib import Path
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/tests/native")
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests" / "native"))
 from tests.serve_helpers import listening, power_cmd
 from native_helpers import make_tiny
 from openai import OpenAI
@@ -17,7 +18,7 @@ def cpu(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 res = {"old": [], "new": []}
 for r in range(int(sys.argv[3])):
-    for v, cwd in (("old", "/tmp/wt-sse"), ("new", "/work/main")) if r % 2 == 0 else (("new", "/work/main"), ("old", "/tmp/wt-sse")):
+    for v, cwd in (("old", "/tmp/wt-sse"), ("new", str(ROOT))) if r % 2 == 0 else (("new", str(ROOT)), ("old", "/tmp/wt-sse")):
         cmd = power_cmd("serve", "--port", "0", "--model", str(model), "--mode", "off", "--threads", "1", "--n-ctx", "512")
         with listening(cmd, cwd=Path(cwd)) as s:
             oa = OpenAI(base_url=s.base_url, api_key="x", max_retries=0)
