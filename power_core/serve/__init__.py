@@ -123,6 +123,7 @@ def serve(slots: Slots, options: ServeOptions, host: str = "127.0.0.1", port: in
     sock = _bind(host, port)
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    # http/loop "auto" (uvicorn's default): httptools and uvloop, which the serve extra installs
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, round(options.drain_timeout)),
                             timeout_keep_alive=5)
