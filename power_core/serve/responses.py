@@ -295,11 +295,15 @@ class StreamAnswer(_Answer):
         choice = self._delta_choice(d)
         return [self._chunk(choice)] if choice is not None else []
 
-    def _commit(self, commit: Commit) -> list[str]:
-        """The chunk of ``commit``: the text it adds (held back while it may still change) and its logprobs."""
-        self.tokens.extend(commit.tokens)
-        text = self.gen.take_text(self.tokens, final=commit.finished)
-        return self._chunks(Delta(text, commit.logprobs)) if text or commit.logprobs else []
+    def _commit(self, commits: list[Commit]) -> list[str]:
+        """The chunk of ``commits`` (in order): the text they add (held back while it may still change) and
+        their logprobs."""
+        lps: tuple[TokenLogprob, ...] = ()
+        for commit in commits:
+            self.tokens.extend(commit.tokens)
+            lps += commit.logprobs
+        text = self.gen.take_text(self.tokens, final=commits[-1].finished)
+        return self._chunks(Delta(text, lps)) if text or lps else []
 
     def _rest(self, outcome: Outcome) -> list[str]:
         """The chunk of what the request's end releases: the text held back, and logprobs not sent yet."""
@@ -311,15 +315,24 @@ class StreamAnswer(_Answer):
         """The stream's events: its deltas as they arrive, then how it ended. The end joins the commits'
         queue when ``fut`` completes, behind every commit posted before it (the thread that drives the
         request posts its commits before its end reaches the loop), so one ``get`` a commit is all the
-        waiting there is."""
+        waiting there is. Commits that queued up while the loop was busy (other requests' chunks, a slow
+        client) leave as one chunk: the same text and logprobs in fewer events, so a loop that falls behind
+        the driver catches up instead of writing ever more events per round."""
         queue = self.queue
         fut.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             if self.chat:
                 yield self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None})
-            while (commit := await queue.get()) is not None:
-                for c in self._commit(commit):
+            ended = False
+            while not ended and (commit := await queue.get()) is not None:
+                commits = [commit]
+                while not queue.empty():
+                    if (more := queue.get_nowait()) is None:
+                        ended = True
+                        break
+                    commits.append(more)
+                for c in self._commit(commits):
                     yield c
             try:
                 outcome = await _outcome(fut)
