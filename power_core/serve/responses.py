@@ -220,8 +220,9 @@ class _EventStream(StreamingResponse):
 
 
 class StreamAnswer(_Answer):
-    """A streamed answer: a chunk per commit that adds text or logprobs, as the request's rounds close (a chat
-    stream opens with the assistant's role; tool-call markup never reaches the client), then the finish
+    """A streamed answer: a chunk per commit that adds text or logprobs, as the request's rounds close (the
+    commits waiting when the loop reads leave as one; a chat stream opens with the assistant's role;
+    tool-call markup never reaches the client), then the finish
     reason, the usage where asked for, the ``power`` object and ``[DONE]``. An error once the stream has
     begun is its last event. Its text comes from the request's own assembler (:meth:`Generation.take_text`:
     UTF-8 hold-back, stop strings, the tool-call markers its constraint preserves shown, as the tool parser
