@@ -57,7 +57,8 @@ def test_a_stock_cache_shared_the_same_way_reorders_cells_and_rows_differ(tiny_l
 
 
 class _NoSlotOnce:
-    """A context whose next ``decode_multi`` finds no memory slot (as a fragmented shared cache does)."""
+    """A context whose next ``decode_seqs`` (the shared pass) finds no memory slot (as a fragmented shared
+    cache does)."""
 
     def __init__(self, ctx) -> None:
         self.ctx, self.armed = ctx, True
@@ -65,11 +66,11 @@ class _NoSlotOnce:
     def __getattr__(self, name):
         return getattr(self.ctx, name)
 
-    def decode_multi(self, *args):
+    def decode_seqs(self, *args):
         if self.armed:
             self.armed = False
             raise _llama.NoMemorySlot("llama_decode: no memory slot for the batch (rc=1)")
-        return self.ctx.decode_multi(*args)
+        return self.ctx.decode_seqs(*args)
 
 
 @pytest.mark.parametrize(("fixture", "n_ctx", "lengths"), [
@@ -178,6 +179,52 @@ def test_a_multi_sequence_decode_checks_its_arrays_before_it_decodes(tiny_llama,
         rows = ctx.decode_multi(np.array([1, 2], dtype=np.int32), np.array([0, 0], dtype=np.int32),
                                 np.array([0, 1], dtype=np.int32), np.array([1, 1], dtype=np.uint8))
         assert rows.shape[0] == 2
+
+
+@pytest.mark.parametrize(("seqs", "error", "says"), [
+    ([([1, 2], 0, 3, 2)], "ConfigError", "seq_id"),
+    ([([1, 2], 0, -1, 2)], "ConfigError", "seq_id"),
+    ([([1, 2], 4999, 0, 2)], "CapacityError", "positions up to 5000"),
+    ([([1, 2], -1, 0, 1)], "CapacityError", "overflow the context"),
+    ([([1], 0, 0, 1), ([100000], 0, 1, 1)], "CapacityError", "outside the vocabulary"),
+    ([([-2, 1], 0, 0, 1)], "CapacityError", "outside the vocabulary"),
+    ([([1, 2], 0, 0, 3)], "ConfigError", "n_rows"),
+    ([([], 0, 0, 0)], "CapacityError", "without tokens"),
+    ([(np.array([1, 2], dtype=np.int64), 0, 0, 2)], "ConfigError", "int32"),
+])
+def test_the_shared_pass_checks_its_blocks_before_it_decodes(tiny_llama, seqs, error, says):
+    """``Context.decode_seqs`` (the pass of ``LlamaBatch.decode_batch``) refuses a bad block with a typed error
+    before anything is decoded, as ``decode_multi`` does."""
+    from power_core import errors
+
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=64)
+    with Session.open_batch(2, cfg, model=str(tiny_llama)) as batch:
+        ctx = batch.runtime.ctx
+        given = [(t if isinstance(t, np.ndarray) else np.array(t, dtype=np.int32), p, q, k) for t, p, q, k in seqs]
+        with pytest.raises(getattr(errors, error), match=says):
+            ctx.decode_seqs(given)
+        rows = ctx.decode_seqs([(np.array([1], dtype=np.int32), 0, 0, 1), (np.array([2], dtype=np.int32), 0, 1, 1)])
+        assert rows.shape[0] == 2  # nothing was decoded: both sequences start at position 0
+
+
+def test_the_shared_pass_is_the_multi_sequence_decode(tiny_llama):
+    """``decode_seqs`` decodes what ``decode_multi`` decodes from position, sequence and output arrays: the same
+    rows, bit for bit (each block's last ``n_rows`` tokens), in batch order."""
+    cfg = PowerConfig(spec_mode="off", n_threads=2, n_ctx=64)
+    rng = np.random.default_rng(3)
+    blocks = [rng.integers(0, 100, 7).astype(np.int32), rng.integers(0, 100, 4).astype(np.int32)]
+    got = []
+    for how in ("seqs", "multi"):
+        with Session.open_batch(2, cfg, model=str(tiny_llama)) as batch:
+            ctx = batch.runtime.ctx
+            if how == "seqs":
+                rows = ctx.decode_seqs([(blocks[0], 0, 0, 7), (blocks[1], 0, 1, 1)])
+            else:
+                rows = ctx.decode_multi(np.concatenate(blocks), np.array([*range(7), *range(4)], dtype=np.int32),
+                                        np.array([0] * 7 + [1] * 4, dtype=np.int32),
+                                        np.array([1] * 7 + [0, 0, 0, 1], dtype=np.uint8))
+            got.append(np.array(rows))
+    assert got[0].shape == (8, got[0].shape[1]) and np.array_equal(got[0], got[1])
 
 
 def test_a_pass_over_streams_per_sequence_is_one_ubatch_whatever_the_items_order(tiny_qwen35):

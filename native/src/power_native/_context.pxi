@@ -305,19 +305,83 @@ cdef class Context:
                 b.logits[i] = 1 if oo[i] else 0
             b.n_tokens = n
         self._run_batch(n, n_out)
+        return self._output_rows(n, n_out, "decode_multi")
+
+    def decode_seqs(self, list seqs):
+        """Decode one batch holding the tokens of several sequences, each ``(tokens, pos0, seq_id, n_rows)``:
+        ``tokens`` (1-D contiguous int32) at positions ``pos0..`` of ``seq_id``, with a logits row for each of
+        its last ``n_rows`` tokens, in the order given; with the GIL released. Returns the rows in batch order
+        as :meth:`decode_multi` does. The shared pass of :class:`power_native.batch.LlamaBatch`, filled from
+        its sequences' blocks here (no position, sequence and output arrays to build on the host)."""
+        self._alive()
+        if self._owner.sampler != NULL:
+            raise RuntimeFault("decode_seqs: greedy sampling runs in the graph of sequence 0 (set_greedy)")
+        cdef int32_t n = 0, n_out = 0, at = 0, m, k, i, pos0, sid, tk
+        cdef bint bad = False
+        cdef int32_t nv = self.n_vocab, n_ctx = self.n_ctx
+        cdef int n_seq = <int>llama_n_seq_max(self.ptr)
+        cdef cnp.ndarray arr
+        cdef int32_t * t
+        cdef llama_batch * b = &self.batch
+        for spec in seqs:
+            arr, pos0, sid, k = spec
+            if cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_TYPE(arr) != cnp.NPY_INT32 \
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+                raise ConfigError("decode_seqs", repr(arr), "1-D contiguous int32 token ids")
+            m = <int32_t>cnp.PyArray_DIM(arr, 0)
+            if m == 0:
+                raise CapacityError("decode: a sequence's block without tokens")
+            if k < 0 or k > m:
+                raise ConfigError("n_rows", k, f"0..{m} (the block's tokens)")
+            if sid < 0 or sid >= n_seq:
+                raise ConfigError("seq_id", sid, f"integers in [0, {n_seq})")
+            if pos0 < 0 or pos0 + m > n_ctx:
+                raise CapacityError(f"decode: positions up to {pos0 + m - 1} overflow the context of {n_ctx} "
+                                    "tokens; raise n_ctx or shorten the request")
+            n += m
+            n_out += k
+        if n > self.n_batch:
+            raise CapacityError(f"decode: {n} tokens exceed n_batch={self.n_batch}; split the batch")
+        if n_out > self.n_outputs_max:
+            raise CapacityError(f"decode: {n_out} output rows exceed n_outputs_max={self.n_outputs_max}")
+        for spec in seqs:
+            arr, pos0, sid, k = spec
+            t = <int32_t *>cnp.PyArray_DATA(arr)
+            m = <int32_t>cnp.PyArray_DIM(arr, 0)
+            with nogil:
+                for i in range(m):
+                    tk = t[i]
+                    bad = bad or tk < 0 or tk >= nv
+                    b.token[at + i] = tk
+                    b.pos[at + i] = pos0 + i
+                    b.n_seq_id[at + i] = 1
+                    b.seq_id[at + i][0] = sid
+                    b.logits[at + i] = 1 if i >= m - k else 0
+            if bad:
+                raise CapacityError(f"decode: a token id is outside the vocabulary [0, {nv})")
+            at += m
+        b.n_tokens = n
+        self._run_batch(n, n_out)
+        return self._output_rows(n, n_out, "decode_seqs")
+
+    cdef object _output_rows(self, int32_t n, int32_t n_out, str what):
+        """The logits rows of the last decode of ``self.batch`` (``n`` entries, ``n_out`` of them flagged), in
+        batch order: a read-only view when llama.cpp's rows are contiguous, else a copy."""
         if n_out == 0:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
+        cdef llama_batch * b = &self.batch
         cdef float * first = NULL
         cdef float * row
         cdef bint contiguous = True
         cdef int k = 0
+        cdef int32_t i
         rows = []
         for i in range(n):
-            if not oo[i]:
+            if not b.logits[i]:
                 continue
-            row = llama_get_logits_ith(ctx, i)  # by batch index: llama.cpp maps it to its output row
+            row = llama_get_logits_ith(self.ptr, i)  # by batch index: llama.cpp maps it to its output row
             if row == NULL:
-                raise RuntimeFault(f"decode_multi: no logits row for batch entry {i}")
+                raise RuntimeFault(f"{what}: no logits row for batch entry {i}")
             if first == NULL:
                 first = row
             elif row != first + <size_t>k * self.n_vocab:

@@ -105,6 +105,7 @@ cdef class Context:
     cdef object _view(self, float * ptr, int rows, int cols)
     cdef int process_c(self, BatchExt batch, bint encode) except -1
     cdef int _run_batch(self, int32_t n, int32_t n_out) except -1
+    cdef object _output_rows(self, int32_t n, int32_t n_out, str what)
 
 
 cdef class BatchExt:

@@ -52,8 +52,8 @@ class LlamaBatch:
 
     def decode_batch(self, items: Sequence[BatchItem]) -> list[DecodeResult]:
         index = self._index
-        placed: list[tuple[LlamaTarget, np.ndarray, int, int]] = []  # target, tokens, length, output rows
-        for item in items:
+        placed: list[tuple[LlamaTarget, np.ndarray, int, int, int]] = []  # target, tokens, length, rows, item
+        for i, item in enumerate(items):
             target = index.get(id(item.target))
             if target is None or any(p[0] is target for p in placed):
                 raise ConfigError("decode_batch", item.target, "each a distinct sequence of this batch")
@@ -62,28 +62,21 @@ class LlamaBatch:
             if n == 0:
                 raise CapacityError("decode_batch: an item without tokens")
             target._room(n)
-            placed.append((target, toks, n, item.n_rows))
+            placed.append((target, toks, n, item.n_rows, i))
         # the pass holds the sequences in id order: with a KV stream per sequence llama.cpp cuts a pass
         # into ubatches at every sequence id that is not the previous one + 1 (a graph each, no reuse)
-        order = sorted(range(len(placed)), key=lambda i: placed[i][0].seq_id)
-        placed = [placed[i] for i in order]
-        total = sum(p[2] for p in placed)
-        pos = np.empty(total, dtype=np.int32)
-        seq = np.empty(total, dtype=np.int32)
-        out = np.zeros(total, dtype=np.uint8)
-        at = 0
-        for target, _, n, k in placed:
-            pos[at:at + n] = np.arange(target.n_past, target.n_past + n, dtype=np.int32)
-            seq[at:at + n] = target.seq_id
-            if k:
-                out[at + n - k:at + n] = 1  # every row ("all") or the last one ("last")
-            at += n
-        tokens = placed[0][1] if len(placed) == 1 else np.concatenate([p[1] for p in placed])
-        rows = or_compact(self.compact, self.ctx.decode_multi, tokens, pos, seq, out)
+        if len(placed) > 1:
+            placed.sort(key=lambda p: p[0].seq_id)
+        rows = or_compact(self.compact, self.ctx.decode_seqs, [(p[1], p[0].n_past, p[0].seq_id, p[3]) for p in placed])
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
-        if self._replays and len(placed) > 1:
+        if len(placed) == 1:  # one sequence: the pass's rows and taps are its own
+            target, toks, n, _, _ = placed[0]
+            verify = items[0].rows == "all"
+            target._advance(n, rollable=verify)
+            return [DecodeResult(tokens=toks, logits=rows, features=taps, kind="verify" if verify else "prompt")]
+        if self._replays:
             # a recurrent sequence whose rejection runs deeper than its snapshots replays alone on this
             # context while the other rounds of the pass still read their rows: they get copies (a pass
             # of one sequence: its round has read them before it replays)
@@ -91,12 +84,12 @@ class LlamaBatch:
             taps = {name: np.array(v) for name, v in taps.items()}
         results: dict[int, DecodeResult] = {}  # by the item's index
         at, t_at = 0, 0
-        for (target, toks, n, k), i in zip(placed, order, strict=True):
-            item = items[i]
-            target._advance(n, rollable=item.rows == "all")
+        for target, toks, n, k, i in placed:
+            verify = items[i].rows == "all"
+            target._advance(n, rollable=verify)
             results[i] = DecodeResult(tokens=toks, logits=rows[at:at + k],
-                                      features={name: v[t_at:t_at + n] for name, v in taps.items()} if taps else {},
-                                      kind="verify" if item.rows == "all" else "prompt")
+                                      features={name: v[t_at:t_at + n] for name, v in taps.items()},
+                                      kind="verify" if verify else "prompt")
             at += k
             t_at += n
         return [results[i] for i in range(len(items))]
