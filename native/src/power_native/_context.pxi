@@ -268,7 +268,6 @@ cdef class Context:
         if n > self.n_batch:
             raise CapacityError(f"decode: {n} tokens exceed n_batch={self.n_batch}; split the batch")
         cdef llama_batch * b = &self.batch
-        cdef llama_context * ctx = self.ptr
         cdef int32_t i
         cdef int32_t * t = <int32_t *>tok.data
         cdef int32_t * pp = <int32_t *>ps.data
@@ -335,7 +334,7 @@ cdef class Context:
                 raise ConfigError("n_rows", k, f"0..{m} (the block's tokens)")
             if sid < 0 or sid >= n_seq:
                 raise ConfigError("seq_id", sid, f"integers in [0, {n_seq})")
-            if pos0 < 0 or pos0 + m > n_ctx:
+            if pos0 < 0 or <int64_t>pos0 + m > n_ctx:
                 raise CapacityError(f"decode: positions up to {pos0 + m - 1} overflow the context of {n_ctx} "
                                     "tokens; raise n_ctx or shorten the request")
             n += m
