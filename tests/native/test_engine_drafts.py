@@ -279,13 +279,14 @@ def _eight_at_random_arrivals(cfg: PowerConfig, model: Path, draft: Path | None,
                               seed: int) -> list:
     """Eight requests over ``len(widths)`` sequences of those ``spec_draft_max``, arriving at random times
     with budgets of their own, greedy and seeded; asserts each one's tokens and per-round proposals equal
-    its solo run at its width, and returns the results. The first two arrive together and join one first
-    pass whatever the machine's load (so some draft step is shared); the other six at random times."""
+    its solo run at its width, and returns the results. The first three arrive together and join one first
+    pass whatever the machine's load (so some draft step is shared: of any three sequences two have one width,
+    and a block draft of each width has a context of its own); the other five at random times."""
     layout = [SequenceSpec(cfg.spec_mode, draft=str(draft) if draft else None, config={"spec_draft_max": w})
               for w in widths]
     rng = random.Random(seed)
     jobs = [(PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
-             rng.choice((9, 24, 40)), 0.0 if i < 2 else rng.uniform(0.0, 0.3)) for i in range(8)]
+             rng.choice((9, 24, 40)), 0.0 if i < 3 else rng.uniform(0.0, 0.3)) for i in range(8)]
     opened = dict(model=str(model), draft=str(draft) if draft else None)
     with Session.open_engine(len(widths), cfg, sequences=layout, **opened) as engine:
         out: list = [None] * len(jobs)
@@ -303,7 +304,7 @@ def _eight_at_random_arrivals(cfg: PowerConfig, model: Path, draft: Path | None,
             for t in threads:
                 t.start()
             deadline = time.monotonic() + 60
-            while engine.running < 2 and time.monotonic() < deadline:
+            while engine.running < 3 and time.monotonic() < deadline:
                 time.sleep(0.001)
         for t in threads:
             t.join(120)
