@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from power_core.config import PowerConfig
 from power_core.engine import Engine
@@ -108,7 +111,11 @@ def test_commits_waiting_for_the_loop_leave_as_one_chunk(monkeypatch, behind):
         held.append(commit)
         if commit.finished:
             batch = list(held)
-            self.loop.call_soon_threadsafe(lambda: [self.queue.put_nowait(c) for c in batch])
+
+            def arrive_together():
+                self.arrived.extend(batch)
+                self._wake()
+            self.loop.call_soon_threadsafe(arrive_together)
 
     read = threading.Event()
     take = responses.StreamAnswer._commit
@@ -139,6 +146,84 @@ def test_commits_waiting_for_the_loop_leave_as_one_chunk(monkeypatch, behind):
     assert streamed_lps == answer["logprobs"]["tokens"] and len(streamed_lps) == whole.json()["usage"]["completion_tokens"]
     assert len(held) > 2  # the request committed in several rounds
     assert len(chunks) == (1 if behind else len(held))
+
+
+def _openai_chunk(rid: str, model: str, chat: bool):
+    def render(text: str) -> str:
+        choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+        return json.dumps({"id": rid, "object": "chunk", "created": 1, "model": model,
+                           "choices": [{**choice, "logprobs": None, "finish_reason": None}]}, separators=(",", ":"))
+    return render
+
+
+@given(text=st.text(), rid=st.text(), model=st.text(), chat=st.booleans())
+def test_a_text_chunk_is_its_json_around_the_text(text, rid, model, chat):
+    """A stream's hot path writes a text chunk as the JSON before and after its text, split once from the
+    general path's own output: for any text (quotes, backslashes, control and non-ASCII characters, lone
+    surrogates) and any id and model name, the same characters as ``json.dumps`` of the whole chunk; where the
+    rest of the chunk spells the split's probe there is no template (the general path writes every chunk)."""
+    from json.encoder import encode_basestring_ascii
+
+    from power_core.serve.responses import around_text
+
+    probe = encode_basestring_ascii("\x00\x01\x02")
+    render = _openai_chunk(rid, model, chat)
+    split = around_text(render)
+    if split is None:
+        assert render("\x00\x01\x02").count(probe) > 1
+        return
+    assert split[0] + encode_basestring_ascii(text) + split[1] == render(text)
+    assert around_text(_openai_chunk("chatcmpl-1", "m", chat)) is not None  # the usual request has a template
+    assert around_text(_openai_chunk("x", "\x00\x01\x02", chat)) is None  # a name that is the probe
+
+
+def _comparable(response: httpx.Response) -> list[str]:
+    """A stream's text chunks as written (its bytes), less what differs between two requests: the id, the
+    time of creation, the last chunk (the receipt's)."""
+    return [re.sub(r'^data: \{"id":"[^"]*","object":"([^"]*)","created":\d+,', r"\1 ", line)
+            for line in response.text.splitlines() if line.startswith("data: {") and '"power":' not in line]
+
+
+def _chunk_per_commit(monkeypatch) -> None:
+    """The driver waits, after each commit, until the loop has made its chunk: a chunk per commit."""
+    from power_core.serve import responses
+
+    post, take = responses.StreamAnswer.post, responses.StreamAnswer._commit
+    read = threading.Event()
+
+    def take_and_tell(self, commits):
+        try:
+            return take(self, commits)
+        finally:
+            read.set()
+
+    def post_in_step(self, commit):
+        read.clear()
+        post(self, commit)
+        assert read.wait(10)
+
+    monkeypatch.setattr(responses.StreamAnswer, "post", post_in_step)
+    monkeypatch.setattr(responses.StreamAnswer, "_commit", take_and_tell)
+
+
+def test_the_hot_path_streams_the_general_paths_chunks(monkeypatch):
+    """A stream without logprobs or tools writes its text chunks through the split template; the same
+    request with the template off (every chunk built and dumped whole) streams the same events."""
+    from power_core.serve import responses
+
+    _chunk_per_commit(monkeypatch)
+    with _shared() as engine:
+        app = create_app(engine, ServeOptions(model_name="m"))
+        (hot,) = _post(app, {**BODY, "stream": True, "max_tokens": 40})
+    monkeypatch.setattr(responses.StreamAnswer, "_plain_template", lambda self: None)
+    with _shared() as engine:
+        app = create_app(engine, ServeOptions(model_name="m"))
+        (general,) = _post(app, {**BODY, "stream": True, "max_tokens": 40})
+    assert hot.status_code == general.status_code == 200
+    text, events = _stream_text(hot)
+    assert text and len(events) > 5
+    assert _comparable(hot) == _comparable(general)
+    assert all(line.startswith("text_completion ") for line in _comparable(hot))
 
 
 def test_feed_hands_commits_then_the_end_from_the_driver_thread():

@@ -319,7 +319,7 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
     state.jobs[job] = fut
     fut.add_done_callback(functools.partial(_ended, state, job, timer))
     if stream is not None:
-        return stream.response(request, fut)
+        return stream.response(fut)
     return await WholeAnswer(state, prepared, session).response(request, fut)
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import attrs
 import numpy as np
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from power_core.constraint import NO_PRESERVED, PreservedTokens
@@ -120,6 +122,16 @@ def _usage(prepared: Prepared, outcome: Outcome) -> dict[str, Any]:
     return usage
 
 
+def around_text(render: Callable[[str], str]) -> tuple[str, str] | None:
+    """``render``'s JSON (a chunk of one text) as what comes before and after its text: for every text ``t``,
+    ``before + encode_basestring_ascii(t) + after == render(t)`` (the JSON string of ``t`` is what
+    ``json.dumps`` writes for it). ``None`` where the rest of the JSON spells the probe (the text is then not
+    where the split would put it)."""
+    probe = "\x00\x01\x02"
+    parts = render(probe).split(encode_basestring_ascii(probe))
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
 # -- the outcome ----------------------------------------------------------------------------------------
 async def _outcome(fut: asyncio.Future[Outcome]) -> Outcome:
     """The request's outcome; a request the engine or the session refused to begin (a typed error) is
@@ -139,11 +151,11 @@ def _raise_failure(outcome: Outcome) -> None:
         raise from_power_error(outcome.error)
 
 
-async def _watch_disconnect(request: Request, job: Job, fut: asyncio.Future[Outcome]) -> None:
+async def _watch_disconnect(receive: Receive, job: Job, fut: asyncio.Future[Outcome]) -> None:
     """Stop the job when its client goes away: the body is read, so the server's next message for this
     request is ``http.disconnect`` (awaited, not polled; cancelled once the outcome is there)."""
     while not fut.done():
-        if (await request.receive())["type"] == "http.disconnect":
+        if (await receive())["type"] == "http.disconnect":
             job.stop_now("disconnected")
             return
 
@@ -169,7 +181,7 @@ class WholeAnswer(_Answer):
     async def response(self, request: Request, fut: asyncio.Future[Outcome]) -> JSONResponse:
         """The body once ``fut`` (the request's decode) has its outcome; the request's error where it failed."""
         job = self.job
-        watcher = asyncio.ensure_future(_watch_disconnect(request, job, fut))
+        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, job, fut))
         try:
             outcome = await _outcome(fut)
         except asyncio.CancelledError:  # the server stopped waiting (drain timeout): stop the decode too
@@ -201,21 +213,33 @@ class WholeAnswer(_Answer):
                 "choices": [choice], "usage": _usage(prepared, outcome), "power": _power_extension(job, outcome)}
 
 
-class _EventStream(StreamingResponse):
-    """Starlette's streaming response, ended quietly when its client has gone away: a server of ASGI 2.4
-    raises at the next write (:class:`ClientDisconnect`), which is how a stream ends, not a server error.
-    Its events are closed at once either way (their request stopped), not when the collector finds them."""
+class _EventStream(Response):
+    """The server-sent events of one stream, written straight to the server: each event one ``data:`` line
+    (nothing between the events and the socket but the send). A client that goes away stops the decode at once
+    (its ``http.disconnect``, awaited beside the stream), and the stream ends quietly: a server of ASGI 2.4
+    raises at the next write (:class:`OSError`), an older one drops the writes. Its events are closed at once
+    either way (their request stopped), not when the collector finds them."""
 
-    def __init__(self, events: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers=headers)
-        self.events = events
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[str, None], headers: Mapping[str, str], job: Job,
+                 fut: asyncio.Future[Outcome]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self.events, self.job, self.fut = events, job, fut
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, self.job, self.fut))
         try:
-            await super().__call__(scope, receive, send)
-        except ClientDisconnect:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, ClientDisconnect):
             pass
         finally:
+            watcher.cancel()
             await self.events.aclose()
 
 
@@ -232,8 +256,11 @@ class StreamAnswer(_Answer):
         super().__init__(state, prepared, session)
         self.loop = asyncio.get_running_loop()
         self.gen = gen
-        #: the request's commits in order, then ``None``: its decode ended (:meth:`events` waits on this alone)
-        self.queue: asyncio.Queue[Commit | None] = asyncio.Queue()
+        #: the request's commits in order, then ``None``: its decode ended (:meth:`events` reads this alone). The
+        #: driver appends; the loop is woken once for every commit that arrives while it waits (:meth:`post`)
+        self.arrived: deque[Commit | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for a commit
+        self._woken = False  # a wake is on its way to the loop: later commits ride along with it
         #: the committed tokens streamed so far (the commits' snapshot, never the request the driver changes)
         self.tokens: list[int] = []
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
@@ -241,34 +268,43 @@ class StreamAnswer(_Answer):
         self.offset = 0
         #: takes tool calls out of the text as it streams (the markup never reaches the client)
         self.calls: ToolCallParser | None = prepared.tools.parser() if prepared.tools is not None else None
+        #: a text delta's chunk as the JSON before and after its text (the general path's own output, split
+        #: once), where the stream's chunks carry neither logprobs nor tool calls: the hot path of a stream
+        self.plain = self._plain_template()
 
     def post(self, commit: Commit) -> None:
         """Hands ``commit`` from the thread that drives the request (the shared passes' driver, or the
-        worker of a solo sequence) to the event loop."""
+        worker of a solo sequence) to the event loop: it joins :attr:`arrived`, and the loop is woken unless a
+        wake is already on its way (that wake runs after this append, so the reader finds the commit)."""
+        self.arrived.append(commit)
+        if self._woken:
+            return
+        self._woken = True
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, commit)
+            self.loop.call_soon_threadsafe(self._wake)
         except RuntimeError:  # the loop is gone (shutdown): nobody is reading
             pass
 
-    def response(self, request: Request, fut: asyncio.Future[Outcome]) -> StreamingResponse:
-        """The SSE response of the decode ``fut``, whose commits arrive through :meth:`post`."""
-        return _EventStream(self._sse(request, fut),
-                            headers={"X-Request-Id": self.job.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def _wake(self) -> None:
+        """On the loop: the reader (if it waits) reads what arrived; a commit appended after this wakes again."""
+        self._woken = False
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
-    async def _sse(self, request: Request, fut: asyncio.Future[Outcome]) -> AsyncGenerator[bytes, None]:
-        """:meth:`events` as server-sent events, one ``data:`` line each; a client that goes away stops the
-        decode at once (not at the next event's write), as a whole answer's does."""
-        watcher = asyncio.ensure_future(_watch_disconnect(request, self.job, fut))
-        try:
-            async for event in self.events(fut):
-                yield b"data: " + event.encode() + b"\n\n"
-        finally:
-            watcher.cancel()
+    def response(self, fut: asyncio.Future[Outcome]) -> Response:
+        """The SSE response of the decode ``fut``, whose commits arrive through :meth:`post`."""
+        return _EventStream(self.events(fut), {"X-Request-Id": self.job.id, "Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no"}, self.job, fut)
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> str:
         body = {"id": self.job.id, "object": self.object, "created": self.created,
                 "model": self.state.options.model_name, "choices": [choice] if choice is not None else [], **extra}
         return json.dumps(body, separators=(",", ":"))
+
+    def _plain_template(self) -> tuple[str, str] | None:
+        if self.job.top_logprobs is not None or self.calls is not None:
+            return None
+        return around_text(lambda text: self._chunk(self._delta_choice(Delta(text))))
 
     def _delta_choice(self, d: Delta) -> dict[str, Any] | None:
         top = self.job.top_logprobs is not None
@@ -278,7 +314,6 @@ class StreamAnswer(_Answer):
                 return {"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
             return self._tool_choice(self.calls.feed(d.text), lp)
         lp = completion_logprobs(d.logprobs, self.decode, self.offset) if top else None
-        self.offset += len(d.text)
         return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": None}
 
     @staticmethod
@@ -293,7 +328,10 @@ class StreamAnswer(_Answer):
         return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}
 
     def _chunks(self, d: Delta) -> list[str]:
+        if self.plain is not None:
+            return [self.plain[0] + encode_basestring_ascii(d.text) + self.plain[1]]
         choice = self._delta_choice(d)
+        self.offset += len(d.text)
         return [self._chunk(choice)] if choice is not None else []
 
     def _commit(self, commits: list[Commit]) -> list[str]:
@@ -312,29 +350,38 @@ class StreamAnswer(_Answer):
         lps = outcome.logprobs[len(self.tokens):] if self.job.top_logprobs is not None else ()
         return self._chunks(Delta(text, lps)) if text or lps else []
 
-    async def events(self, fut: asyncio.Future[Outcome]) -> AsyncIterator[str]:
-        """The stream's events: its deltas as they arrive, then how it ended. The end joins the commits'
-        queue when ``fut`` completes, behind every commit posted before it (the thread that drives the
-        request posts its commits before its end reaches the loop), so one ``get`` a commit is all the
-        waiting there is. Commits that queued up while the loop was busy (other requests' chunks, a slow
-        client) leave as one chunk: the same text and logprobs in fewer events, so a loop that falls behind
-        the driver catches up instead of writing ever more events per round."""
-        queue = self.queue
-        fut.add_done_callback(lambda _: queue.put_nowait(None))
+    async def events(self, fut: asyncio.Future[Outcome]) -> AsyncGenerator[str, None]:
+        """The stream's events: its deltas as they arrive, then how it ended. The end joins :attr:`arrived`
+        when ``fut`` completes, behind every commit (the thread that drives the request appends its commits
+        before its end reaches the loop), so waiting for :attr:`arrived` is all the waiting there is. Commits
+        that arrived while the loop was busy (other requests' chunks, a slow client) leave as one chunk: the
+        same text and logprobs in fewer events, so a loop that falls behind the driver catches up instead of
+        writing ever more events per round."""
+        arrived = self.arrived
+
+        def end(_: object) -> None:
+            arrived.append(None)
+            self._wake()
+
+        fut.add_done_callback(end)
         try:
             if self.chat:
                 yield self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None})
             ended = False
-            while not ended and (commit := await queue.get()) is not None:
-                commits = [commit]
-                while not queue.empty():
-                    if (more := queue.get_nowait()) is None:
+            while not ended:
+                while not arrived:
+                    self._waiter = self.loop.create_future()
+                    await self._waiter
+                commits: list[Commit] = []
+                while arrived:
+                    if (commit := arrived.popleft()) is None:
                         ended = True
                         break
-                    commits.append(more)
-                for c in self._commit(commits):
-                    yield c
+                    commits.append(commit)
+                if commits:
+                    for chunk in self._commit(commits):
+                        yield chunk
             try:
                 outcome = await _outcome(fut)
                 for c in self._rest(outcome):
