@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 import numpy as np
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -232,11 +232,11 @@ class _EventStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, self.job, self.fut))
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for event in self.events:
                 await send({"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (OSError, ClientDisconnect):
+        except OSError:  # the client has gone away (an ASGI 2.4 server raises at the next write)
             pass
         finally:
             watcher.cancel()
