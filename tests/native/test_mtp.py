@@ -216,6 +216,38 @@ def test_p_min_cuts_where_llama_cpp_does(peer_bin, tiny_qwen35_mtp):
     assert ours.tokens == generate(tiny_qwen35_mtp, "off", prompt, max_tokens=n).tokens
 
 
+@pytest.mark.parametrize("fixture", ["tiny_qwen35_mtp", "tiny_qwen3next_mtp", "predictable_mtp"])
+def test_a_draft_carrying_the_kept_pairs_proposes_what_a_pass_of_their_own_does(request, monkeypatch, fixture):
+    """``draft_many`` decodes the kept pairs of the last verify pass ahead of the anchor in its first pass,
+    where llama.cpp's draft-mtp (and ``MtpHead.flush``) decodes them in a pass of their own: the same rows,
+    so the same proposals in every round, one draft pass a round fewer. qwen35's MTP graph keeps a row for
+    every token of a pass and qwen3next's only the outputs' (native/patches/0014: the masked rows are the
+    output tokens' either way; without it the anchor read the first pair's row and step 2 drifted)."""
+    from power_mtp.proposer import MtpProposer
+
+    model = request.getfixturevalue(fixture)
+    seen: dict[bool, tuple[list, int, list]] = {}
+    for own_pass in (False, True):
+        if own_pass:
+            merged = MtpProposer.propose
+
+            def propose(self, ctx, merged=merged):
+                self.head.flush()  # the kept pairs in a pass of their own first, as llama.cpp does
+                return merged(self, ctx)
+
+            monkeypatch.setattr(MtpProposer, "propose", propose)
+        cfg = PowerConfig(spec_mode="mtp", spec_draft_max=5, max_tokens=48, n_ctx=256, n_threads=2, trace=True)
+        with Session.open(cfg, model=str(model)) as s:
+            head = s.proposer.head
+            res = s.generate(PROMPTS[2])
+            seen[own_pass] = ([r["proposal"] for r in res.receipt.rounds], head.ctx.passes, res.tokens)
+    (ours, passes, tokens), (theirs, passes_own, tokens_own) = seen[False], seen[True]
+    assert ours == theirs
+    assert tokens == tokens_own == generate(model, "off", PROMPTS[2], max_tokens=48).tokens
+    drafting = sum(1 for p in ours[2:] if p)  # rounds after round 1 that drafted carry kept pairs
+    assert drafting >= 3 and passes_own - passes >= drafting, (passes, passes_own, drafting)
+
+
 # -- the selection and bad input --------------------------------------------------------------------------
 def test_auto_picks_mtp_for_a_verified_mtp_target(tiny_qwen35_mtp):
     with Session.open(PowerConfig(spec_mode="auto", max_tokens=8, n_ctx=256), model=str(tiny_qwen35_mtp)) as s:

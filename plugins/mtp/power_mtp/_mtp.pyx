@@ -165,7 +165,7 @@ cdef class MtpHead:
     def keep(self, int kept) -> None:
         """Keep the first ``kept`` tokens of the last observed batch and nothing after them; the
         boundary row becomes the last kept row. A staged verify pass's kept pairs are deferred: the
-        next draft decodes them first (for the heads of a batch, all in one pass), or :meth:`flush`."""
+        next draft's first pass decodes them ahead of its anchor (:func:`draft_many`), or :meth:`flush`."""
         if not 0 < kept <= self.n_rows:
             raise RuntimeFault(f"MTP keep: {kept} rows of a {self.n_rows}-row batch")
         if self.staged:
@@ -225,40 +225,6 @@ def _seq_of(MtpHead head):
     return head.seq
 
 
-cdef int _flush_many(list heads) except -1:
-    """The deferred kept pairs of every head, decoded in one pass (a KV stream per sequence: each
-    sequence's rows are what its own pass gives); on a failure none of them stays in any KV."""
-    cdef MtpHead head, first = heads[0]
-    # in sequence order: llama.cpp cuts a pass of one-stream-per-sequence KV into ubatches at every
-    # sequence id that is not the previous one + 1 (each ubatch a graph of its own)
-    cdef list waiting = sorted([h for h in heads if (<MtpHead>h).deferred], key=_seq_of)
-    if not waiting:
-        return 0
-    if len(waiting) == 1:
-        (<MtpHead>waiting[0]).flush()
-        return 0
-    cdef BatchExt batch = first.batch
-    cdef Context ctx = first.ctx
-    batch.clear_c()
-    cdef int64_t before = ctx.compute_ns, spent
-    try:
-        for head in waiting:
-            head._add_fill(batch, head.deferred)
-        ctx.process_c(batch, False)
-    except BaseException:
-        batch.clear_c()
-        for head in waiting:
-            llama_memory_seq_rm(ctx.mem, head.seq, head.start, -1)
-        raise
-    finally:
-        spent = ctx.compute_ns - before
-        for head in waiting:
-            head.compute_ns += spent
-    for head in waiting:
-        head._filled(head.deferred)
-    return 0
-
-
 def draft_many(list heads, anchors, ks, p_mins):
     """One greedy draft per head of one context (llama.cpp's draft-mtp ``draft()`` over its slots): draft
     step ``i`` decodes, in one pass, token ``i`` of every head still drafting, each at its own sequence and
@@ -270,18 +236,21 @@ def draft_many(list heads, anchors, ks, p_mins):
     a context of one sequence) and ``p_min`` is 0. Returns one id array per head, each what the head
     drafts alone (one KV stream per sequence and batch-invariant kernels: the same rows), and the number
     of passes run. Every head's draft chain leaves its KV again, also on a failure; each head's
-    ``compute_ns`` and ``passes`` gain the passes it took part in."""
+    ``compute_ns`` and ``passes`` gain the passes it took part in.
+
+    The first step's pass also carries each head's deferred kept pairs (:meth:`MtpHead.keep`), ahead of its
+    anchor and without outputs: llama.cpp decodes them in a pass of their own (its ``process`` hook), and
+    Power's one pass gives the anchor's row the same bits (batch-invariant kernels; the pairs' KV is
+    written before the anchor attends to it). The anchor's hidden row is then the last kept pair's, the
+    boundary row those pairs leave. Once that pass ran, the pairs stay in the KV as :meth:`MtpHead.flush`
+    would have left them (whatever the later steps do); if it failed, they leave the KV and stay deferred."""
     cdef Py_ssize_t n = len(heads), j
     if n == 0:
         return [], 0
     cdef MtpHead head, first = heads[0]
     cdef Context ctx = first.ctx
     ctx._alive()  # a closed context raises instead of reaching llama.cpp with NULL
-    if n == 1:
-        first.flush()
-    else:
-        _flush_many(heads)
-    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, n_out, n_pass, order
+    cdef vector[int32_t] tok, kk, pos0, seqs, fr, idx, n_out, n_pass, order, fill
     cdef vector[float] pm
     cdef vector[const float *] h
     cdef vector[int32_t *] out
@@ -290,6 +259,7 @@ def draft_many(list heads, anchors, ks, p_mins):
     cdef cnp.ndarray[int32_t, ndim=1] arr
     cdef int n_active = n
     cdef set seen = set()
+    cdef int m
     for j in range(n):
         head = heads[j]
         if head.ctx is not ctx:
@@ -299,10 +269,11 @@ def draft_many(list heads, anchors, ks, p_mins):
                 raise RuntimeFault(f"MTP draft_many: sequence {head.seq} asked twice in one draft pass")
             seen.add(head.seq)
         a, k = int(anchors[j]), int(ks[j])
+        m = head.deferred  # kept pairs at n_kv.., decoded by the first step's pass
         if k < 1:
             raise CapacityError(f"MTP draft_many: head {j} asks for {k} tokens; ask only heads that draft")
-        if head.n_kv + k > head.cells:
-            raise CapacityError(f"MTP draft: positions up to {head.n_kv + k} overflow the context {head.cells}")
+        if head.n_kv + m + k > head.cells:
+            raise CapacityError(f"MTP draft: positions up to {head.n_kv + m + k} overflow the context {head.cells}")
         if a < 0 or a >= head.n_vocab:
             raise CapacityError(f"MTP draft: anchor {a} outside [0, {head.n_vocab})")
         arr = np.empty(k, dtype=np.int32)
@@ -310,16 +281,18 @@ def draft_many(list heads, anchors, ks, p_mins):
         out.push_back(&arr[0])
         tok.push_back(a)
         kk.push_back(k)
-        pos0.push_back(head.n_kv)
+        pos0.push_back(head.n_kv + m)
         seqs.push_back(head.seq)
         fr.push_back(head.fr)
         pm.push_back(float(p_mins[j]))
-        h.push_back(&head.pending[0])
+        h.push_back(&head.rows[m - 1, 0] if m else &head.pending[0])
+        fill.push_back(m)
         idx.push_back(-1)
         n_out.push_back(0)
         n_pass.push_back(0)
         spent.push_back(0)
-    # entries in sequence order (see _flush_many: out of order, a pass runs as several ubatches)
+    # entries in sequence order: llama.cpp cuts a pass of one-stream-per-sequence KV into ubatches at every
+    # sequence id that is not the previous one + 1 (each ubatch a graph of its own)
     if n == 1:
         order.push_back(0)
     else:
@@ -338,10 +311,17 @@ def draft_many(list heads, anchors, ks, p_mins):
     cdef int64_t t0
     cdef int64_t passes0 = ctx.passes
     cdef int passes = 0
+    cdef bint filled = False  # the first step's pass ran (its deferred pairs are in the KV)
     try:
+        batch.clear_c()
+        for q in range(n):  # the first step's pass: each head's deferred pairs, then its anchor
+            j = order[q]
+            if fill[j]:
+                (<MtpHead>heads[j])._add_fill(batch, fill[j])
         with nogil:
             while n_active > 0:
-                batch.clear_c()
+                if i > 0:
+                    batch.clear_c()
                 for q in range(n):
                     j = order[q]
                     idx[j] = -1
@@ -361,6 +341,7 @@ def draft_many(list heads, anchors, ks, p_mins):
                         n_pass[j] += 1
                 if rc_translate(st.op, st.rc) != RC_OK:
                     break
+                filled = True
                 for j in range(n):
                     if idx[j] < 0:
                         continue
@@ -392,5 +373,8 @@ def draft_many(list heads, anchors, ks, p_mins):
             head = heads[j]
             head.compute_ns += spent[j]
             head.passes += n_pass[j]
-            llama_memory_seq_rm(ctx.mem, seqs[j], pos0[j], -1)  # no draft chain stays in any KV
+            if fill[j] and filled:  # the first step's pass ran: its deferred pairs are in the KV
+                head._filled(fill[j])
+            # no draft chain stays in any KV (nor pairs whose pass failed: they stay deferred)
+            llama_memory_seq_rm(ctx.mem, seqs[j], head.n_kv, -1)
     return [result[j] if n_out[j] == kk[j] else result[j][:n_out[j]] for j in range(n)], passes

@@ -12,8 +12,9 @@ loaded model (:class:`power_mtp._mtp.MtpHead`, Cython). Per round, exactly as ll
   staged (its rows copied);
 * ``commit``: the pairs of the kept tokens (anchor + accepted) are due in the MTP KV and the
   boundary row becomes the last kept token's (``verify_h[n_accepted]``). llama.cpp decodes the
-  whole verify batch and trims the rejected rows; Power decodes only what stays, right before the
-  next draft (for the requests of a batch, all of them in one pass);
+  whole verify batch in a pass of its own and trims the rejected rows; Power decodes only what
+  stays, ahead of the anchor in the next draft's first pass (for the requests of a batch, all of
+  them in that one pass): one draft pass a round fewer, the same rows;
 * ``restore``: KV length and boundary row of the checkpoint.
 
 The sequences of a shared-pass batch share one MTP context (:class:`MtpDraft`, one KV stream per
@@ -166,7 +167,9 @@ def make_mtp_proposer(req: ProposerRequest) -> MtpProposer:
                              n_outputs_max=n_seq, ctx_type=1, ctx_other=tctx, n_seq_max=n_seq, kv_unified=False,
                              n_threads=cfg.n_threads or os.cpu_count(), flash_attn=cfg.flash_attn)
         try:
-            ctx.set_embeddings_nextn(True, True)  # masked: the draft's own row for its output token
+            # masked: the output tokens' rows (a draft pass's first one also carries the deferred pairs, which
+            # have none; native/patches/0014 reads the right rows of the graphs that keep one per token)
+            ctx.set_embeddings_nextn(True, True)
             if fr < model.n_vocab:
                 ctx.set_fr_vocab(fr)  # the head's matmul covers ids < fr only; the draft reads no other
         except BaseException:
