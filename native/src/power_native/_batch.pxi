@@ -180,3 +180,34 @@ cdef class BatchExt:
         return rc_raise(RC_OP_BATCH, rc, f"batch entry {start} (row width {width}, capacity {self.capacity}, "
                         f"n_outputs_max={self.ctx.n_outputs_max})")
 
+
+cdef object _rows_ith(Context self, int first, int n, bint nextn):
+    """Context.logits_ith / embeddings_nextn_ith (a function, not a method: Context's C methods are
+    the ABI that plugin extensions compiled against _llama.pxd share)."""
+    cdef int width = llama_model_n_embd_out(self.model.ptr) if nextn else self.n_vocab
+    cdef float * head = NULL
+    cdef float * row
+    cdef bint contiguous = True
+    cdef list rows = []
+    cdef int j
+    if n < 1 or first < 0 or first + n > self._last_n_tokens:
+        raise RuntimeFault(f"rows of entries {first}..{first + n - 1} requested; the last decode had "
+                           f"{self._last_n_tokens} entries")
+    for j in range(n):
+        if nextn:
+            row = llama_get_embeddings_nextn_ith(self.ptr, first + j)
+        else:
+            row = llama_get_logits_ith(self.ptr, first + j)
+        if row == NULL:
+            raise RuntimeFault(f"no {'nextn' if nextn else 'logits'} row for batch entry {first + j}")
+        if j == 0:
+            head = row
+        elif row != head + <size_t>j * width:
+            contiguous = False
+        rows.append(<size_t>row)
+    if contiguous:
+        return self._view(head, n, width)
+    out = np.empty((n, width), dtype=np.float32)
+    for j in range(n):
+        out[j] = self._view(<float *><size_t>rows[j], 1, width)[0]
+    return out

@@ -557,10 +557,6 @@ cdef class Context:
         self._alive()
         llama_set_causal_attn(self.ptr, causal)
 
-    def set_threads(self, int n_threads, int n_threads_batch=0) -> None:
-        self._alive()
-        llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
-
     # -- memory ------------------------------------------------------------------------------------------
     def clear(self, bint data=False) -> None:
         self._alive()
@@ -576,22 +572,6 @@ cdef class Context:
         with nogil:
             ok = llama_memory_seq_rm(mem, seq_id, p0, p1)
         return ok
-
-    def seq_cp(self, int src, int dst, int p0=-1, int p1=-1) -> None:
-        self._alive()
-        cdef llama_memory_t mem = self.mem
-        with nogil:
-            llama_memory_seq_cp(mem, src, dst, p0, p1)
-
-    def seq_keep(self, int seq_id) -> None:
-        self._alive()
-        cdef llama_memory_t mem = self.mem
-        with nogil:
-            llama_memory_seq_keep(mem, seq_id)
-
-    def pos_min(self, int seq_id=0) -> int:
-        self._alive()
-        return llama_memory_seq_pos_min(self.mem, seq_id)
 
     def pos_max(self, int seq_id=0) -> int:
         self._alive()
@@ -699,34 +679,3 @@ cdef class Context:
         self._alive()
         return llama_get_ctx_other(self.ptr) != NULL
 
-
-cdef object _rows_ith(Context self, int first, int n, bint nextn):
-    """Context.logits_ith / embeddings_nextn_ith (a function, not a method: Context's C methods are
-    the ABI that plugin extensions compiled against _llama.pxd share)."""
-    cdef int width = llama_model_n_embd_out(self.model.ptr) if nextn else self.n_vocab
-    cdef float * head = NULL
-    cdef float * row
-    cdef bint contiguous = True
-    cdef list rows = []
-    cdef int j
-    if n < 1 or first < 0 or first + n > self._last_n_tokens:
-        raise RuntimeFault(f"rows of entries {first}..{first + n - 1} requested; the last decode had "
-                           f"{self._last_n_tokens} entries")
-    for j in range(n):
-        if nextn:
-            row = llama_get_embeddings_nextn_ith(self.ptr, first + j)
-        else:
-            row = llama_get_logits_ith(self.ptr, first + j)
-        if row == NULL:
-            raise RuntimeFault(f"no {'nextn' if nextn else 'logits'} row for batch entry {first + j}")
-        if j == 0:
-            head = row
-        elif row != head + <size_t>j * width:
-            contiguous = False
-        rows.append(<size_t>row)
-    if contiguous:
-        return self._view(head, n, width)
-    out = np.empty((n, width), dtype=np.float32)
-    for j in range(n):
-        out[j] = self._view(<float *><size_t>rows[j], 1, width)[0]
-    return out
