@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -216,16 +217,34 @@ def test_p_min_cuts_where_llama_cpp_does(peer_bin, tiny_qwen35_mtp):
     assert ours.tokens == generate(tiny_qwen35_mtp, "off", prompt, max_tokens=n).tokens
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen35_mtp", "tiny_qwen3next_mtp", "predictable_mtp"])
+@pytest.fixture(scope="module")
+def quantized_mtp(tiny_qwen35_mtp, peer_bin, tmp_path_factory):
+    """The qwen35 MTP fixture (trunk and MTP block) quantized to a type by the pinned ``llama-quantize``."""
+    out = tmp_path_factory.mktemp("quantized-mtp")
+
+    def make(qtype: str) -> Path:
+        path = out / f"qwen35-mtp-{qtype}.gguf"
+        if not path.exists():
+            subprocess.run([str(peer_bin / "llama-quantize"), str(tiny_qwen35_mtp), str(path), qtype], check=True,
+                           capture_output=True)
+        return path
+
+    return make
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen35_mtp", "tiny_qwen3next_mtp", "predictable_mtp", "Q4_0", "Q4_K_M",
+                                     "Q6_K", "Q8_0", "IQ4_NL"])
 def test_a_draft_carrying_the_kept_pairs_proposes_what_a_pass_of_their_own_does(request, monkeypatch, fixture):
     """``draft_many`` decodes the kept pairs of the last verify pass ahead of the anchor in its first pass,
     where llama.cpp's draft-mtp (and ``MtpHead.flush``) decodes them in a pass of their own: the same rows,
     so the same proposals in every round, one draft pass a round fewer. qwen35's MTP graph keeps a row for
     every token of a pass and qwen3next's only the outputs' (native/patches/0014: the masked rows are the
-    output tokens' either way; without it the anchor read the first pair's row and step 2 drifted)."""
+    output tokens' either way; without it the anchor read the first pair's row and step 2 drifted). The
+    quantized cases run the MTP head's matmuls on the batch-invariant quantized kernels the merged pass
+    relies on (its anchor row is one of several rows of the pass)."""
     from power_mtp.proposer import MtpProposer
 
-    model = request.getfixturevalue(fixture)
+    model = request.getfixturevalue("quantized_mtp")(fixture) if fixture.isupper() else request.getfixturevalue(fixture)
     seen: dict[bool, tuple[list, int, list]] = {}
     for own_pass in (False, True):
         if own_pass:
