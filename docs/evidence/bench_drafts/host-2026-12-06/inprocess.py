@@ -3,7 +3,9 @@ ms per request, the median and least host µs a round over the requests' receipt
 compute/host split; with ``profile``, instead a cProfile of the shared passes' driver thread
 (``SharedPasses._loop``) over the requests. Run from the repository root:
 
-    python docs/evidence/bench_drafts/host-2026-12-06/inprocess.py [REQUESTS] [dflash|dspark|mtp] [profile [SORT]]
+    python docs/evidence/bench_drafts/host-2026-12-06/inprocess.py [REQUESTS] [dflash|dspark|mtp|mtp-predictable] [profile [SORT]]
+
+(a bench_drafts suite: ``mtp-predictable`` runs the ``mtp`` strategy on that suite's fixture)
 """
 import cProfile
 import json
@@ -34,6 +36,7 @@ if profile is not None:
 
     passes.SharedPasses._loop = profiled
 target, draft = _fixtures(mode, Path("/tmp/pd"))
+mode = mode.split("-")[0]  # the suite's strategy
 with Session.open_engine(1, model=str(target), spec_mode=mode, n_threads=2, n_ctx=512, spec_draft_max=7,
                          **({"draft": str(draft)} if draft is not None else {})) as eng:
     sess = eng.sessions[0]
