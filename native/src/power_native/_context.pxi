@@ -110,6 +110,7 @@ cdef class Context:
             rc_raise(RC_OP_CONTEXT, -1, None)
         self.ptr = ctx
         self._owner.ptr = ctx
+        llama_set_graph_cache(ctx, True)  # see set_graph_cache
         self._owner.model = model
         self._owner.other = ctx_other._owner if ctx_other is not None else None
         self.model = model
@@ -470,6 +471,17 @@ cdef class Context:
         if not self._nextn_tap:
             raise RuntimeFault("embeddings_nextn_ith: the nextn tap is not enabled; call set_embeddings_nextn")
         return _rows_ith(self, first, n, True)
+
+    def set_graph_cache(self, bint on) -> None:
+        """Keep up to four built compute graphs and let a pass reuse any that fits it (``on``, every
+        context's setting from its start; patch 0015), or only the previous pass's, as llama.cpp does.
+        Passes of alternating shapes (a draft's injection and its noise block, an MTP head's first pass
+        and its steps, verify blocks of two widths) then stop building a graph each time; the same
+        graphs compute the same rows. :attr:`graphs_reused` counts the reuses either way."""
+        self._alive()
+        if self._inflight:
+            raise RuntimeFault("set_graph_cache: the llama context is decoding in another thread")
+        llama_set_graph_cache(self.ptr, on)
 
     def set_greedy(self, bint on) -> bool:
         """Sample every output row of sequence 0 in the graph (``on``) with its first maximum

@@ -22,6 +22,8 @@ cdef extern from "llama-ext.h" nogil:
     void llama_set_nextn_layer_offset(llama_context * ctx, int32_t offset)
     # Power patch native/patches/0001-mtp-fr-vocab.patch: the LM head projects only the first n rows
     void llama_set_mtp_fr_vocab(llama_context * ctx, int32_t n)
+    # Power patch native/patches/0015-graph-cache.patch: a pass reuses any of four kept graphs that fits it
+    void llama_set_graph_cache(llama_context * ctx, bint value)
     float * llama_get_embeddings_nextn(llama_context * ctx)
     float * llama_get_embeddings_nextn_ith(llama_context * ctx, int32_t i)
     void llama_set_embeddings_layer_inp(llama_context * ctx, uint32_t lid, bint value)
