@@ -237,6 +237,9 @@ def test_a_pass_over_streams_per_sequence_is_one_ubatch_whatever_the_items_order
     rng = np.random.default_rng(7)
     with Session.open_batch(4, cfg, model=str(tiny_qwen35)) as batch:
         rt = batch.runtime
+        # llama.cpp's own reuse (the previous pass's graph only), which counts ubatches: the graph cache
+        # (test_graph_cache.py) would serve four ubatches a pass from its four kept graphs too
+        rt.ctx.set_graph_cache(False)
         assert batch.sessions[0].opened.backend_info["kv_unified"] is False
         seqs = list(rt.sequences)
         in_order = [seqs[0], seqs[1], seqs[2], seqs[3]]
