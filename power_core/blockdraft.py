@@ -22,7 +22,7 @@ __all__ = ["DRAFT_P_MIN", "block_strategy"]
 #: the family's one key: a proposal stops where the draft's confidence falls below it (llama.cpp
 #: ``--spec-draft-p-min``); each family strategy declares it, alike, and so do power-eagle3 and power-mtp
 DRAFT_P_MIN = ConfigKey(
-    name="spec_draft_p_min", type=float, default=0.0, lo=0.0, hi=1.0, hi_open=True, scope="sequence",
+    name="spec_draft_p_min", type=float, default=0.0, lo=0.0, hi=1.0, hi_open=True,
     flag="--p-min", help="draft heads (DFlash family, EAGLE3, MTP) stop a proposal below this draft confidence (0: never)",
 )
 

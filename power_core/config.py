@@ -34,7 +34,6 @@ from power_core.config_keys import (
     SAMPLING_IN_GRAPH,
     SAMPLING_KEYS,
     SCOPES,
-    SEQUENCE_KEYS,
     STOP_MAX,
     VERIFY_CAPACITY_MAX,
     ConfigKey,
@@ -52,7 +51,7 @@ from power_core.config_keys import (
 from power_core.errors import ConfigError
 
 __all__ = ["PowerConfig", "RequestSettings", "ConfigKey", "CORE_KEYS", "CORE_ALIASES", "REQUEST_KEYS", "SAMPLING_KEYS",
-           "SEQUENCE_KEYS", "SCOPES", "CORE_OWNERS", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN",
+           "SCOPES", "CORE_OWNERS", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN",
            "VERIFY_CAPACITY_MAX", "SAMPLING_IN_GRAPH", "STOP_MAX", "LOGPROBS_MAX", "declare_keys", "declared_keys",
            "key_owners", "set_key_loader", "config_table", "device_names", "parse_endpoint"]
 
@@ -65,7 +64,7 @@ def _options(pairs: Any) -> dict[str, Any]:
 
 def _in_scope(scope: str, changes: Mapping[str, Any], where: str) -> None:
     """:class:`ConfigError` naming (prefixed by ``where``) the first key of ``changes`` that is neither of
-    ``scope`` nor of a narrower one (a sequence may set what a request may)."""
+    ``scope`` nor of a narrower one (a session may set what a request may)."""
     allowed = SCOPES[SCOPES.index(scope):]
     for name, value in changes.items():
         key = CORE_BY_NAME.get(name) or strategy_key(name)
@@ -74,8 +73,7 @@ def _in_scope(scope: str, changes: Mapping[str, Any], where: str) -> None:
         if key.scope not in allowed:
             names = [k.name for k in declared_keys() if k.scope in allowed]
             raise ConfigError(f"{where}{name}", value, f"one of {', '.join(names)}",
-                              f"{name} is a {key.scope} key: it is fixed when the "
-                              f"{'session' if key.scope == 'session' else 'sequence'} opens")
+                              f"{name} is a {key.scope} key: it is fixed when the session opens")
 
 
 def _request_values(values: Any) -> tuple[tuple[str, Any], ...]:
@@ -229,7 +227,7 @@ class PowerConfig:
         return hashlib.sha256(blob).hexdigest()
 
     def scoped(self, scope: str, changes: Mapping[str, Any], *, where: str = "") -> PowerConfig:
-        """This configuration with ``changes`` to keys of ``scope`` (or a narrower one: a sequence may set
+        """This configuration with ``changes`` to keys of ``scope`` (or a narrower one: a session may set
         what a request may); any other key is a :class:`ConfigError` naming it (prefixed by ``where``)."""
         changes = canonical_keys(changes)
         _in_scope(scope, changes, where)
@@ -239,10 +237,14 @@ class PowerConfig:
         """This configuration with a request's ``settings`` in place: equal, key for key, to
         ``PowerConfig.from_mapping(self.to_dict(), **dict(settings.values))`` (so the receipt's ``config`` and
         its digest are too), but only the checks across keys run again: every value is one checked
-        already, by this configuration's construction or the settings'. ``self`` when nothing differs."""
+        already, by this configuration's construction or the settings'. ``self`` when nothing differs. A
+        narrower K (``spec_draft_max``) narrows a set S with it: snapshots beyond K are never used."""
         changed = {name: value for name, value in settings.values if value != getattr(self, name)}
         if not changed:
             return self
+        k, s = changed.get("spec_draft_max"), self.spec_recurrent_snapshots
+        if k is not None and s is not None and s > k:
+            changed["spec_recurrent_snapshots"] = k
         new = object.__new__(PowerConfig)  # its slots set as the attrs-made __init__ of a frozen class does
         for name, value in zip(_FIELDS, _field_values(self), strict=True):
             object.__setattr__(new, name, value)

@@ -8,9 +8,8 @@ the plugin manager enters them here when it registers the strategy. Both are val
 :meth:`ConfigKey.check`, so a bad value of any key raises the same
 :class:`~power_core.errors.ConfigError` naming the key, the value and the allowed range.
 
-A key's *scope* says when it may change: ``session`` keys are fixed when a session opens,
-``sequence`` keys may differ between the sequences of one shared-pass batch (what a proposer and the
-scheduler do), ``request`` keys may be set by one request (:data:`REQUEST_KEYS`).
+A key's *scope* says when it may change: ``session`` keys are fixed when a session opens, ``request``
+keys may be set by one request (:data:`REQUEST_KEYS`), the session's value being its requests' default.
 
 :mod:`power_core.config` builds :class:`~power_core.config.PowerConfig` from these keys and is their public
 path (plugins import them from there).
@@ -23,14 +22,14 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, overload
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
 
 import attrs
 
 from power_core.errors import ConfigError, PluginError
 
-__all__ = ["ConfigKey", "CORE_KEYS", "CORE_BY_NAME", "CORE_ALIASES", "CORE_OWNERS", "REQUEST_KEYS", "SAMPLING_KEYS", "SEQUENCE_KEYS",
+__all__ = ["ConfigKey", "CORE_KEYS", "CORE_BY_NAME", "CORE_ALIASES", "CORE_OWNERS", "REQUEST_KEYS", "SAMPLING_KEYS",
            "SCOPES", "MODE_AUTO", "MODE_OFF", "MODE_NAME_RE", "NUMERICS", "FLASH_ATTN", "VERIFY_CAPACITY_MAX",
            "SAMPLING_IN_GRAPH", "STOP_MAX", "LOGPROBS_MAX", "DEFAULT_DRAFT_MAX", "config_table", "declare_keys",
            "declared_keys", "canonical_keys", "device_names", "key_owners", "parse_endpoint", "set_key_loader", "strategy_key",
@@ -60,9 +59,9 @@ LOGPROBS_MAX = 20
 #: the token biases one request may give
 LOGIT_BIAS_MAX = 1024
 
-Scope = Literal["session", "sequence", "request"]
-#: when a key may change, widest last: fixed at open, per sequence of a batch, per request
-SCOPES: tuple[str, ...] = ("session", "sequence", "request")
+Scope = Literal["session", "request"]
+#: when a key may change, widest last: fixed at open, per request
+SCOPES: tuple[str, ...] = ("session", "request")
 #: the core components that own core keys (a strategy's keys are owned by the strategies declaring them)
 CORE_OWNERS: tuple[str, ...] = ("session", "transaction", "scheduler", "sampler")
 
@@ -303,17 +302,17 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
     _key("spec_mode", str, MODE_AUTO, "session", "the strategy: off, auto or an installed strategy's name",
          flag="--mode", validate=_mode),
     _key("spec_draft_max", int, None, "scheduler",
-         "K: proposal width (unset: the strategy's default, e.g. 32 for suffix, else 7)",
-         scope="sequence", flag="--draft-max", lo=1, hi=K_MAX, optional=True),
+         "K: proposal width (unset: the strategy's default, e.g. 32 for suffix, else 7); a request may "
+         "narrow it", scope="request", flag="--draft-max", lo=1, hi=K_MAX, optional=True),
     _key("spec_recurrent_snapshots", int, None, "transaction",
-         "S: resident rollback snapshots of the target (unset: K)", scope="sequence", flag="--snapshots", lo=1,
+         "S: resident rollback snapshots of the target (unset: K)", flag="--snapshots", lo=1,
          hi=S_MAX, optional=True, aliases=("spec_mtp_recurrent_snapshots",)),
     _key("spec_adaptive", bool, False, "scheduler", "request-local adaptive controller (circuit to target-only)",
-         scope="sequence", flag="--adaptive", aliases=("spec_mtp_adaptive",)),
+         flag="--adaptive", aliases=("spec_mtp_adaptive",)),
     _key("spec_adaptive_low_yield", float, 0.25, "scheduler",
-         "adaptive: a round yields low when accepted/proposed is below this", scope="sequence", lo=0.0, hi=1.0),
+         "adaptive: a round yields low when accepted/proposed is below this", lo=0.0, hi=1.0),
     _key("spec_adaptive_low_yield_rounds", int, 3, "scheduler",
-         "adaptive: consecutive low-yield rounds that open the target-only circuit", scope="sequence", lo=1, hi=1024),
+         "adaptive: consecutive low-yield rounds that open the target-only circuit", lo=1, hi=1024),
     _key("temperature", float, 0.0, "sampler", "0: greedy", scope="request", flag="--temperature", lo=0.0,
          hi=100.0),
     _key("top_k", int, 0, "sampler", "0: off", scope="request", flag="--top-k", lo=0),
@@ -347,7 +346,7 @@ CORE_KEYS: tuple[ConfigKey, ...] = (
     _key("n_threads", int, None, "session", "CPU threads (unset: the backend's choice)", flag="--threads", lo=1,
          hi=1024, optional=True),
     _key("trace", bool, False, "transaction", "each round's proposed ids in the receipt (rounds[i].proposal)",
-         scope="sequence", flag="--trace"),
+         flag="--trace"),
     _key("stop", tuple, (), "session",
          "stop strings: the output ends right before the first one, matched on the decoded text across token "
          "boundaries (needs a tokenizer)", scope="request", flag="--stop", convert=_stop_tuple, validate=_stops),
@@ -445,8 +444,7 @@ def declare_keys(strategy: str, keys: Iterable[ConfigKey]) -> None:
                                   f"({core.owner}); name the strategy's own key differently")
             if key.scope == "request":
                 raise PluginError(f"strategy {strategy!r} declares config key {key.name!r} with scope 'request'; a "
-                                  "strategy's key is fixed when the session (or its sequence) opens: use 'session' "
-                                  "or 'sequence'")
+                                  "strategy's key is fixed when the session opens: use 'session'")
             owners = tuple(o for o in _owners.get(key.name, ()) if o != strategy)
             have = _declared.get(key.name)
             if owners and have is not None and have != key:
@@ -496,46 +494,11 @@ def declared_keys(strategies: Iterable[str] | None = None) -> tuple[ConfigKey, .
     return (*CORE_KEYS, *extra)
 
 
-class ScopedKeys(Sequence[str]):
-    """The names of the keys of one scope, core first, then the strategies' (read when used, so that a
-    strategy registered later is included)."""
-
-    def __init__(self, scope: str) -> None:
-        self.scope = scope
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(k.name for k in declared_keys() if k.scope == self.scope)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names()
-
-    def __repr__(self) -> str:
-        return repr(self._names())
-
-
 #: keys one request may set for itself (:class:`~power_core.config.RequestSettings`): the core's request-scoped
 #: keys (a strategy's key is never one, :func:`declare_keys`), in the table's order
 REQUEST_KEYS: tuple[str, ...] = tuple(k.name for k in CORE_KEYS if k.scope == "request")
 #: the sampler's request keys (:meth:`power_core.Session.start`'s ``sampling``; the server's per-request fields)
 SAMPLING_KEYS: tuple[str, ...] = tuple(k.name for k in CORE_KEYS if k.scope == "request" and k.owner == "sampler")
-#: keys one sequence of a shared-pass batch may set for itself: what its proposer and scheduler do (the
-#: core's and every strategy's ``sequence``-scoped keys); what shapes the target is the batch's
-SEQUENCE_KEYS: Sequence[str] = ScopedKeys("sequence")
 
 
 def config_table(keys: Iterable[ConfigKey]) -> str:

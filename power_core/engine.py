@@ -104,8 +104,8 @@ class Slot(Protocol):
 
     def start(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
               stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
-              logprobs: int | None = None, tenant: str | None = None,
-              constraint: ConstraintSpec | None = None, strategy: str | None = None) -> Request[Any]: ...
+              logprobs: int | None = None, tenant: str | None = None, constraint: ConstraintSpec | None = None,
+              strategy: str | None = None, draft_max: int | None = None) -> Request[Any]: ...
 
 
 SlotT = TypeVar("SlotT", bound=Slot)
@@ -114,11 +114,10 @@ SlotT = TypeVar("SlotT", bound=Slot)
 class Ticket(Generic[SlotT]):
     """A place in an engine's admission queue; :meth:`wait` returns the sequence it was given."""
 
-    def __init__(self, engine: Engine[SlotT], strategy: str | None) -> None:
+    def __init__(self, engine: Engine[SlotT]) -> None:
         self._engine = engine
-        self.strategy = strategy
         self.session: SlotT | None = None
-        #: why the wait ended without a sequence (the engine closed, or every sequence that fits was lost)
+        #: why the wait ended without a sequence (the engine closed, or every sequence was lost)
         self.failure: PowerError | None = None
         self._given = threading.Event()
         self._callbacks: list[Callable[[], None]] = []
@@ -213,13 +212,13 @@ class Engine(Generic[SlotT]):
         self._driver.runtime = runtime
 
     # -- admission ------------------------------------------------------------------------------------------
-    def _fits(self, session: SlotT, strategy: str | None) -> bool:
-        return session.lost is None and not session.closed and (strategy is None or strategy in session.strategy_names)
+    @staticmethod
+    def _fits(session: SlotT) -> bool:
+        return session.lost is None and not session.closed
 
-    def reserve(self, *, strategy: str | None = None, prompt: np.ndarray | None = None,
-                tenant: str = "") -> Ticket[SlotT]:
-        """A ticket for the next free sequence (of ``strategy`` when given): given at once when one is
-        free and nobody waits, else queued. Never blocks; :class:`Overloaded` when ``queue_max``
+    def reserve(self, *, prompt: np.ndarray | None = None, tenant: str = "") -> Ticket[SlotT]:
+        """A ticket for the next free sequence (every sequence runs any of the engine's strategies): given
+        at once when one is free and nobody waits, else queued. Never blocks; :class:`Overloaded` when ``queue_max``
         tickets already wait, :class:`SessionBusy` once the engine is closed.
 
         With the request's ``prompt`` (token ids) and ``tenant``, of the free sequences the one that
@@ -227,20 +226,17 @@ class Engine(Generic[SlotT]):
         llama-server's slot selection does; with none, the one freed longest ago, so the states
         used most recently stay in their sequences longest. A waiting ticket gets the first
         sequence freed (first come, first served)."""
-        if strategy is not None and not any(self._fits(s, strategy) for s in self.sessions):
-            have = sorted({name for s in self.sessions for name in s.strategy_names})
-            raise ConfigError("strategy", strategy, f"one of this engine's strategies ({', '.join(have)})")
-        ticket: Ticket[SlotT] = Ticket(self, strategy)
+        ticket: Ticket[SlotT] = Ticket(self)
         with self._cv:
             if self._failure is not None:
                 raise self._failed()
             if self._closed:
                 raise SessionBusy("the engine is closed")
-            if not any(self._fits(s, strategy) for s in self.sessions):
-                raise StateLost(f"every sequence{'' if strategy is None else ' of ' + strategy} of this engine lost "
-                                "its target state (a failed restore); close the engine and open a new one")
-            free = self._choose([s for s in self._free if self._fits(s, strategy)], prompt, tenant)
-            if free is not None and not any(self._fits(free, t.strategy) for t in self._waiting):
+            if not any(self._fits(s) for s in self.sessions):
+                raise StateLost("every sequence of this engine lost its target state (a failed restore); close the "
+                                "engine and open a new one")
+            free = self._choose([s for s in self._free if self._fits(s)], prompt, tenant)
+            if free is not None and not self._waiting:
                 self._free.remove(free)
                 self._reserved.add(free)
                 ticket._give(free)
@@ -260,34 +256,31 @@ class Engine(Generic[SlotT]):
             return free[0]
         return max(free, key=lambda s: s.resident_match(prompt, tenant))  # (a tie: the first, freed longest ago)
 
-    def acquire(self, timeout: float | None = None, *, strategy: str | None = None,
-                cancel: CancelToken | None = None, prompt: np.ndarray | None = None, tenant: str = "") -> SlotT:
+    def acquire(self, timeout: float | None = None, *, cancel: CancelToken | None = None,
+                prompt: np.ndarray | None = None, tenant: str = "") -> SlotT:
         """A free sequence (waits for one, up to ``timeout`` seconds: then :class:`Overloaded`); with
         ``prompt`` and ``tenant``, the one holding the most of it (:meth:`reserve`). Start a request on
         it with ``session.start(...)`` and run it with :meth:`rounds`, which gives the sequence back
         when the request ends (:meth:`release` gives back one never used)."""
-        return self.reserve(strategy=strategy, prompt=prompt, tenant=tenant).wait(timeout, cancel)
+        return self.reserve(prompt=prompt, tenant=tenant).wait(timeout, cancel)
 
     def release(self, session: SlotT) -> None:
-        """Give ``session`` back: to the oldest waiting ticket it fits, else to the free ones."""
+        """Give ``session`` back: to the oldest waiting ticket, else to the free ones."""
         close_now = False
         with self._cv:
             self._running.pop(session, None)
             self._reserved.discard(session)
             if session not in self._free:
-                for ticket in self._waiting:
-                    if self._fits(session, ticket.strategy):
-                        self._waiting.remove(ticket)
-                        self._reserved.add(session)
-                        ticket._give(session)
-                        break
+                if self._waiting and self._fits(session):
+                    self._reserved.add(session)
+                    self._waiting.popleft()._give(session)
                 else:
                     self._free.append(session)
-            if session.lost is not None:  # tickets no healthy sequence can serve would wait forever
-                for ticket in [t for t in self._waiting if not any(self._fits(s, t.strategy) for s in self.sessions)]:
-                    self._waiting.remove(ticket)
-                    ticket._give(None, StateLost("every sequence this request could run on lost its target state "
-                                                 "(a failed restore); close the engine and open a new one"))
+            if session.lost is not None and not any(self._fits(s) for s in self.sessions):
+                while self._waiting:  # no healthy sequence is left to serve them: they would wait forever
+                    self._waiting.popleft()._give(None, StateLost(
+                        "every sequence of this engine lost its target state (a failed restore); close the engine "
+                        "and open a new one"))
             close_now = self._close_deferred and self._driver is None and not self._running
             self._cv.notify_all()
         if close_now:  # close() stopped waiting for this request: free the sequences now that it ended
@@ -381,15 +374,20 @@ class Engine(Generic[SlotT]):
     def submit(self, prompt: Any, *, cancel: CancelToken | None = None, max_tokens: int | None = None,
                stop: Sequence[str] | None = None, sampling: Mapping[str, Any] | None = None,
                logprobs: int | None = None, strategy: str | None = None, tenant: str | None = None,
-               constraint: ConstraintSpec | None = None) -> Request[Any]:
-        """Start a request on the next free sequence (of ``strategy`` when given; waits for one; the
-        free one holding the most of its prompt, :meth:`reserve`); run it with :meth:`rounds` or :meth:`run`.
-        ``constraint``: what its output must match (:class:`~power_core.constraint.ConstraintSpec`)."""
+               constraint: ConstraintSpec | None = None, draft_max: int | None = None) -> Request[Any]:
+        """Start a request on the next free sequence (waits for one; the free one holding the most of its
+        prompt, :meth:`reserve`); run it with :meth:`rounds` or :meth:`run`. The rest are
+        :meth:`Slot.start`'s (``constraint``: what its output must match, a
+        :class:`~power_core.constraint.ConstraintSpec`; ``draft_max``: its own K, at most its strategy's)."""
+        if strategy is not None and strategy not in self.sessions[0].strategy_names:  # before it waits for a turn
+            raise ConfigError("strategy", strategy,
+                              f"one of this engine's strategies ({', '.join(self.sessions[0].strategy_names)})")
         ids = self.sessions[0].encode(prompt)
-        session = self.acquire(strategy=strategy, prompt=ids, tenant=tenant or "")
+        session = self.acquire(prompt=ids, tenant=tenant or "")
         try:
             return session.start(ids, cancel=cancel, max_tokens=max_tokens, stop=stop, sampling=sampling,
-                                 logprobs=logprobs, tenant=tenant, constraint=constraint, strategy=strategy)
+                                 logprobs=logprobs, tenant=tenant, constraint=constraint, strategy=strategy,
+                                 draft_max=draft_max)
         except BaseException:
             self.release(session)
             raise

@@ -205,7 +205,8 @@ class Generation:
         proposer = None if self.target_only else lane.proposer
         if proposer is not None and self.prediction is not None:  # the prediction first, then the strategy
             proposer = PredictedProposer(self.prediction, proposer)
-        scheduler = Scheduler.for_request(lane.config, caps.rollback_window, enabled=proposer is not None,
+        # the request's configuration: its K may be narrower than the lane's (Session.start's draft_max)
+        scheduler = Scheduler.for_request(self.config or lane.config, caps.rollback_window, enabled=proposer is not None,
                                           costs=caps.verify_cost if lane.selection.strategy.cost_aware else None)
         # the transaction's own assembler: it runs on the driver's thread, the request's text on the reader's
         stop_text = TextAssembler(self.detokenize, self.config.stop).find_stop \

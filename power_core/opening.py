@@ -274,14 +274,3 @@ class Lane:
         from the prompt cache (config ``cache_prompt``). Not when the proposer is fed from the target's
         hidden states: it must observe the whole prompt's prefill."""
         return self.config.cache_prompt and not (self.proposer is not None and self.proposer.features)
-
-
-@attrs.frozen
-class SequenceSpec:
-    """One sequence of a shared-pass batch with a strategy of its own (:meth:`Session.open_batch`'s
-    ``sequences``): ``mode`` is its ``spec_mode``, ``draft`` its draft file (``None``: what selection
-    finds, e.g. the target drafting for itself), ``config`` any of :data:`SEQUENCE_KEYS`."""
-
-    mode: str
-    draft: str | None = None
-    config: Mapping[str, Any] = attrs.field(factory=dict)

@@ -28,7 +28,7 @@ import attrs
 import numpy as np
 
 from power_core.chat import ChatTemplate, template_for
-from power_core.config import LOGPROBS_MAX, MODE_AUTO, SAMPLING_KEYS, SEQUENCE_KEYS, PowerConfig, RequestSettings
+from power_core.config import LOGPROBS_MAX, MODE_AUTO, SAMPLING_KEYS, PowerConfig, RequestSettings
 from power_core.constraint import Constraint, ConstraintSpec
 from power_core.engine import Engine
 from power_core.errors import (
@@ -45,7 +45,6 @@ from power_core.opening import (
     Lane,
     LanePlans,
     OpenPlan,
-    SequenceSpec,
     close_proposer,
     in_own_thread,
     target_request,
@@ -64,15 +63,12 @@ from power_core.streaming import Stream
 from power_core.tools import ToolPlan
 from power_core.transaction import CancelToken
 
-__all__ = ["RequestInfo", "Result", "Generation", "Lane", "Session", "SessionBatch", "SequenceSpec", "SAMPLING_KEYS",
-           "SEQUENCE_KEYS"]
+__all__ = ["RequestInfo", "Result", "Generation", "Lane", "Session", "SessionBatch", "SAMPLING_KEYS"]
 
 log = get_logger(__name__)
 
-
-
-# SAMPLING_KEYS (what a request may set for itself, Session.start's ``sampling``) and SEQUENCE_KEYS (what one
-# sequence of a shared-pass batch may set, SequenceSpec) are read from the keys' declared scopes (config.py)
+# SAMPLING_KEYS (what a request may set for itself, Session.start's ``sampling``) are read from the keys'
+# declared scopes (config.py)
 
 
 @attrs.define(eq=False)
@@ -212,20 +208,15 @@ class Session:
     @classmethod
     def open_batch(cls, n: int, config: PowerConfig | None = None, *, model: str | None = None,
                    draft: str | None = None, backend: str | None = None, plugins: PowerPlugins | None = None,
-                   stop_ids: frozenset[int] | None = None, sequences: Sequence[SequenceSpec] | None = None,
-                   prompt_cache: PromptCache | None = None, strategies: Sequence[str] | None = None,
-                   **overrides: Any) -> SessionBatch:
+                   stop_ids: frozenset[int] | None = None, prompt_cache: PromptCache | None = None,
+                   strategies: Sequence[str] | None = None, **overrides: Any) -> SessionBatch:
         """``n`` sessions on the sequences of one target whose passes they share (continuous
-        batching; :class:`~power_core.engine.Engine` drives them). Every sequence runs the configured
-        strategy, or ``sequences[i]`` its own (off, suffix and draft-model side by side). Raises
-        :class:`ConfigError` naming ``parallel`` when the backend or a strategy cannot share passes
-        (then open ``n`` sessions). ``prompt_cache`` and ``strategies``: as :meth:`open`'s, for every
-        sequence (each sequence then runs a request of any of them: sequences are not split by strategy)."""
+        batching; :class:`~power_core.engine.Engine` drives them). Raises :class:`ConfigError` naming
+        ``parallel`` when the backend or a strategy cannot share passes (then open ``n`` sessions).
+        ``prompt_cache`` and ``strategies``: as :meth:`open`'s, for every sequence (each sequence runs a
+        request of any of them, off, suffix and draft-model side by side)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("parallel", n, "an integer >= 1")
-        if sequences is not None and strategies is not None:
-            raise ConfigError("sequences", len(sequences), "None with strategies",
-                              "strategies gives every sequence all of them; sequences gives each one its own")
         overrides = with_cache(overrides, prompt_cache)
         lanes = cls._plans(config, model, draft, backend, plugins, overrides, strategies)
         plan = lanes.plans[0]
@@ -236,30 +227,15 @@ class Session:
         if plan.backend.open_batch is None:
             raise ConfigError("parallel", n, "independent slots on this backend",
                               f"backend {plan.backend.name!r} has no shared-pass (batch) runtime")
-        per_seq = [lanes] * n
-        if sequences is not None:
-            if len(sequences) != n:
-                raise ConfigError("sequences", len(sequences), f"one SequenceSpec per sequence ({n})")
-            per_seq = []
-            for i, spec in enumerate(sequences):
-                extra = sorted(set(spec.config) - set(SEQUENCE_KEYS))
-                if extra:
-                    raise ConfigError(f"sequences[{i}].{extra[0]}", spec.config[extra[0]],
-                                      f"one of {', '.join(SEQUENCE_KEYS)}",
-                                      "the target's settings (context, threads, numerics) are the batch's")
-                per_seq.append(LanePlans.single(OpenPlan.make(
-                    config, model, spec.draft, plan.backend.name, plan.plugins,
-                    {**overrides, "spec_mode": spec.mode, **spec.config})))
-        # one target for every sequence: sized for the widest block, with every tap any sequence reads
-        request = target_request([p for own in per_seq for p in own.plans])
+        request = target_request(lanes.plans)
         open_batch = plan.backend.open_batch
 
         def load() -> SessionBatch:
             opened = open_batch(request, n)
             sessions: list[Session] = []
             try:
-                for one, own in zip(opened.models, per_seq, strict=True):
-                    sessions.append(cls._on(own, one, stop_ids, prompt_cache))
+                for one in opened.models:
+                    sessions.append(cls._on(lanes, one, stop_ids, prompt_cache))
             except BaseException:
                 for session in sessions:
                     session.close()
@@ -506,7 +482,7 @@ class Session:
               sampling: Mapping[str, Any] | None = None, logprobs: int | None = None,
               target_only: bool = False, tenant: str | None = None,
               constraint: ConstraintSpec | Constraint | None = None, strategy: str | None = None,
-              prediction: str | Prediction | None = None) -> Generation:
+              prediction: str | Prediction | None = None, draft_max: int | None = None) -> Generation:
         """Prepare a request (nothing runs until :meth:`Generation.run` or :meth:`Generation.stream`).
 
         ``max_tokens``, ``stop`` (stop strings) and ``sampling`` (any of :data:`SAMPLING_KEYS`:
@@ -532,13 +508,23 @@ class Session:
         :class:`~power_core.prediction.Prediction` of it: a speculative lane drafts from it first
         (:class:`~power_core.prediction.PredictedProposer`), and the receipt's ``prediction`` counts how
         much of it the output repeated; a target-only lane only counts.
+        ``draft_max``: this request's K (config ``spec_draft_max``), at most its lane's, which sized the
+        target's verify passes and the draft's work: a block draft (the DFlash family) still decodes the
+        lane's block and the request verifies at most ``draft_max`` of it, as llama-server's per-request
+        ``speculative.n_max`` truncates a draft.
         """
         lane = self.lane(strategy)
         for key, value in (sampling or {}).items():
             if key not in SAMPLING_KEYS:
                 raise ConfigError(f"sampling.{key}", value, f"one of {', '.join(SAMPLING_KEYS)}",
                                   "other keys are the session's; open a session with them")
-        settings = RequestSettings({**(sampling or {}), "tenant": tenant, "max_tokens": max_tokens, "stop": stop})
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
+                                      or not 1 <= draft_max <= lane.config.draft_max):
+            raise ConfigError("spec_draft_max", draft_max, f"an integer in [1, {lane.config.draft_max}]",
+                              f"a request may narrow its lane's K ({lane.mode}), not widen it: the lane's K sizes "
+                              "the target's verify passes; open the session with a wider spec_draft_max")
+        settings = RequestSettings({**(sampling or {}), "tenant": tenant, "max_tokens": max_tokens, "stop": stop,
+                                    "spec_draft_max": draft_max})
         config = lane.config.with_request(settings)
         if config.stop and self.opened.tokenizer is None:
             raise ConfigError("stop", list(config.stop), "no stop strings for a model without a tokenizer",

@@ -17,7 +17,6 @@ from power_core.config import (
     CORE_KEYS,
     SAMPLING_KEYS,
     SCOPES,
-    SEQUENCE_KEYS,
     ConfigKey,
     PowerConfig,
     declared_keys,
@@ -32,7 +31,7 @@ from tests.helpers import core_plugins
 MODEL = "reference:seed=8,vocab=48,dim=8,recurrent=1"
 
 #: a third party's own key, as its plugin would declare it
-LOOKBACK = ConfigKey(name="tp_lookback", type=int, default=4, lo=1, hi=64, scope="sequence", flag="--tp-lookback",
+LOOKBACK = ConfigKey(name="tp_lookback", type=int, default=4, lo=1, hi=64, flag="--tp-lookback",
                      help="how far the third-party drafter looks back")
 
 
@@ -168,7 +167,7 @@ LEGACY = {"spec_mtp_recurrent_snapshots": ("spec_recurrent_snapshots", 3), "spec
 @pytest.mark.parametrize("old", sorted(LEGACY))
 def test_a_core_keys_earlier_name_is_taken_wherever_the_key_is(old, tmp_path):
     """The seed's ``spec_mtp_*`` names of two keys that serve every strategy: keywords, a mapping, TOML, a
-    sequence's and a request's changes all take them as the key; reads by them answer the key's value; the
+    session's changes all take them as the key; reads by them answer the key's value; the
     configuration (and its digest) is the one the key's name makes."""
     new, value = LEGACY[old]
     want = PowerConfig(spec_mode="mtp", spec_draft_max=7, **{new: value})
@@ -178,7 +177,7 @@ def test_a_core_keys_earlier_name_is_taken_wherever_the_key_is(old, tmp_path):
     for got in (PowerConfig(spec_mode="mtp", spec_draft_max=7, **{old: value}),
                 PowerConfig.from_mapping({"spec_mode": "mtp", "spec_draft_max": 7, old: value}),
                 PowerConfig.from_toml(toml),
-                PowerConfig(spec_mode="mtp", spec_draft_max=7).scoped("sequence", {old: value})):
+                PowerConfig(spec_mode="mtp", spec_draft_max=7).scoped("session", {old: value})):
         assert got == want and got.digest() == want.digest()
         assert getattr(got, old) == getattr(got, new) == value
         assert old not in got.to_dict() and got.to_dict()[new] == value
@@ -202,29 +201,21 @@ def test_scopes_come_from_the_declarations(tp):
     assert SAMPLING_KEYS == ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n",
                              "frequency_penalty", "presence_penalty", "logit_bias")
     assert {k.scope for k in declared_keys()} <= set(SCOPES)
-    assert {"spec_draft_max", "spec_adaptive", "trace", "spec_draft_p_min", "tp_lookback"} <= set(SEQUENCE_KEYS)
-    assert not {"n_ctx", "numerics", "temperature", "spec_mtp_fr_vocab_size"} & set(SEQUENCE_KEYS)
+    scope = {k.name: k.scope for k in declared_keys()}
+    assert {scope[k] for k in ("spec_adaptive", "trace", "spec_draft_p_min", "tp_lookback", "n_ctx")} == {"session"}
+    assert scope["spec_draft_max"] == "request"  # a request may narrow K (Session.start's draft_max)
     assert all(k.owner in ("session", "transaction", "scheduler", "sampler") for k in CORE_KEYS)
 
 
 def test_request_scope_admits_only_request_keys(tp):
     cfg = PowerConfig(spec_mode="tp-draft")
     assert cfg.scoped("request", {"temperature": 0.7, "max_tokens": 9}).temperature == 0.7
-    for key, value in (("n_ctx", 512), ("spec_draft_max", 3), ("tp_lookback", 2)):
+    for key, value in (("n_ctx", 512), ("spec_adaptive", True), ("tp_lookback", 2)):
         with pytest.raises(ConfigError) as err:
             cfg.scoped("request", {key: value}, where="sampling.")
         assert err.value.key == f"sampling.{key}" and "fixed when the" in str(err.value)
     with pytest.raises(ConfigError, match="temperature"):
         cfg.scoped("request", {"temperature": -1.0})  # in scope, out of range: the key's own error
-
-
-def test_sequence_scope_admits_the_strategies_sequence_keys(tp):
-    cfg = PowerConfig(spec_mode="tp-draft")
-    got = cfg.scoped("sequence", {"tp_lookback": 2, "spec_draft_max": 3, "seed": 1})
-    assert (got.tp_lookback, got.spec_draft_max, got.seed) == (2, 3, 1)
-    with pytest.raises(ConfigError, match="fixed when the session opens") as err:
-        cfg.scoped("sequence", {"numerics": "stock"})
-    assert err.value.key == "numerics"
 
 
 # -- end to end --------------------------------------------------------------------------------------------
@@ -262,19 +253,6 @@ def _run_help() -> str:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and "run" in a.choices)  # the subcommands
     return str(sub.choices["run"].format_help())
-
-
-def test_a_sequence_may_set_its_strategys_sequence_keys_but_not_the_batchs(tp):
-    from power_core.session import SequenceSpec
-
-    base = PowerConfig(spec_mode="off", n_ctx=256, max_tokens=4)
-    specs = [SequenceSpec("off"), SequenceSpec("tp-draft", config={"tp_lookback": 2, "spec_draft_max": 3})]
-    with Session.open_engine(2, base, model=MODEL, plugins=core_plugins(tp), sequences=specs) as engine:
-        assert (engine.sessions[1].config.tp_lookback, engine.sessions[1].config.draft_max) == (2, 3)
-        assert engine.sessions[0].config.tp_lookback == 4  # the other sequence keeps the default
-    with pytest.raises(ConfigError, match=r"sequences\[1\]\.n_ctx"):
-        Session.open_batch(2, base, model=MODEL, plugins=core_plugins(tp),
-                           sequences=[SequenceSpec("off"), SequenceSpec("tp-draft", config={"n_ctx": 64})])
 
 
 def test_a_request_may_set_only_request_keys(tp):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from power_core.config import PowerConfig
 from power_core.engine import Engine
 from power_core.errors import AdapterFault, Cancelled, RuntimeFault
-from power_core.session import SequenceSpec, Session
+from power_core.session import Session
 from tests.helpers import Flaky, check_host_split, core_plugins
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
@@ -84,22 +84,22 @@ def test_every_request_equals_its_solo_run_on_any_schedule(mode, jobs, delays, s
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(jobs=st.lists(st.tuples(st.sampled_from(["off", "ref-draft"]), job_strategy), min_size=2, max_size=8),
+@given(jobs=st.lists(st.tuples(st.sampled_from(["off", "ref-draft"]), st.sampled_from([None, 1, 2, 5]), job_strategy),
+                     min_size=2, max_size=8),
        delays=st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.005, 0.02]), min_size=8, max_size=8),
-       layout=st.sampled_from([("off", "ref-draft"), ("ref-draft", "off", "ref-draft"),
-                               ("off", "ref-draft", "off", "ref-draft")]))
-def test_mixed_strategies_in_shared_passes_each_equal_their_solo_run(jobs, delays, layout):
-    """Sequences of one target with different strategies (``sequences=``): each request runs on a
-    sequence of its strategy and still emits its solo output."""
-    specs = [SequenceSpec(mode) for mode in layout]
-    with Session.open_engine(len(specs), _config("off"), model=MODEL, plugins=core_plugins(), sequences=specs) as engine:
-        assert [s.selection.strategy.name for s in engine.sessions] == list(layout)
+       slots=st.integers(2, 4))
+def test_mixed_strategies_and_widths_in_shared_passes_each_equal_their_solo_run(jobs, delays, slots):
+    """Sequences of one target that each run off and ref-draft (``strategies=``), requests asking for
+    either and some for a narrower K of their own (``draft_max``): blocks of every width share passes,
+    and each request emits its solo output at its strategy and width."""
+    with Session.open_engine(slots, _config("off", spec_draft_max=5), model=MODEL, plugins=core_plugins(),
+                             strategies=["off", "ref-draft"]) as engine:
         out: list = [None] * len(jobs)
 
         def go(i: int) -> None:
             time.sleep(delays[i])
-            mode, job = jobs[i]
-            gen = engine.submit(job["prompt"], max_tokens=job["max_tokens"], strategy=mode,
+            mode, width, job = jobs[i]
+            gen = engine.submit(job["prompt"], max_tokens=job["max_tokens"], strategy=mode, draft_max=width,
                                 sampling={"temperature": job["temperature"], "seed": job["seed"]})
             out[i] = engine.run(gen)
 
@@ -108,23 +108,34 @@ def test_mixed_strategies_in_shared_passes_each_equal_their_solo_run(jobs, delay
             t.start()
         for t in threads:
             t.join(120)
-    for (mode, job), res in zip(jobs, out, strict=True):
+    for (mode, width, job), res in zip(jobs, out, strict=True):
         assert res is not None and res.receipt.strategy["name"] == mode
-        assert res.tokens == _solo(mode, job["prompt"], max_tokens=job["max_tokens"],
-                                   temperature=job["temperature"], seed=job["seed"])
+        assert res.receipt.config["spec_draft_max"] == (width or 5)
+        assert all(r["proposed"] <= (width or 5) for r in res.receipt.rounds)
+        with Session.open(_config(mode, spec_draft_max=width or 5), model=MODEL, plugins=core_plugins()) as s:
+            alone = s.start(job["prompt"], max_tokens=job["max_tokens"],
+                            sampling={"temperature": job["temperature"], "seed": job["seed"]}).run()
+        assert res.tokens == alone.tokens
 
 
-def test_sequence_specs_are_validated():
+def test_a_request_may_narrow_its_strategys_k_but_not_widen_it():
+    """``draft_max`` at most the lane's K (which sized the target's passes): a wider one, or one that is
+    no integer, is a ConfigError naming ``spec_draft_max`` before anything runs; a narrower one narrows a
+    set S with it (snapshots beyond K are never used), and its receipt records both."""
     from power_core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="one SequenceSpec per sequence"):
-        Session.open_batch(2, _config("off"), model=MODEL, plugins=core_plugins(), sequences=[SequenceSpec("off")])
-    with pytest.raises(ConfigError, match=r"sequences\[1\]\.n_ctx"):
-        Session.open_batch(2, _config("off"), model=MODEL, plugins=core_plugins(),
-                           sequences=[SequenceSpec("off"), SequenceSpec("ref-draft", config={"n_ctx": 64})])
-    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins(),
-                     sequences=[SequenceSpec("off"), SequenceSpec("ref-draft", config={"spec_draft_max": 3})]) as engine:
-        assert engine.sessions[1].config.draft_max == 3
+    with Session.open_engine(2, _config("off", spec_draft_max=4, spec_recurrent_snapshots=3), model=MODEL,
+                             plugins=core_plugins(), strategies=["ref-draft", "off"]) as engine:
+        for bad in (5, 0, True, 2.0):
+            with pytest.raises(ConfigError) as err:
+                engine.submit([1, 2], draft_max=bad)
+            assert err.value.key == "spec_draft_max" and "[1, 4]" in str(err.value)
+        assert engine.waiting == 0 and engine.busy == 0  # the refused requests gave their sequences back
+        res = engine.run(engine.submit([1, 2, 3], max_tokens=12, draft_max=2))
+        assert (res.receipt.config["spec_draft_max"], res.receipt.config["spec_recurrent_snapshots"]) == (2, 2)
+        assert max(r["proposed"] for r in res.receipt.rounds) == 2
+        res = engine.run(engine.submit([1, 2, 3], max_tokens=12))
+        assert (res.receipt.config["spec_draft_max"], res.receipt.config["spec_recurrent_snapshots"]) == (4, 3)
         with pytest.raises(ConfigError, match="one of this engine's strategies"):
             engine.submit([1, 2], strategy="suffix")
 

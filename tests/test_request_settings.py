@@ -23,6 +23,7 @@ SESSIONS = [
 ]
 CHANGES: list[dict[str, Any]] = [
     {"max_tokens": 200},
+    {"spec_draft_max": 2},  # a request's own (narrower) K
     {"max_tokens": 9, "temperature": 0.7, "seed": 3},  # max_tokens as the session's: only the others change
     {"temperature": 1},  # an int for a float key stays as the caller gave it (the digest's JSON says 1)
     {"stop": ["\n\n", "###"], "tenant": "b", "top_k": 40, "top_p": 0.9, "min_p": 0.05},
@@ -36,7 +37,7 @@ def test_the_request_keys_are_the_tables():
     assert {"max_tokens", "stop", "tenant", "temperature", "logit_bias"} <= set(REQUEST_KEYS)
     every = {"temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "seed": 7, "repeat_penalty": 1.1,
              "repeat_last_n": 32, "frequency_penalty": 0.5, "presence_penalty": 0.5, "logit_bias": {"5": -1.0},
-             "tenant": "t", "max_tokens": 5, "stop": ["x"]}
+             "tenant": "t", "max_tokens": 5, "stop": ["x"], "spec_draft_max": 3}
     assert set(every) == set(REQUEST_KEYS)  # a key added to the table with scope "request" is a setting
     assert [k for k, _ in RequestSettings(every).values] == list(REQUEST_KEYS)  # the table's order
 
@@ -61,7 +62,7 @@ def test_a_bad_value_is_the_error_a_configuration_with_it_raises(changes):
     assert (alone.value.key, str(alone.value)) == (whole.value.key, str(whole.value))
 
 
-@pytest.mark.parametrize("key,value", [("n_ctx", 64), ("spec_draft_max", 2), ("numerics", "stock")])
+@pytest.mark.parametrize("key,value", [("n_ctx", 64), ("spec_adaptive", True), ("numerics", "stock")])
 def test_a_key_that_is_not_a_requests_is_refused(key, value):
     with pytest.raises(ConfigError) as err:
         RequestSettings({key: value})
@@ -86,6 +87,18 @@ def test_with_request_keeps_the_session_config_when_nothing_differs():
     session = SESSIONS[1]
     assert session.with_request(RequestSettings()) is session
     assert session.with_request(RequestSettings({"max_tokens": 9, "stop": ["###"], "temperature": 0.5})) is session
+
+
+def test_a_narrower_k_narrows_a_set_s_with_it():
+    """Snapshots beyond K are never used: a request's narrower K takes a session's wider S down to it (its
+    receipt says so), where a configuration with S > K is refused."""
+    session = PowerConfig(spec_mode="ref-draft", spec_draft_max=6, spec_recurrent_snapshots=4)
+    got = session.with_request(RequestSettings({"spec_draft_max": 2}))
+    assert got == PowerConfig.from_mapping(session.to_dict(), spec_draft_max=2, spec_recurrent_snapshots=2)
+    assert session.with_request(RequestSettings({"spec_draft_max": 5})).spec_recurrent_snapshots == 4
+    with pytest.raises(ConfigError) as err:
+        PowerConfig.from_mapping(session.to_dict(), spec_draft_max=2)
+    assert err.value.key == "spec_recurrent_snapshots"
 
 
 def test_with_request_runs_the_checks_across_keys(monkeypatch):

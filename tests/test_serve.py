@@ -239,6 +239,25 @@ def test_malformed_requests_get_openai_shaped_4xx_and_the_server_keeps_serving(s
     assert after.model_extra["power"]["output_sha256"] == before["receipt"]["output_sha256"]
 
 
+def test_a_request_narrows_k_with_spec_draft_max(server, client, model_name):
+    """``spec_draft_max`` (llama-server's ``speculative.n_max``): the request's rounds propose at most that
+    many tokens, its text is the default request's (exactness), its receipt records the K it ran with; wider
+    than the server's K is a 400 naming the field, before the request waits."""
+    prompt = "narrow k"
+    wide = client.completions.create(model=model_name, prompt=prompt, max_tokens=24)
+    narrow = client.completions.create(model=model_name, prompt=prompt, max_tokens=24, extra_body={"spec_draft_max": 1})
+    assert narrow.choices[0].text == wide.choices[0].text
+    receipts = [httpx.get(f"{server.url}/v1/receipts/{r.id}").json()["receipt"] for r in (wide, narrow)]
+    k = client.models.list().data[0].model_extra["power"]["strategies"][0]["draft_max"]  # the server's K
+    assert k > 1 and receipts[1]["config"]["spec_draft_max"] == 1
+    assert max(r["proposed"] for r in receipts[1]["rounds"]) == 1 < max(r["proposed"] for r in receipts[0]["rounds"])
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for value, status in ((k + 1, 400), (0, 400), ("2", 400)):
+            r = http.post("/v1/completions", json={"model": model_name, "prompt": prompt, "spec_draft_max": value})
+            assert r.status_code == status, r.text
+            assert r.json()["error"]["param"] == "spec_draft_max", r.text
+
+
 def test_api_key_is_required_when_set():
     with served(*MODE, "--api-key", "s3cret") as s:
         good = openai.OpenAI(base_url=s.base_url, api_key="s3cret", max_retries=0)

@@ -14,7 +14,7 @@ from power_core import PromptCache
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError, StrategyNotFound
 from power_core.reference.proposers import ProposerWrapper
-from power_core.session import SequenceSpec, Session
+from power_core.session import Session
 
 MODEL = "reference:seed=3,vocab=97,dim=16,recurrent=0"
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [2, 4, 6]]
@@ -93,13 +93,9 @@ def test_malformed_strategies_are_config_errors(strategies, key):
     assert info.value.key == key
 
 
-def test_an_unknown_strategy_fails_closed_and_sequences_exclude_strategies():
+def test_an_unknown_strategy_fails_closed():
     with pytest.raises(StrategyNotFound):
         _open(("ref-draft", "no-such-mode"))
-    with pytest.raises(ConfigError) as info:
-        Session.open_batch(2, _config(), model=MODEL, plugins=core_plugins(), strategies=["off"],
-                           sequences=[SequenceSpec("off"), SequenceSpec("off")])
-    assert info.value.key == "sequences"
 
 
 def test_replacing_the_session_s_proposer_replaces_the_default_lane_s():

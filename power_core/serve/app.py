@@ -189,7 +189,11 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
                        "least one more is needed to answer. Shorten the prompt (or start the server with a larger "
                        "--n-ctx)", param=param, code="context_length_exceeded")
     strategy = req.power.strategy if req.power is not None else None
-    _lane(session, strategy)  # (a 400 for a strategy the server does not run, before the request waits)
+    lane = _lane(session, strategy)  # (a 400 for a strategy the server does not run, before the request waits)
+    if req.spec_draft_max is not None and req.spec_draft_max > lane.config.draft_max:
+        raise APIError(400, f"spec_draft_max={req.spec_draft_max} is wider than the {lane.mode} strategy's K "
+                       f"({lane.config.draft_max}, power serve --draft-max), which sized the server's verify passes; "
+                       "a request may narrow it only", param="spec_draft_max", code="invalid_value")
     prediction = None
     if req.prediction is not None:  # tokenized once, here: too many tokens is a 400 before the request waits
         try:
@@ -204,8 +208,7 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
     job = Job(prompt=ids, max_tokens=max_tokens, stop=req.stops, sampling=req.sampling(),
               top_logprobs=top_logprobs, stream=req.stream, prefix="chatcmpl-" if kind == "chat.completion" else "cmpl-",
               target_only=state.auditor.target_only is not None, tenant=_tenant(state.options, req.user),
-              constraint=constraint, strategy=strategy,
-              prediction=prediction)
+              constraint=constraint, strategy=strategy, draft_max=req.spec_draft_max, prediction=prediction)
     tools = structure.tools if structure is not None and structure.tools is not None and structure.tools.active \
         else None
     return Prepared(kind=kind, job=job, req=req, prompt_tokens=int(ids.size), tools=tools,
@@ -300,7 +303,7 @@ async def _respond(request: Request, state: ServerState, prepared: Prepared) -> 
         gen = session.start(job.prompt, cancel=job.cancel, max_tokens=job.max_tokens, stop=job.stop,
                             sampling=job.sampling, logprobs=job.top_logprobs, target_only=job.target_only,
                             tenant=job.tenant, constraint=job.constraint, strategy=job.strategy,
-                            prediction=job.prediction)
+                            prediction=job.prediction, draft_max=job.draft_max)
     except BaseException:
         engine.release(session)  # refused before it ran: the sequence goes back at once
         raise

@@ -81,6 +81,8 @@ class Job:
     constraint: Constraint | None = None
     #: the strategy the request asked for (its ``power.strategy``; ``None``: the server's default)
     strategy: str | None = None
+    #: the request's own K (its ``spec_draft_max``; ``None``: its strategy's)
+    draft_max: int | None = None
     #: what the answer is expected to repeat (OpenAI's ``prediction``, tokenized), or ``None``
     prediction: Prediction | None = None
 

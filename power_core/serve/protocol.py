@@ -140,6 +140,9 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("repeat_penalty", "honoured", BOTH, "llama-server's; 1: off"),
     FieldRule("repeat_last_n", "honoured", BOTH, "llama-server's: the penalties' window; 0: off, −1: the context"),
     FieldRule("logit_bias", "honoured", BOTH, "token id → bias in −100–100"),
+    FieldRule("spec_draft_max", "honoured", BOTH, "Power's: the request's own K, at most its strategy's (`GET "
+              "/v1/models` lists each one's `draft_max`), as llama-server's `speculative.n_max`: a round verifies at most "
+              "that many proposals; the output is the same"),
     FieldRule("stream", "honoured", BOTH, "server-sent events"),
     FieldRule("stream_options", "honoured", BOTH, "`include_usage` (with `stream`)"),
     FieldRule("logprobs", "honoured", BOTH, "completions: the number of alternatives, ≤ 20; chat: `true`"),
@@ -308,6 +311,9 @@ class _Sampling(_Strict):
     repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     repeat_last_n: int | None = Field(default=None, ge=-1)
     logit_bias: dict[str, float] | None = None
+    #: the request's own K (config ``spec_draft_max``; llama-server's ``speculative.n_max``): at most its
+    #: strategy's, whose K sized the server's verify passes
+    spec_draft_max: int | None = Field(default=None, ge=1)
     user: str | None = None
     #: llama-server's: a GBNF (or llguidance Lark) grammar, and a JSON schema, the output must match
     grammar: str | None = None

@@ -23,7 +23,6 @@ from native_helpers import make_tiny_draft, make_tiny_mtp  # noqa: E402
 
 from power_core import PowerConfig, Session  # noqa: E402
 from power_core.errors import AdapterFault, Cancelled  # noqa: E402
-from power_core.session import SequenceSpec  # noqa: E402
 from tests.helpers import Flaky  # noqa: E402
 
 pytestmark = pytest.mark.native
@@ -105,28 +104,28 @@ def test_block_drafts_in_shared_passes_equal_their_solo_run(tiny_dir, tiny_llama
 
 
 def test_mixed_strategies_on_a_hybrid_mtp_target_at_random_arrivals(tiny_qwen35_mtp):
-    """Eight requests over four sequences of one hybrid MTP target running off, suffix, MTP and
+    """Eight requests over four sequences of one hybrid MTP target that each run off, suffix, MTP and
     draft-model (the target drafting for itself), greedy and seeded, arriving at random times."""
     cfg = PowerConfig(spec_mode="off", max_tokens=32, n_ctx=256, n_threads=2, trace=True)
     model = str(tiny_qwen35_mtp)
-    layout = [SequenceSpec("off"), SequenceSpec("suffix"), SequenceSpec("mtp"), SequenceSpec("draft-model", draft=model)]
+    layout = ["off", "suffix", "mtp", "draft-model"]
     rng = random.Random(11)
     jobs = [(layout[i % 4], PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
              rng.uniform(0.0, 0.4)) for i in range(8)]
     solo: dict[int, object] = {}
-    for spec in layout:
-        with Session.open(cfg, model=model, draft=spec.draft, spec_mode=spec.mode) as s:
+    for mode in layout:
+        with Session.open(cfg, model=model, spec_mode=mode) as s:
             for i, (own, prompt, kw, _) in enumerate(jobs):
-                if own is spec:
+                if own == mode:
                     solo[i] = s.start(prompt, sampling=kw).run()
-    with Session.open_engine(4, cfg, model=model, sequences=layout) as engine:
+    with Session.open_engine(4, cfg, model=model, strategies=layout) as engine:
         assert engine.probe is not None and engine.probe.identical
         out: list = [None] * len(jobs)
 
         def go(i: int) -> None:
-            spec, prompt, kw, delay = jobs[i]
+            mode, prompt, kw, delay = jobs[i]
             time.sleep(delay)
-            out[i] = engine.run(engine.submit(prompt, sampling=kw, strategy=spec.mode))
+            out[i] = engine.run(engine.submit(prompt, sampling=kw, strategy=mode))
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
         for t in threads:
@@ -134,9 +133,9 @@ def test_mixed_strategies_on_a_hybrid_mtp_target_at_random_arrivals(tiny_qwen35_
         for t in threads:
             t.join(120)
     for i, res in enumerate(out):
-        assert res.receipt.strategy["name"] == jobs[i][0].mode
+        assert res.receipt.strategy["name"] == jobs[i][0]
         assert res.tokens == solo[i].tokens, (i, jobs[i])
-        if jobs[i][0].mode != "suffix":  # suffix's tree also holds earlier requests' outputs: their order differs
+        if jobs[i][0] != "suffix":  # suffix's tree also holds earlier requests' outputs: their order differs
             assert _proposals(res) == _proposals(solo[i]), i
     assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
 
@@ -207,50 +206,49 @@ def _run_together(engine, gens: list, order: tuple[int, ...] | None = None) -> l
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
 def test_mtp_drafts_of_concurrent_requests_share_one_pass_per_step(mtp_targets, arch):
-    """Four requests of mixed widths (their own ``spec_draft_max``), leaving at different rounds: each
+    """Four requests of mixed widths (their own ``draft_max``), leaving at different rounds: each
     draft step is one pass over every drafting request (draft passes per round <= K, not 4K), and every
     request's tokens and per-round proposals equal its solo run."""
     model = mtp_targets[arch]
     widths = [7, 3, 5, 1]
     base = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
     prompts = PROMPTS[:4]
-    layout = [SequenceSpec("mtp", config={"spec_draft_max": w}) for w in widths]
-    with Session.open_engine(4, base, model=str(model), sequences=layout) as engine:
+    with Session.open_engine(4, base, model=str(model)) as engine:
         assert engine.probe is not None and engine.probe.identical
-        gens = [engine.submit(p, strategy="mtp") for p in prompts]
-        out = [(g.session.config.spec_draft_max, res) for g, res in zip(gens, _run_together(engine, gens), strict=True)]
-    assert sorted(w for w, _ in out) == sorted(widths)  # every width ran
-    for i, (width, res) in enumerate(out):
-        with Session.open(attrs.evolve(base, spec_draft_max=width), model=str(model)) as s:
-            alone = s.start(prompts[i]).run()
+        gens = [engine.submit(p, draft_max=w) for p, w in zip(prompts, widths, strict=True)]
+        out = [(g.config.spec_draft_max, res) for g, res in zip(gens, _run_together(engine, gens), strict=True)]
+    assert [w for w, _ in out] == widths  # every width ran
+    with Session.open(base, model=str(model)) as s:
+        alone_all = [s.start(p, draft_max=w).run() for p, w in zip(prompts, widths, strict=True)]
+    for i, ((width, res), alone) in enumerate(zip(out, alone_all, strict=True)):
         assert res.tokens == alone.tokens, (i, width)
         assert _proposals(res) == _proposals(alone), (i, width)
     out = [res for _, res in out]
     assert max(r["stats"]["draft_batch"] for r in _batched_rounds(out, max(widths))) >= 3
 
 
-def test_mtp_requests_with_their_own_p_min_leave_the_draft_batch_where_their_solo_drafts_stop(mtp_targets):
-    """Four requests on one MTP context, each with its own ``p_min`` (the random head's top-10 softmax
-    sits near 0.1, so 0.105 and 0.11 cut drafts at mixed lengths): a request whose draft is cut leaves
-    the step batch while the others go on, and every request's tokens and per-round proposals equal its
-    solo run with its ``p_min``."""
+@pytest.mark.parametrize("p_min", [0.105, 0.11])
+def test_mtp_drafts_cut_by_p_min_leave_the_draft_batch_where_their_solo_drafts_stop(mtp_targets, p_min):
+    """Four requests on one MTP context whose ``p_min`` (the random head's top-10 softmax sits near 0.1,
+    so 0.105 and 0.11 cut drafts at mixed lengths) cuts their drafts at lengths of their own, one of them
+    at a narrower K of its own: a request whose draft is cut leaves the step batch while the others go on,
+    and every request's tokens and per-round proposals equal its solo run."""
     model = mtp_targets["qwen35"]
-    p_mins = [0.0, 0.105, 0.11, 0.105]
-    base = PowerConfig(spec_mode="mtp", spec_draft_max=7, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
-    layout = [SequenceSpec("mtp", config={"spec_draft_p_min": p}) for p in p_mins]
-    with Session.open_engine(4, base, model=str(model), sequences=layout) as engine:
-        gens = [engine.submit(PROMPTS[i], strategy="mtp") for i in range(4)]
-        out = [(g.session.config.spec_draft_p_min, i, res)
-               for i, (g, res) in enumerate(zip(gens, _run_together(engine, gens), strict=True))]
+    widths = [7, 7, 4, 7]
+    base = PowerConfig(spec_mode="mtp", spec_draft_max=7, spec_draft_p_min=p_min, max_tokens=40, n_ctx=256,
+                       n_threads=2, trace=True)
+    with Session.open_engine(4, base, model=str(model)) as engine:
+        gens = [engine.submit(PROMPTS[i], draft_max=widths[i]) for i in range(4)]
+        out = list(_run_together(engine, gens))
+    with Session.open(base, model=str(model)) as s:
+        solo = [s.start(PROMPTS[i], draft_max=widths[i]).run() for i in range(4)]
     cut = 0
-    for p_min, i, res in out:
-        with Session.open(attrs.evolve(base, spec_draft_p_min=p_min), model=str(model)) as s:
-            alone = s.start(PROMPTS[i]).run()
-        assert res.tokens == alone.tokens, (i, p_min)
-        assert _proposals(res) == _proposals(alone), (i, p_min)
-        cut += sum(1 for r in res.receipt.rounds if r["index"] > 0 and 0 < r["proposed"] < 7)
+    for i, (res, alone) in enumerate(zip(out, solo, strict=True)):
+        assert res.tokens == alone.tokens, i
+        assert _proposals(res) == _proposals(alone), i
+        cut += sum(1 for r in res.receipt.rounds if r["index"] > 0 and 0 < r["proposed"] < widths[i])
     assert cut >= 3, "no p_min cut a draft short: the test proves nothing"
-    assert max(r["stats"]["draft_batch"] for r in _batched_rounds([res for _, _, res in out], 7)) >= 3
+    assert max(r["stats"]["draft_batch"] for r in _batched_rounds(out, 7)) >= 3
 
 
 def test_mtp_draft_steps_of_requests_out_of_sequence_order_reuse_one_graph(mtp_targets):
@@ -277,26 +275,26 @@ def test_mtp_draft_steps_of_requests_out_of_sequence_order_reuse_one_graph(mtp_t
 
 def _eight_at_random_arrivals(cfg: PowerConfig, model: Path, draft: Path | None, widths: tuple[int, ...],
                               seed: int) -> list:
-    """Eight requests over ``len(widths)`` sequences of those ``spec_draft_max``, arriving at random times
-    with budgets of their own, greedy and seeded; asserts each one's tokens and per-round proposals equal
-    its solo run at its width, and returns the results. The first three arrive together and join one first
-    pass whatever the machine's load (so some draft step is shared: of any three sequences two have one width,
-    and a block draft of each width has a context of its own); the other five at random times."""
-    layout = [SequenceSpec(cfg.spec_mode, draft=str(draft) if draft else None, config={"spec_draft_max": w})
-              for w in widths]
+    """Eight requests over ``len(widths)`` sequences, the i-th with ``draft_max = widths[i % len(widths)]`` (the
+    session's K the widest), arriving at random times with budgets of their own, greedy and seeded; asserts
+    each one's tokens and per-round proposals equal its solo run at its width (a session of the same K, the
+    request's ``draft_max``: a block draft decodes the session's block and proposes at most the request's K
+    of it, as llama.cpp's per-request ``n_max``), and returns the results. The
+    first three arrive together and join one first pass whatever the machine's load (so some draft step is
+    shared); the other five at random times."""
     rng = random.Random(seed)
     jobs = [(PROMPTS[i % len(PROMPTS)], {"temperature": 0.7, "seed": i} if i % 3 == 1 else {},
              rng.choice((9, 24, 40)), 0.0 if i < 3 else rng.uniform(0.0, 0.3)) for i in range(8)]
     opened = dict(model=str(model), draft=str(draft) if draft else None)
-    with Session.open_engine(len(widths), cfg, sequences=layout, **opened) as engine:
+    with Session.open_engine(len(widths), attrs.evolve(cfg, spec_draft_max=max(widths)), **opened) as engine:
         out: list = [None] * len(jobs)
         width: list = [None] * len(jobs)
 
         def go(i: int) -> None:
             prompt, kw, mt, delay = jobs[i]
             time.sleep(delay)
-            gen = engine.submit(prompt, sampling=kw, max_tokens=mt)
-            width[i] = gen.session.config.draft_max
+            gen = engine.submit(prompt, sampling=kw, max_tokens=mt, draft_max=widths[i % len(widths)])
+            width[i] = gen.config.draft_max
             out[i] = engine.run(gen)
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
@@ -308,22 +306,20 @@ def _eight_at_random_arrivals(cfg: PowerConfig, model: Path, draft: Path | None,
                 time.sleep(0.001)
         for t in threads:
             t.join(120)
-    for w in set(widths):
-        with Session.open(attrs.evolve(cfg, spec_draft_max=w), **opened) as s:
-            for i, (prompt, kw, mt, _) in enumerate(jobs):
-                if width[i] != w:
-                    continue
-                alone = s.start(prompt, sampling=kw, max_tokens=mt).run()
-                assert out[i].tokens == alone.tokens, (i, w)
-                assert _proposals(out[i]) == _proposals(alone), (i, w)
+    with Session.open(attrs.evolve(cfg, spec_draft_max=max(widths)), **opened) as s:
+        for i, (prompt, kw, mt, _) in enumerate(jobs):
+            alone = s.start(prompt, sampling=kw, max_tokens=mt, draft_max=width[i]).run()
+            assert out[i].tokens == alone.tokens, (i, width[i])
+            assert _proposals(out[i]) == _proposals(alone), (i, width[i])
+            assert all(len(p or ()) <= width[i] for p in _proposals(alone)), (i, width[i])
     return out
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35-predictable"])
 def test_eight_mtp_requests_of_mixed_widths_at_random_arrivals_propose_their_solo_drafts(mtp_targets, arch):
-    """Eight requests over four sequences of widths 7, 2, 5 and 3 on one MTP context, arriving at random
-    times with budgets of their own, greedy and seeded: tokens and per-round proposals equal each one's
-    solo run at its width."""
+    """Eight requests of widths 7, 2, 5 and 3 (their ``draft_max``) over four sequences of one MTP context,
+    arriving at random times with budgets of their own, greedy and seeded: tokens and per-round proposals
+    equal each one's solo run at its width."""
     cfg = PowerConfig(spec_mode="mtp", max_tokens=40, n_ctx=256, n_threads=2, trace=True)
     out = _eight_at_random_arrivals(cfg, mtp_targets[arch], None, (7, 2, 5, 3), seed=7)
     assert max(st["draft_batch"] for res in out for st in _draft_stats(res)) >= 2
@@ -441,9 +437,9 @@ def test_block_drafts_inject_the_kept_rows_of_a_shared_pass_in_one_decode(tiny_d
 
 @pytest.mark.parametrize("mode", sorted(DRAFT_KINDS))
 def test_mixed_widths_at_random_arrivals_propose_their_solo_drafts(tiny_dir, tiny_llama, mode):
-    """Eight requests over four sequences of two widths (``spec_draft_max`` 5 and 2: a block draft of
-    each width has a draft context of its own, draft-model's share one), arriving at random times with
-    budgets of their own, greedy and seeded: tokens and per-round proposals equal each one's solo run."""
+    """Eight requests over four sequences, of two widths (K 5, and ``draft_max`` 2 for every other one),
+    arriving at random times with budgets of their own, greedy and seeded: tokens and per-round proposals
+    equal each one's solo run."""
     draft = _draft_for(tiny_dir, tiny_llama, mode)
     cfg = PowerConfig(spec_mode=mode, max_tokens=40, n_ctx=256, n_threads=2, trace=True)
     out = _eight_at_random_arrivals(cfg, tiny_llama, draft, (5, 2, 5, 2), seed=32)

@@ -53,12 +53,10 @@ def test_shared_passes_give_every_request_its_solo_output(model, mode):
 
 
 def test_mixed_strategies_at_random_arrivals_give_every_request_its_solo_output():
-    """Eight requests on SmolLM2 over four sequences running off, suffix, draft-model (the target drafting
-    for itself) and suffix, greedy and seeded, arriving at random times: each equals its solo run."""
+    """Eight requests on SmolLM2 over four sequences that each run off, suffix and draft-model (the target
+    drafting for itself), greedy and seeded, arriving at random times: each equals its solo run."""
     import random
     import time
-
-    from power_core.session import SequenceSpec
 
     cfg = PowerConfig(spec_mode="off", n_threads=2, max_tokens=32, n_ctx=1024)
     layout = ["off", "suffix", "draft-model", "suffix"]
@@ -71,7 +69,7 @@ def test_mixed_strategies_at_random_arrivals_give_every_request_its_solo_output(
             for i, (m, q, kw, _) in enumerate(jobs):
                 if m == mode:
                     solo[i] = s.start(s.chat_prompt([{"role": "user", "content": q}]), sampling=kw).run().tokens
-    with Session.open_engine(4, cfg, sequences=[SequenceSpec(m) for m in layout]) as engine:
+    with Session.open_engine(4, cfg, strategies=sorted(set(layout))) as engine:
         out: list = [None] * len(jobs)
 
         def go(i: int) -> None:

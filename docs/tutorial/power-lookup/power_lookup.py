@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 #: the adapter's own configuration key, declared like the core's: validated (a ``ConfigError`` names it),
 #: listed by ``power plugins --json``, offered as ``power run --lookup-max-ngram N``
-MAX_NGRAM = ConfigKey(name="lookup_max_ngram", type=int, default=3, lo=1, hi=8, scope="sequence",
+MAX_NGRAM = ConfigKey(name="lookup_max_ngram", type=int, default=3, lo=1, hi=8,
                       flag="--lookup-max-ngram", help="the longest history tail the lookup matches")
 
 
