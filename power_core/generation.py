@@ -207,7 +207,8 @@ class Generation:
             proposer = PredictedProposer(self.prediction, proposer)
         # the request's configuration: its K may be narrower than the lane's (Session.start's draft_max)
         scheduler = Scheduler.for_request(self.config or lane.config, caps.rollback_window, enabled=proposer is not None,
-                                          costs=caps.verify_cost if lane.selection.strategy.cost_aware else None)
+                                          costs=caps.verify_cost if lane.selection.strategy.cost_aware else None,
+                                          k_session=lane.config.draft_max)
         # the transaction's own assembler: it runs on the driver's thread, the request's text on the reader's
         stop_text = TextAssembler(self.detokenize, self.config.stop).find_stop \
             if self._detokenize is not None and self.config.stop else None

@@ -87,6 +87,9 @@ class Scheduler:
     low_yield: float = 0.25
     low_yield_rounds: int = 3
     enabled: bool = True
+    #: the K the session's strategy opened with, which sized its target and draft (``k_max``: this request's,
+    #: narrower when the request asked for it; None: the same)
+    k_session: int | None = None
     #: relative cost of a verify pass of 1..B tokens (None: width is not cost-aware)
     costs: tuple[float, ...] | None = None
     # state
@@ -102,13 +105,15 @@ class Scheduler:
 
     @classmethod
     def for_request(cls, config: Any, window: int | None, enabled: bool = True,
-                    costs: tuple[float, ...] | None = None) -> Scheduler:
+                    costs: tuple[float, ...] | None = None, k_session: int | None = None) -> Scheduler:
         """``window`` is the granted rollback window; configured S caps it. ``costs``: the target's
-        verify-cost curve, for cost-aware strategies."""
+        verify-cost curve, for cost-aware strategies. ``k_session``: the session's K where the request's
+        (``config``) is narrower."""
         # attention-only targets (window None) roll back any depth: K vs S never binds
         return cls(
             costs=tuple(costs) if costs else None,
             k_max=config.draft_max,
+            k_session=k_session if k_session != config.draft_max else None,
             window=None if window is None else min(window, config.snapshots),
             adaptive=config.spec_adaptive,
             low_yield=config.spec_adaptive_low_yield,
@@ -225,6 +230,7 @@ class Scheduler:
     def summary(self) -> dict[str, Any]:
         return {
             "k_max": self.k_max,
+            "k_session": self.k_max if self.k_session is None else self.k_session,
             "window": self.window,
             "mode": "off" if not self.enabled else "adaptive" if self.adaptive
             else "guarded" if self.guarded else "balanced",

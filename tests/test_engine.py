@@ -134,8 +134,10 @@ def test_a_request_may_narrow_its_strategys_k_but_not_widen_it():
         res = engine.run(engine.submit([1, 2, 3], max_tokens=12, draft_max=2))
         assert (res.receipt.config["spec_draft_max"], res.receipt.config["spec_recurrent_snapshots"]) == (2, 2)
         assert max(r["proposed"] for r in res.receipt.rounds) == 2
+        assert (res.receipt.scheduler["k_max"], res.receipt.scheduler["k_session"]) == (2, 4)  # what sized the passes
         res = engine.run(engine.submit([1, 2, 3], max_tokens=12))
         assert (res.receipt.config["spec_draft_max"], res.receipt.config["spec_recurrent_snapshots"]) == (4, 3)
+        assert res.receipt.scheduler["k_max"] == res.receipt.scheduler["k_session"] == 4
         with pytest.raises(ConfigError, match="one of this engine's strategies"):
             engine.submit([1, 2], strategy="suffix")
 
