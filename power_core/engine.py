@@ -69,9 +69,6 @@ class Slot(Protocol):
     """What the engine needs of one of its sequences (a :class:`~power_core.session.Session`)."""
 
     @property
-    def strategy_name(self) -> str: ...
-
-    @property
     def strategy_names(self) -> tuple[str, ...]:
         """The strategies a request on it may ask for (its lanes', and ``auto``)."""
         ...
