@@ -13,7 +13,12 @@ threads in turn took 176 ms a request against 44 from one, two sessions each rea
 solo driver (:meth:`~power_core.engine.Engine.rounds`) hands it a request's rounds; whoever reads them
 waits. Requests of several sessions interleave there round by round (:meth:`ComputeThread.busy` lets a
 request that runs to its end give way between rounds). The shared passes' driver (one thread per engine)
-and the thread that opens a model (which ends) lead the only other teams.
+and the thread that opens a model (which ends) lead the only other teams. The compute thread ends once it
+has been idle for :data:`IDLE_S` (libgomp releases its team with it) and starts again at the next call, so a
+process that ran solo requests and then an engine does not keep a second team beside the driver's (DFlash on
+the bench fixtures, one process: an engine after a solo session took 547-720 ms a request with the thread kept,
+161-234 with it ended; docs/evidence/bench_threads/idle-2026-12-07). Solo requests while an engine runs still
+put two teams in the process.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ __all__ = ["ComputeThread", "compute_thread", "wait_get"]
 _T = TypeVar("_T")
 #: how often a thread waiting for a call runs its signal handlers (the longest a Ctrl-C waits for them)
 _WAIT_SLICE_S = 0.05
+#: how long the compute thread waits for a call before it ends (a call starts it again)
+IDLE_S = 1.0
 #: a call: the context's ``run``, the box its outcome goes to, the callable, the lock released when it is there
 _Job = tuple[Callable[..., Any], list[tuple[bool, Any]], Callable[[], Any], threading.Lock]
 
@@ -39,15 +46,23 @@ class ComputeThread:
     """A thread that runs the callables handed to it, one at a time, in the order they came
     (:meth:`call`)."""
 
-    def __init__(self, name: str = "power-compute") -> None:
+    def __init__(self, name: str = "power-compute", idle: float = IDLE_S) -> None:
+        self.name, self.idle = name, idle
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._state = threading.Lock()  # a call's put and the thread's decision to end exclude each other
+        self._thread: threading.Thread | None = None
+        with self._state:
+            self._start()
+
+    def _start(self) -> None:  # under self._state
+        self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
         self._thread.start()
 
     @property
     def ident(self) -> int | None:
-        """The thread's identifier."""
-        return self._thread.ident
+        """The identifier of the thread serving calls now (``None`` while none is: the next call starts one)."""
+        thread = self._thread
+        return thread.ident if thread is not None else None
 
     def busy(self) -> bool:
         """Whether a call is waiting for this thread (read by the call it runs, to give way)."""
@@ -58,12 +73,15 @@ class ComputeThread:
         or its exception, raised here. A call from this thread itself runs at once. Interrupted while it
         waits (Ctrl-C), the caller runs ``interrupt`` (a request's cancel), still waits for ``fn`` to
         return (what it changed is settled), and re-raises."""
-        if threading.get_ident() == self._thread.ident:
+        if threading.get_ident() == self.ident:
             return fn()
         box: list[tuple[bool, Any]] = []
         done = threading.Lock()
         done.acquire()
-        self._jobs.put((contextvars.copy_context().run, box, fn, done))
+        with self._state:
+            self._jobs.put((contextvars.copy_context().run, box, fn, done))
+            if self._thread is None:  # it ended while idle: a new one serves the call
+                self._start()
         interrupted: BaseException | None = None
         # in slices: a signal that lands just before the lock's wait begins (a Ctrl-C) does not wake it, and
         # its handler runs only when this thread next runs Python. Interrupted, the call still settles first.
@@ -86,7 +104,14 @@ class ComputeThread:
         if hasattr(signal, "pthread_sigmask"):  # a Ctrl-C interrupts the thread that waits for a call, never
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this one (nor its OpenMP team)
         while True:
-            run, box, fn, done = self._jobs.get()
+            try:
+                run, box, fn, done = self._jobs.get(timeout=self.idle)
+            except queue.Empty:
+                with self._state:
+                    if self._jobs.empty():  # idle: end (and with it this thread's OpenMP team)
+                        self._thread = None
+                        return
+                continue
             try:
                 box.append((True, run(fn)))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there

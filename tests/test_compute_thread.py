@@ -34,11 +34,13 @@ class _Where:
 
     def __init__(self) -> None:
         self.threads: list[int] = []
+        self.names: list[str] = []
 
     @hookimpl(wrapper=True)
     def power_txn_phase(self, phase, round_index):
         if phase == "verify":
             self.threads.append(threading.get_ident())
+            self.names.append(threading.current_thread().name)
         return (yield)
 
 
@@ -51,8 +53,9 @@ def test_every_round_runs_on_the_compute_thread_whichever_thread_reads_it():
         streamed = pool.submit(lambda: [r.emitted for r in b.start(PROMPT).rounds()]).result()  # iterated
     assert got == [expected] * 3
     assert sum(streamed) == len(expected) and len(streamed) > 1
-    assert where.threads and set(where.threads) == {compute_thread().ident}
-    assert threading.get_ident() not in where.threads
+    # the compute thread (it may have ended while idle and started again: a thread of that name each time)
+    assert where.names and set(where.names) == {"power-compute"}
+    assert threading.get_ident() not in where.threads and compute_thread().idle > 0
 
 
 def test_a_requests_error_and_cancel_reach_its_reader():
@@ -110,6 +113,23 @@ def test_a_call_returns_raises_and_carries_the_callers_context():
         worker.call(lambda: {}["boom"])
     # a call from the thread itself runs at once (no deadlock)
     assert worker.call(lambda: worker.call(lambda: threading.get_ident())) == worker.ident
+
+
+def test_an_idle_thread_ends_and_the_next_call_starts_another():
+    """The thread ends after ``idle`` seconds without a call (and its OpenMP team with it: an engine's driver is
+    then the process's only team); a call after that, or racing with its end, is served by a new one."""
+    worker = ComputeThread(name="test-compute", idle=0.02)
+    assert worker.call(threading.get_ident) == worker.ident
+    for _ in range(200):
+        if worker.ident is None:
+            break
+        time.sleep(0.01)
+    assert worker.ident is None  # it ended
+    second = worker.call(threading.get_ident)
+    assert worker.call(lambda: "served") == "served" and second == worker.ident
+    for delay in (0.0, 0.01, 0.015, 0.019, 0.02, 0.021, 0.025, 0.03) * 5:  # calls around the moment it ends
+        time.sleep(delay)
+        assert worker.call(lambda: 7) == 7
 
 
 def test_an_interrupted_caller_runs_its_interrupt_and_waits_for_the_call():
