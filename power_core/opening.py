@@ -263,6 +263,17 @@ class Lane:
         """The strategy it runs (``auto``'s pick; ``off`` where ``require_identical`` turned it off)."""
         return str(self.selection.strategy.name)
 
+    def request_k(self, draft_max: int | None) -> int | None:
+        """A request's own K (``draft_max``; ``None``: the lane's), checked: at most the lane's K, which sized
+        the target's verify passes and the draft's work; else a :class:`ConfigError` naming ``spec_draft_max``."""
+        k = self.config.draft_max
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
+                                      or not 1 <= draft_max <= k):
+            raise ConfigError("spec_draft_max", draft_max, f"an integer in [1, {k}]",
+                              f"a request may narrow its strategy's K ({self.mode}), not widen it: that K sizes the "
+                              "target's verify passes; open the session (power serve --draft-max) with a wider one")
+        return draft_max
+
     @property
     def max_block(self) -> int:
         """The widest verify block its rounds open: the anchor plus K proposals (1 target-only)."""

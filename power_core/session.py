@@ -518,13 +518,8 @@ class Session:
             if key not in SAMPLING_KEYS:
                 raise ConfigError(f"sampling.{key}", value, f"one of {', '.join(SAMPLING_KEYS)}",
                                   "other keys are the session's; open a session with them")
-        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
-                                      or not 1 <= draft_max <= lane.config.draft_max):
-            raise ConfigError("spec_draft_max", draft_max, f"an integer in [1, {lane.config.draft_max}]",
-                              f"a request may narrow its lane's K ({lane.mode}), not widen it: the lane's K sizes "
-                              "the target's verify passes; open the session with a wider spec_draft_max")
         settings = RequestSettings({**(sampling or {}), "tenant": tenant, "max_tokens": max_tokens, "stop": stop,
-                                    "spec_draft_max": draft_max})
+                                    "spec_draft_max": lane.request_k(draft_max)})
         config = lane.config.with_request(settings)
         if config.stop and self.opened.tokenizer is None:
             raise ConfigError("stop", list(config.stop), "no stop strings for a model without a tokenizer",

@@ -190,10 +190,10 @@ def _prepare(state: ServerState, req: Any, prompt: Any, param: str, limit: int |
                        "--n-ctx)", param=param, code="context_length_exceeded")
     strategy = req.power.strategy if req.power is not None else None
     lane = _lane(session, strategy)  # (a 400 for a strategy the server does not run, before the request waits)
-    if req.spec_draft_max is not None and req.spec_draft_max > lane.config.draft_max:
-        raise APIError(400, f"spec_draft_max={req.spec_draft_max} is wider than the {lane.mode} strategy's K "
-                       f"({lane.config.draft_max}, power serve --draft-max), which sized the server's verify passes; "
-                       "a request may narrow it only", param="spec_draft_max", code="invalid_value")
+    try:
+        lane.request_k(req.spec_draft_max)  # (a 400 before the request waits, as for the strategy)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="spec_draft_max", code="invalid_value") from None
     prediction = None
     if req.prediction is not None:  # tokenized once, here: too many tokens is a 400 before the request waits
         try:
