@@ -370,6 +370,12 @@ class Generation:
         if rounds and self.first_commit_at is None:
             self.first_commit_at = time.perf_counter()
 
+    def charge_wait(self, seconds: float) -> None:
+        """``seconds`` of a shared pass that this request's round took part in and none of its own stretches
+        charged (the driver's work between them, the other requests' stretches before its round closed):
+        decode time, all of it the host's."""
+        self._decode_s += seconds
+
     def charge_shared_pass(self, compute: float | None) -> None:
         """A shared pass that decoded this request's block took ``compute`` seconds of target compute
         (``None``: the batch runtime keeps no clock)."""

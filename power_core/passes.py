@@ -87,6 +87,8 @@ class Request(Protocol[ResultT]):
 
     def charge_shared_pass(self, compute: float | None) -> None: ...
 
+    def charge_wait(self, seconds: float) -> None: ...
+
     def end(self, failure: BaseException | None, batch: Mapping[str, Any] | None = None) -> None: ...
 
     def report(self) -> Receipt | None: ...
@@ -137,13 +139,15 @@ class Charged:
     """A stretch of a request's own work on the thread that drives it, charged to it
     (:meth:`Request.charge`) when the stretch ends, whichever way: the seconds since it began plus
     ``extra`` (the shared pass that decoded the rows a round closes from), the compute its clocks ran
-    meanwhile, and the ``rounds`` it committed (set by the stretch once they have). Used on the
+    meanwhile, and the ``rounds`` it committed (set by the stretch once they have); in a shared pass
+    the seconds also join the request's tally there (``into``: :attr:`_Active.charged`). Used on the
     hot path, three times per request and round: slots, one clock read at each end."""
 
-    __slots__ = ("_before", "_gen", "_t0", "extra", "rounds")
+    __slots__ = ("_before", "_gen", "_into", "_t0", "extra", "rounds")
 
-    def __init__(self, gen: Request[Any], extra: float = 0.0) -> None:
+    def __init__(self, gen: Request[Any], extra: float = 0.0, into: _Active | None = None) -> None:
         self._gen = gen
+        self._into = into
         self.extra = extra
         self.rounds = 0
         self._before: tuple[float | None, float] = (None, 0.0)
@@ -155,7 +159,10 @@ class Charged:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._gen.charge(self._before, self.extra + perf_counter() - self._t0, self.rounds)
+        seconds = self.extra + perf_counter() - self._t0
+        self._gen.charge(self._before, seconds, self.rounds)
+        if self._into is not None:
+            self._into.charged += seconds
 
 
 class Owner(Protocol):
@@ -193,6 +200,8 @@ class _Active:
     passes: int = 0
     pass_tokens: int = 0
     peak: int = 0
+    #: seconds its stretches charged it in the pass now running (:meth:`SharedPasses._close` charges it the rest)
+    charged: float = 0.0
 
 
 class SharedPasses:
@@ -211,6 +220,7 @@ class SharedPasses:
         self._joining: collections.deque[_Active] = collections.deque()
         self._active: list[_Active] = []
         self._rr = 0  # round-robin start among prefilling requests (and among decoding ones' width turns)
+        self._t_pass = 0.0  # when the pass now running began (its rounds' decode time counts from it)
         self._last_prefill = 0  # prompt tokens in the previous pass
         self._held = 0  # held: no pass starts
         self._stopping = False  # the engine closed: end once no request is left
@@ -331,6 +341,7 @@ class SharedPasses:
         self._finish(a, failure)
 
     def _pass(self, active: list[_Active]) -> None:
+        self._t_pass = time.perf_counter()
         decoding = [a for a in active if a.gen.prefilled]
         prefilling = [a for a in active if not a.gen.prefilled]
         items: list[BatchItem] = []
@@ -343,8 +354,9 @@ class SharedPasses:
         for a in decoding:
             txn = a.gen.txn
             assert txn is not None
+            a.charged = 0.0
             try:
-                with Charged(a.gen):
+                with Charged(a.gen, into=a):
                     pending = txn.begin_round()
             except BaseException as exc:  # cancelled, or its checkpoint failed: only this request ends
                 self._leave(a, exc)
@@ -364,7 +376,7 @@ class SharedPasses:
             others = queued + (len(opened) - j - 1)
             load = PassLoad(tokens=others + self._last_prefill, requests=len(opened) - 1) if len(active) > 1 else None
             try:
-                with Charged(a.gen):
+                with Charged(a.gen, into=a):
                     txn.offer(pending, given.get(id(pending)), load)
             except BaseException as exc:  # cancelled, or its proposer failed: only this request ends
                 a.pending = None  # (offer restored the round)
@@ -487,7 +499,7 @@ class SharedPasses:
             try:
                 with contextlib.ExitStack() as charges:  # the shared draft is each member's own work
                     for a, _ in members:
-                        charges.enter_context(Charged(a.gen))
+                        charges.enter_context(Charged(a.gen, into=a))
                     got = batch.propose_many(asks)
                     if not isinstance(got, list) or len(got) != len(members):
                         raise TypeError(f"propose_many returned {type(got).__name__} for {len(members)} asks; "
@@ -512,12 +524,16 @@ class SharedPasses:
         assert txn is not None
         a.pending = None  # close_round commits the round, or restores it
         try:
-            with Charged(a.gen, extra=seconds) as charged:
+            with Charged(a.gen, extra=seconds, into=a) as charged:
                 record = txn.close_round(pending, res)
                 charged.rounds = 1
         except BaseException as exc:
             self._leave(a, exc)
             return
+        # its round took the pass so far: what no stretch of its own charged (the driver's work between them,
+        # the other requests' stretches before this close) is its decode time too, host time
+        if (wait := time.perf_counter() - self._t_pass - a.charged) > 0.0:
+            a.gen.charge_wait(wait)
         if not a.quiet:
             a.deliver(commit_of(a.gen, record))
         if txn.finished is not None:

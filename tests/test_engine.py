@@ -289,6 +289,29 @@ def test_open_batch_refuses_a_backend_without_shared_passes():
         Session.open_batch(0, _config("off"), model=MODEL, plugins=core_plugins())
 
 
+def test_a_requests_decode_time_holds_the_whole_of_its_passes(monkeypatch):
+    """The driver's own work in a shared pass, outside every request's stretches (here a slow
+    ``_ask_together``: 20 ms a pass), is decode time of the requests whose rounds the pass closed, and
+    host time: a receipt's ``decode_s`` is the wall time its rounds took, not only its own stretches'."""
+    from power_core import passes
+
+    ask = passes.SharedPasses._ask_together
+
+    def slow(self, opened):
+        time.sleep(0.02)
+        return ask(self, opened)
+
+    monkeypatch.setattr(passes.SharedPasses, "_ask_together", slow)
+    with _engine("ref-draft", 2) as engine:
+        results = _run_all(engine, [{"prompt": [1, 2, 3], "max_tokens": 8}, {"prompt": [4, 5], "max_tokens": 8}],
+                           [0.0, 0.0])
+    for res in results:
+        t = check_host_split(res.receipt, draft_timed=False)
+        passes_closed = t["decode_rounds"] - 1  # round 0's verify row came from the prefill: no pass of its own
+        assert t["decode_s"] >= 0.02 * passes_closed, t
+        assert t["host_s"] >= 0.02 * passes_closed, t
+
+
 def test_engine_receipts_split_decode_time_into_compute_and_host():
     """A request's share of the shared passes counts as its target compute; its own rounds' work (the
     proposer, sampling, commit) as host time."""
