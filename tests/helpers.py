@@ -64,6 +64,36 @@ def build_tools():
     return sys.modules[name]
 
 
+def joined(engine: Any, n: int, timeout: float = 30.0) -> None:
+    """Wait until ``engine``'s shared driver holds ``n`` requests (joining or in its passes): with the engine
+    held (:meth:`Engine.held`), they then all join the same next pass."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while engine.running < n:
+        assert time.monotonic() < deadline, f"{engine.running} of {n} requests joined the driver"
+        time.sleep(0.001)
+
+
+def slow_passes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every target pass of the reference backend takes at least ``seconds`` (a bigger model): a shared pass
+    (``ReferenceBatch.decode_batch``) and a request's pass alone on its sequence (``ReferenceTarget.decode``,
+    which the shared driver runs for a request that decodes alone)."""
+    import time
+
+    from power_core.reference.model import ReferenceTarget
+    from power_core.reference.plugin import ReferenceBatch
+
+    for cls, name in ((ReferenceBatch, "decode_batch"), (ReferenceTarget, "decode")):
+        real = getattr(cls, name)
+
+        def slow(self: Any, *args: Any, _real: Any = real) -> Any:
+            time.sleep(seconds)
+            return _real(self, *args)
+
+        monkeypatch.setattr(cls, name, slow)
+
+
 def check_host_split(receipt: Any, *, draft_timed: bool) -> dict[str, float]:
     """The receipt's compute/host split of its decode time: target + draft compute + host = decode."""
     t = receipt.timings

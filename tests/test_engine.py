@@ -16,7 +16,7 @@ from power_core.config import PowerConfig
 from power_core.engine import Engine
 from power_core.errors import AdapterFault, Cancelled, RuntimeFault
 from power_core.session import Session
-from tests.helpers import Flaky, check_host_split, core_plugins
+from tests.helpers import Flaky, check_host_split, core_plugins, joined, slow_passes
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
 
@@ -154,22 +154,10 @@ def test_a_request_picks_any_strategy_of_an_engine_whose_sequences_run_several()
                                                                                                              "ref-draft")
 
 
-class _Slow:
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def decode_batch(self, items):
-        time.sleep(0.01)
-        return self.inner.decode_batch(items)
-
-
-def test_a_long_prompt_is_chunked_and_does_not_stall_the_others():
+def test_a_long_prompt_is_chunked_and_does_not_stall_the_others(monkeypatch):
     long_prompt = list(np.random.default_rng(1).integers(0, 256, 400))
     with _engine("off", 2, token_budget=66) as engine:
-        engine.runtime = _Slow(engine.runtime)  # passes of 10 ms: both requests join in time
+        slow_passes(monkeypatch, 0.01)  # passes of 10 ms: both requests join in time
         long_gen = engine.submit(long_prompt, max_tokens=5)
         short = engine.submit([5, 6, 7], max_tokens=3)
         order: list[str] = []
@@ -192,10 +180,10 @@ def test_a_long_prompt_is_chunked_and_does_not_stall_the_others():
     assert batch["peak_concurrent"] == 2
 
 
-def test_cancel_of_one_request_leaves_the_others_unchanged():
+def test_cancel_of_one_request_leaves_the_others_unchanged(monkeypatch):
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     with _engine("ref-draft", 3) as engine:
-        engine.runtime = _Slow(engine.runtime)
+        slow_passes(monkeypatch, 0.01)
         gens = [engine.submit(p, max_tokens=60) for p in prompts]
         victim = gens[1]
         results: list = [None, None, None]
@@ -259,8 +247,10 @@ def test_a_failed_shared_pass_restores_its_rounds_and_the_engine_keeps_serving()
                 errors.append(exc)
 
         threads = [threading.Thread(target=go, args=(g,)) for g in (a, b)]
-        for t in threads:
-            t.start()
+        with engine.held():  # both join the same passes: the failing one is shared
+            for t in threads:
+                t.start()
+            joined(engine, 2)
         for t in threads:
             t.join(60)
         assert errors and all(g.receipt.status in ("failed", "completed") for g in (a, b))
@@ -270,9 +260,9 @@ def test_a_failed_shared_pass_restores_its_rounds_and_the_engine_keeps_serving()
     assert after.tokens == _solo("off", [9, 9, 9], max_tokens=10)
 
 
-def test_reading_stops_early_cancels_and_frees_the_slot():
+def test_reading_stops_early_cancels_and_frees_the_slot(monkeypatch):
     with _engine("off", 1) as engine:
-        engine.runtime = _Slow(engine.runtime)
+        slow_passes(monkeypatch, 0.01)
         gen = engine.submit([1, 2, 3], max_tokens=200)
         rounds = engine.rounds(gen)
         next(rounds)

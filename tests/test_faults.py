@@ -15,7 +15,7 @@ from power_core.errors import Cancelled, RuntimeFault, SessionBusy, StateLost
 from power_core.session import Session
 from power_core.spec import hookimpl
 from power_core.testing.faults import FaultInjector
-from tests.helpers import Flaky, core_plugins
+from tests.helpers import Flaky, core_plugins, joined, slow_passes
 
 MODEL = "reference:seed=0,vocab=288,dim=24,recurrent=1,eos=256"
 
@@ -367,9 +367,10 @@ class _ShortPass:
 
 
 def test_a_short_pass_and_an_end_that_raises_never_stop_the_driver(monkeypatch):
-    """A pass returns one result too few and the request in it fails to end (its ``end`` raises): the
-    pass's rounds restore, that request ends with the error, and the next request is served
-    (issue 44, item 2: the driver thread used to die and every later request waited forever)."""
+    """A shared pass returns one result too few and a request in it fails to end (its ``end`` raises): the
+    pass's rounds restore, that request ends with the error (the other one with the pass's), and the next
+    request is served (issue 44, item 2: the driver thread used to die and every later request waited
+    forever)."""
     from power_core.session import Generation
 
     real = Generation.end
@@ -381,21 +382,34 @@ def test_a_short_pass_and_an_end_that_raises_never_stop_the_driver(monkeypatch):
         return real(self, failure, batch)
 
     monkeypatch.setattr(Generation, "end", end)
-    with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins()) as engine:
+    with Session.open_engine(3, _config("off"), model=MODEL, plugins=core_plugins()) as engine:  # (the third: next)
         engine.runtime = _ShortPass(engine.runtime, at=3)  # the prefill, round 1, then round 2's pass
-        victim = engine.submit([1, 2, 3], max_tokens=30)
+        victim, other = engine.submit([1, 2, 3], max_tokens=30), engine.submit([7, 8], max_tokens=30)
         victims.append(victim)
-        got = _bounded(lambda: engine.run(victim))
+        out: dict = {}
+
+        def go(name, gen) -> None:
+            out[name] = _bounded(lambda: engine.run(gen))
+
+        threads = [threading.Thread(target=go, args=item) for item in (("victim", victim), ("other", other))]
+        with engine.held():  # both in every pass: the short one is shared
+            for t in threads:
+                t.start()
+            joined(engine, 2)
+        for t in threads:
+            t.join(60)
         nxt = _bounded(lambda: engine.run(engine.submit([4, 5], max_tokens=6)))
         assert not isinstance(nxt, BaseException), nxt
         assert nxt.tokens == _solo("off", [4, 5], 6) and nxt.receipt.status == "completed"
-        assert isinstance(got, RuntimeError) and "end failed" in str(got)  # what stopped its receipt
-        assert engine.busy == 0  # its sequence went back all the same
-        # the request the short pass cut off can resume: its round restored
+        assert isinstance(out["victim"], RuntimeError) and "end failed" in str(out["victim"])  # what stopped its receipt
+        assert isinstance(out["other"], RuntimeFault) and "results" in str(out["other"])  # the short pass
+        assert engine.busy == 0  # their sequences went back all the same
+        # the requests the short pass cut off can resume: their rounds restored
         victims.clear()
-        again = _bounded(lambda: engine.run(victim))
-        assert not isinstance(again, BaseException), again
-        assert again.tokens == _solo("off", [1, 2, 3], 30)
+        for gen, prompt in ((victim, [1, 2, 3]), (other, [7, 8])):
+            again = _bounded(lambda gen=gen: engine.run(gen))
+            assert not isinstance(again, BaseException), again
+            assert again.tokens == _solo("off", prompt, 30)
 
 
 def test_a_driver_that_dies_fails_every_waiting_and_later_request():
@@ -482,20 +496,6 @@ def test_a_late_cancel_of_a_finished_request_never_stops_the_next(monkeypatch):
         assert gen.run().tokens == _solo("off", [7, 8], 12)
 
 
-class _SlowPasses:
-    """A batch runtime whose every pass takes at least ``seconds`` (a bigger model)."""
-
-    def __init__(self, inner, seconds: float) -> None:
-        self.inner, self.seconds = inner, seconds
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def decode_batch(self, items):
-        time.sleep(self.seconds)
-        return self.inner.decode_batch(items)
-
-
 class SleepyObserver:
     """A third-party observer whose ``power_request_end`` takes a second for short requests."""
 
@@ -511,12 +511,12 @@ class SleepyObserver:
             time.sleep(1.0)
 
 
-def test_a_slow_end_observer_never_stalls_another_request():
+def test_a_slow_end_observer_never_stalls_another_request(monkeypatch):
     """An observer that sleeps 1 s when a short request ends must not add 1 s to the inter-token gap
     of a request sharing its passes: observers run off the driver's thread (issue 44, item 5)."""
     obs = SleepyObserver()
     with Session.open_engine(2, _config("off"), model=MODEL, plugins=core_plugins(obs)) as engine:
-        engine.runtime = _SlowPasses(engine.runtime, 0.005)
+        slow_passes(monkeypatch, 0.005)  # every pass at least 5 ms (a bigger model)
         long = engine.submit([1, 2, 3], max_tokens=300)
         stamps: list[float] = []
         short: list = []
