@@ -12,6 +12,11 @@ ratio Power / llama-server per run and its median. Every text is checked against
 off`` (``same_text``). Both sides run the same kernels (``power_core.bench.peer_env``: exact =
 ``GGML_CPU_BATCH_INVARIANT=1``).
 
+Served against run: in each run, beside the 1-client measurement, the same prompts decoded as ``power run``
+decodes them (its flags, its configuration and a solo ``Session`` in this process, one warm-up request first):
+per request, ``power serve``'s latency (HTTP included) against the run's ``generate`` wall, and their ratio
+(run / serve: the served request's speed as a share of the run's).
+
     python tests/bench/bench_drafts.py --out docs/evidence/bench_drafts [--runs 5] [--tokens 192] [--suites mtp,dflash]
 """
 
@@ -104,6 +109,31 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any,
             "window_ns": (start, end)}
 
 
+def _run_walls(args: argparse.Namespace, mode: str, target: Path, draft: Path | None,
+               prompts: tuple[str, ...]) -> list[float]:
+    """Each prompt decoded as ``power run`` decodes it: its flags (those the served side got) parsed by the CLI's
+    own parser into its configuration, one solo session in this process, a warm-up request first; per prompt the
+    wall seconds of ``generate``."""
+    from power_core.cli import build_parser
+    from power_core.commands import _config_from_args
+    from power_core.plugins import build_plugins
+    from power_core.session import Session
+
+    argv = ["run", "--model", str(target), "--mode", mode, *(["--draft", str(draft)] if draft else []), "--threads",
+            str(args.threads), "--n-ctx", str(args.n_ctx), "--draft-max", str(args.k), "--numerics", args.numerics,
+            "--p-min", str(args.p_min), "--max-tokens", str(args.tokens), *args.power_args.split(), "--prompt", WARMUP]
+    ns = build_parser().parse_args(argv)
+    walls = []
+    with Session.open(_config_from_args(ns), model=ns.model, draft=ns.draft, backend=ns.backend,
+                      plugins=build_plugins()) as session:
+        session.generate(WARMUP, max_tokens=args.tokens)
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            session.generate(prompt, max_tokens=args.tokens)
+            walls.append(time.perf_counter() - t0)
+    return walls
+
+
 def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path, quiet: Quiet) -> dict[str, Any]:
     mode, spec_type = SUITES[suite]
     target, draft = _fixtures(suite, tmp)
@@ -123,6 +153,9 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {"power": {1: [], 4: []}, "llama": {1: [], 4: []}}
 
     shim = compute_clock(tmp)
+
+    def measure_run() -> dict[str, Any]:
+        return {"walls": _run_walls(args, mode, target, draft, prompts)}
 
     def measure(side: str, clients: int) -> dict[str, Any]:
         # one server at a time (an idle one's spinning threads would take the other's cores), fresh for each
@@ -147,18 +180,34 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
                    host_us_per_request=host.host_us_per(len(res["results"])), host_us_per_round=host.host_us_per(host.rounds))
         return res
 
+    served_over_run: list[float] = []  # per run: the median over prompts of run wall / served latency
+    served_ms: list[float] = []  # per run: the median served latency (1 client), and the run's wall
+    run_ms: list[float] = []
     for i in range(args.runs):
         for clients in (1, 4):
             order = ["power", "llama"] if i % 2 == 0 else ["llama", "power"]
+            if clients == 1:
+                order.insert(1 if i % 2 == 0 else 0, "run")
             for side in order:
+                if side == "run":
+                    run_walls = quiet.measure(measure_run)["walls"]
+                    continue
                 res = quiet.measure(lambda side=side, clients=clients: measure(side, clients))
                 for r in res["results"]:
                     ref = refs[r["prompt"]]
                     r["same_text"] = r["n"] == ref["n"] and r["text"] == ref["text"]
                 raw[side][clients].append(res)
+            if clients == 1:
+                served = {r["prompt"]: r["latency_s"] for r in raw["power"][1][-1]["results"]}
+                served_over_run.append(statistics.median(run_walls[j] / served[j] for j in served))
+                served_ms.append(1e3 * statistics.median(served.values()))
+                run_ms.append(1e3 * statistics.median(run_walls))
             print(f"  {suite} run {i + 1}/{args.runs} c={clients}: power {raw['power'][clients][-1]['aggregate_tok_s']:.1f}"
                   f" vs llama-server {raw['llama'][clients][-1]['aggregate_tok_s']:.1f} tok/s", flush=True)
-    out: dict[str, Any] = {"mode": mode, "llama_server_spec_type": spec_type}
+    out: dict[str, Any] = {"mode": mode, "llama_server_spec_type": spec_type,
+                           "served_over_run": stats(served_over_run),
+                           "served_over_run_per_run": [round(x, 3) for x in served_over_run],
+                           "served_ms": stats(served_ms), "run_ms": stats(run_ms)}
     for clients in (1, 4):
         cell: dict[str, Any] = {}
         for side in ("power", "llama"):
@@ -221,6 +270,13 @@ def _markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {suite} | {c} | {num(p['host_us_per_request'], '.0f')} | {num(q['host_us_per_request'], '.0f')} | "
                          f"{num(p['host_us_per_round'], '.0f')} | {num(q['host_us_per_round'], '.0f')} | "
                          f"{num(p['compute_share'], '.2f')} | {num(q['compute_share'], '.2f')} |")
+    lines += ["", "Served against run, 1 client: `power serve`'s latency per request (HTTP included) against the same "
+              "request decoded as `power run` decodes it (its configuration, a solo session, warm); the ratio run / "
+              "serve per request, the median over the prompts of a run, then over the runs:", "",
+              "| drafter | ms a request served | run | serve / run per request | per run |", "|---|---|---|---|---|"]
+    for suite, r in report["suites"].items():
+        lines.append(f"| {suite} | {r['served_ms']['median']:.1f} | {r['run_ms']['median']:.1f} | "
+                     f"**{r['served_over_run']['median']:.3f}** | {' '.join(str(x) for x in r['served_over_run_per_run'])} |")
     lines.append("")
     for suite, r in report["suites"].items():
         lines.append(f"- {suite}: acceptance at 4 clients minus 1 client: Power "
