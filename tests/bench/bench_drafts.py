@@ -13,7 +13,8 @@ off`` (``same_text``). Both sides run the same kernels (``power_core.bench.peer_
 ``GGML_CPU_BATCH_INVARIANT=1``).
 
 Served against run: in each run, beside the 1-client measurement, the same prompts decoded as ``power run``
-decodes them (its flags, its configuration and a solo ``Session`` in this process, one warm-up request first):
+decodes them (its flags, its configuration and a solo ``Session``, one warm-up request first, in a process of
+its own under the same compute clock as the server):
 per request, ``power serve``'s latency (HTTP included) against the run's ``generate`` wall, and their ratio
 (run / serve: the served request's speed as a share of the run's).
 
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -109,27 +111,23 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any,
             "window_ns": (start, end)}
 
 
-def _run_walls(args: argparse.Namespace, mode: str, target: Path, draft: Path | None,
-               prompts: tuple[str, ...]) -> list[float]:
-    """Each prompt decoded as ``power run`` decodes it: its flags (those the served side got) parsed by the CLI's
-    own parser into its configuration, one solo session in this process, a warm-up request first; per prompt the
-    wall seconds of ``generate``."""
+def _run_walls(argv: list[str], prompts: list[str], tokens: int) -> list[float]:
+    """Each prompt decoded as ``power run ARGV`` decodes it: its flags parsed by the CLI's own parser into its
+    configuration, one solo session, a warm-up request first; per prompt the wall seconds of ``generate``. Runs
+    in a process of its own under the compute clock (``--run-side``), as the served side does."""
     from power_core.cli import build_parser
     from power_core.commands import _config_from_args
     from power_core.plugins import build_plugins
     from power_core.session import Session
 
-    argv = ["run", "--model", str(target), "--mode", mode, *(["--draft", str(draft)] if draft else []), "--threads",
-            str(args.threads), "--n-ctx", str(args.n_ctx), "--draft-max", str(args.k), "--numerics", args.numerics,
-            "--p-min", str(args.p_min), "--max-tokens", str(args.tokens), *args.power_args.split(), "--prompt", WARMUP]
     ns = build_parser().parse_args(argv)
     walls = []
     with Session.open(_config_from_args(ns), model=ns.model, draft=ns.draft, backend=ns.backend,
                       plugins=build_plugins()) as session:
-        session.generate(WARMUP, max_tokens=args.tokens)
+        session.generate(WARMUP, max_tokens=tokens)
         for prompt in prompts:
             t0 = time.perf_counter()
-            session.generate(prompt, max_tokens=args.tokens)
+            session.generate(prompt, max_tokens=tokens)
             walls.append(time.perf_counter() - t0)
     return walls
 
@@ -154,8 +152,19 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
 
     shim = compute_clock(tmp)
 
+    run_argv = ["run", "--model", str(target), "--mode", mode, *(["--draft", str(draft)] if draft else []),
+                "--threads", str(args.threads), "--n-ctx", str(args.n_ctx), "--draft-max", str(args.k), "--numerics",
+                args.numerics, "--p-min", str(args.p_min), "--max-tokens", str(args.tokens), *args.power_args.split(),
+                "--prompt", WARMUP]
+
     def measure_run() -> dict[str, Any]:
-        return {"walls": _run_walls(args, mode, target, draft, prompts)}
+        # power run's decode in a process of its own under the compute clock, as the served side runs
+        job = json.dumps({"argv": run_argv, "prompts": list(prompts), "tokens": args.tokens})
+        out = subprocess.run([sys.executable, str(HERE), "--run-side", job], capture_output=True, text=True,
+                             timeout=1800, cwd=ROOT, env=traced_env(dict(os.environ), shim, tmp / "trace-run.txt"))
+        if out.returncode != 0:
+            raise RuntimeError(f"the run side exited {out.returncode}: {out.stderr[-1500:]}")
+        return {"walls": json.loads(out.stdout.strip().splitlines()[-1])}
 
     def measure(side: str, clients: int) -> dict[str, Any]:
         # one server at a time (an idle one's spinning threads would take the other's cores), fresh for each
@@ -271,8 +280,9 @@ def _markdown(report: dict[str, Any]) -> str:
                          f"{num(p['host_us_per_round'], '.0f')} | {num(q['host_us_per_round'], '.0f')} | "
                          f"{num(p['compute_share'], '.2f')} | {num(q['compute_share'], '.2f')} |")
     lines += ["", "Served against run, 1 client: `power serve`'s latency per request (HTTP included) against the same "
-              "request decoded as `power run` decodes it (its configuration, a solo session, warm); the ratio run / "
-              "serve per request, the median over the prompts of a run, then over the runs:", "",
+              "request decoded as `power run` decodes it (its configuration, a solo session, warm, in a process of its "
+              "own under the same compute clock); the ratio run / serve per request, the median over the prompts of a "
+              "run, then over the runs:", "",
               "| drafter | ms a request served | run | serve / run per request | per run |", "|---|---|---|---|---|"]
     for suite, r in report["suites"].items():
         lines.append(f"| {suite} | {r['served_ms']['median']:.1f} | {r['run_ms']['median']:.1f} | "
@@ -286,6 +296,10 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--run-side":  # (measure_run's process)
+        job = json.loads(sys.argv[2])
+        print(json.dumps(_run_walls(job["argv"], job["prompts"], job["tokens"])))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suites", default="mtp,mtp-predictable,dflash,dspark")
     ap.add_argument("--runs", type=int, default=5)
