@@ -10,9 +10,10 @@ and finished ones leave; each decoding request opens its round (checkpoint, prop
 chunks of joining requests up to the pass's token budget (round-robin, so a long prompt never stalls
 the others and no prompt starves), and each request accepts, commits and emits from its own rows
 (:meth:`Transaction.close_round`). A pass that would hold one request's round and nothing else is that
-request's solo step on its own sequence (:meth:`SharedPasses._alone`). Whether a request's rows in a shared pass equal its solo rows is
-the target's numerics: with ``numerics = "exact"`` on llama.cpp's CPU backend they are bit-identical
-(:func:`power_core.numerics.batch_probe` checks it at start), so every output equals its solo run.
+request's solo step on its own sequence (:meth:`SharedPasses._alone`). Whether a request's rows in a
+shared pass equal its solo rows is the target's numerics: with ``numerics = "exact"`` on llama.cpp's
+CPU backend they are bit-identical (:func:`power_core.numerics.batch_probe` checks it at start), so
+every output equals its solo run.
 
 A request's cancel, fault or stop restores only its own round; a failure of the shared pass itself
 restores every round of it; a defect of the driver fails the requests of its pass and it serves on.
@@ -142,7 +143,8 @@ class Charged:
     ``extra`` (the shared pass that decoded the rows a round closes from), the compute its clocks ran
     meanwhile, and the ``rounds`` it committed (set by the stretch once they have); in a shared pass
     the seconds also join the request's tally there (``into``: :attr:`_Active.charged`). Used on the
-    hot path, three times per request and round: slots, one clock read at each end."""
+    hot path, three times per request and shared pass (once for a request alone): slots, one clock read
+    at each end."""
 
     __slots__ = ("_before", "_gen", "_into", "_t0", "extra", "rounds")
 
