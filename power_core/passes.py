@@ -479,10 +479,7 @@ class SharedPasses:
             a.passes += 1
             a.pass_tokens += record.shape
             a.peak = max(a.peak, 1)
-        if not a.quiet:
-            a.deliver(commit_of(a.gen, record))
-        if txn.finished is not None:
-            self._leave(a, None)
+        self._committed(a, record)
 
     def _abort(self, a: _Active, exc: BaseException) -> None:
         """A failure outside the request's own round (a shared pass, a shared draft): its round restores
@@ -569,7 +566,13 @@ class SharedPasses:
         # the other requests' stretches before this close) is its decode time too, host time
         if (wait := time.perf_counter() - self._t_pass - a.charged) > 0.0:
             a.gen.charge_wait(wait)
+        self._committed(a, record)
+
+    def _committed(self, a: _Active, record: RoundRecord) -> None:
+        """The request's round committed (``record``): its reader gets the commit (unless it waits for the end
+        only), and a request that finished with it leaves."""
         if not a.quiet:
             a.deliver(commit_of(a.gen, record))
-        if txn.finished is not None:
+        assert a.gen.txn is not None
+        if a.gen.txn.finished is not None:
             self._leave(a, None)
