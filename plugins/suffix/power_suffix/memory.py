@@ -232,7 +232,7 @@ class SuffixMemory:
             forgot = self._learn(tenant, doc)
             self._changes += 1
             if self._log is not None:
-                self._log.append([*(_store.forget_record(t) for t in forgot), _store.doc_record(tenant, doc)])
+                self._log.append([_store.learn_record(tenant, doc, forgot)])
 
     def _learn(self, tenant: str, doc: np.ndarray) -> list[str]:
         """(under the lock) Learn ``doc``; returns the tenants the LRU dropped to make room (at most one)."""
@@ -547,16 +547,17 @@ class SuffixMemory:
                     self._apply(parsed.ops)
                     n = sum(len(s.docs) for s in self._segments)
             try:
-                if parsed is None or parsed.version == 1 or had:
-                    _store.write_snapshot(directory, self.vocab_digest, self._held())  # a new (or rewritten) store
+                if parsed is None or parsed.version < 3 or had:  # a new store, or one rewritten as this format
+                    _store.write_snapshot(directory, self.vocab_digest, self._held())
                     snapshot = records = len(self._held())
                 else:
                     snapshot, records = parsed.snapshot, parsed.records
                     if parsed.torn_bytes:
                         _store.cut_tail(path, parsed.valid_bytes)
-                        self._torn_cut += parsed.torn_bytes
-                        log.warning("suffix.store_tail_cut", path=str(path), bytes=parsed.torn_bytes,
-                                    records=parsed.records)
+                if parsed is not None and parsed.torn_bytes:
+                    self._torn_cut += parsed.torn_bytes
+                    log.warning("suffix.store_tail_cut", path=str(path), bytes=parsed.torn_bytes,
+                                records=parsed.records)
             except OSError as exc:
                 raise _store.unwritable(path, exc) from None
             self._log = _store.StoreLog(directory, self.vocab_digest, lock, sync_s=sync_s, sync_requests=sync_requests,

@@ -1,18 +1,20 @@
 """The suffix memory's durable store: an append-only, checksummed log of what the memory learned,
 compacted to a snapshot, that a crash cannot take back.
 
-One file, ``DIR/suffix-memory.bin`` (:data:`STORE_FILE`), format ``power-suffix.store/2``::
+One file, ``DIR/suffix-memory.bin`` (:data:`STORE_FILE`), format ``power-suffix.store/3``::
 
     file    := MAGIC record*
-    MAGIC   := b"PWRSFX2\\n"
+    MAGIC   := b"PWRSFX3\\n"
     record  := crc32:u32le  length:u32le  kind:u8  payload[length]
                (crc32: zlib's, over the length, the kind and the payload)
 
-    kind 1  HEADER  the first record, once: UTF-8 JSON {"format": "power-suffix.store/2",
+    kind 1  HEADER  the first record, once: UTF-8 JSON {"format": "power-suffix.store/3",
                     "vocab_sha256": the model's vocabulary digest, "snapshot": n, "created": unix seconds}
     kind 2  DOC     tenant_length:u32le  tenant:UTF-8  tokens:i32le*   a learned document
-    kind 3  FORGET  tenant:UTF-8    the tenant's documents were dropped (the tenant LRU evicted it)
+    kind 3  FORGET  tenant:UTF-8    the tenant's documents were dropped (``SuffixMemory.forget``)
     kind 4  CLEAR   (empty)         every document was dropped
+    kind 5  EVICT   victims:u32le  (tenant_length:u32le tenant:UTF-8)*victims  then a DOC's payload:
+                    the tenant LRU dropped the victims to make room for this document
 
 The ``n`` records after the header are the **snapshot**: they were written with the file, fsynced,
 and only then renamed into place (a compaction), so they are whole or the store is damaged. Every
@@ -23,13 +25,15 @@ fails its checksum and the store is cut there (the **torn tail**).
 
 Replaying the records in order on an empty memory of the same budget and tenant cap gives back what
 the memory held when the last one was written: eviction by budget is deterministic and not logged;
-an eviction by the tenant LRU, which depends on reads too, is (``FORGET``, written before the
-document that caused it). A compaction rewrites the file as a snapshot of what the memory holds, in
+an eviction by the tenant LRU, which depends on reads too, is, in the record of the document that
+caused it (``EVICT``: one record, so a torn write loses the learn and the eviction together, never
+the victim alone). A compaction rewrites the file as a snapshot of what the memory holds, in
 the order it was learned, into a temporary file, fsyncs it, appends what was logged meanwhile, and
 ``os.replace``-s it over the store, then fsyncs the directory.
 
-Format ``power-suffix.store/1`` (``PWRSFX1\\n``, one sha256 over the whole body, written only at
-close) is still read; the first compaction rewrites it as /2. A store whose magic names another
+Formats ``power-suffix.store/2`` (``PWRSFX2\\n``: /3 without ``EVICT``, the LRU's eviction a
+``FORGET`` before the document) and ``/1`` (``PWRSFX1\\n``, one sha256 over the whole body, written
+only at close) are still read, and rewritten as /3 on open. A store whose magic names another
 version is refused (:class:`~power_core.errors.ArtifactMismatch`, ``suffix_store_format``), never
 moved aside: a newer power-suffix may have written it.
 
@@ -48,7 +52,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import attrs
@@ -62,24 +66,26 @@ try:  # POSIX: one writer per store directory
 except ImportError:  # pragma: no cover - Windows: no lock
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CLEAR", "DOC", "FORGET", "HEADER", "STORE_FILE", "STORE_FORMAT", "STORE_FORMAT_V1", "LOCK_FILE",
+__all__ = ["CLEAR", "DOC", "EVICT", "FORGET", "HEADER", "STORE_FILE", "STORE_FORMAT", "STORE_FORMAT_V1", "STORE_FORMAT_V2", "LOCK_FILE",
            "DirLock", "Op", "Parsed", "StoreBusy", "StoreLog", "doc_record", "forget_record", "clear_record",
+           "learn_record",
            "cut_tail", "file_identity", "fsync_dir", "move_aside", "parse_store", "unwritable", "write_snapshot"]
 
 log = get_logger(__name__)
 
 STORE_FILE = "suffix-memory.bin"
 LOCK_FILE = "suffix-memory.lock"
-STORE_FORMAT = "power-suffix.store/2"
+STORE_FORMAT = "power-suffix.store/3"
+STORE_FORMAT_V2 = "power-suffix.store/2"
 STORE_FORMAT_V1 = "power-suffix.store/1"
-MAGIC = b"PWRSFX2\n"
+MAGIC = b"PWRSFX3\n"
+MAGIC_V2 = b"PWRSFX2\n"
 MAGIC_V1 = b"PWRSFX1\n"
 _OTHER_VERSION = re.compile(rb"PWRSFX([0-9]+)\n")
 TMP_PREFIX = ".suffix-memory."
 TMP_SUFFIX = ".tmp"
 
-HEADER, DOC, FORGET, CLEAR = 1, 2, 3, 4
-_KINDS = frozenset({DOC, FORGET, CLEAR})
+HEADER, DOC, FORGET, CLEAR, EVICT = 1, 2, 3, 4, 5
 _REC = struct.Struct("<IIB")  # crc32, payload length, kind
 _LEN_KIND = struct.Struct("<IB")
 #: the longest payload a record may declare: a document of the largest budget (2**26 tokens) and its
@@ -98,9 +104,23 @@ def _record(kind: int, payload: bytes) -> bytes:
     return struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + head + payload
 
 
-def doc_record(tenant: str, doc: np.ndarray) -> bytes:
+def _doc_payload(tenant: str, doc: np.ndarray) -> bytes:
     t = tenant.encode("utf-8")
-    return _record(DOC, struct.pack("<I", len(t)) + t + doc.astype("<i4", copy=False).tobytes())
+    return struct.pack("<I", len(t)) + t + doc.astype("<i4", copy=False).tobytes()
+
+
+def doc_record(tenant: str, doc: np.ndarray) -> bytes:
+    return _record(DOC, _doc_payload(tenant, doc))
+
+
+def learn_record(tenant: str, doc: np.ndarray, evicted: Sequence[str]) -> bytes:
+    """The record of one learn: a DOC, or an EVICT where the tenant LRU dropped ``evicted`` to make room
+    (one record: a kill that tears it loses the eviction with the learn)."""
+    if not evicted:
+        return doc_record(tenant, doc)
+    victims = [v.encode("utf-8") for v in evicted]
+    head = struct.pack("<I", len(victims)) + b"".join(struct.pack("<I", len(v)) + v for v in victims)
+    return _record(EVICT, head + _doc_payload(tenant, doc))
 
 
 def doc_record_size(tenant: str, n_tokens: int) -> int:
@@ -136,31 +156,50 @@ def _read_record(blob: bytes, at: int) -> tuple[int, memoryview, int] | None:
     return kind, payload, end
 
 
-def _decode(kind: int, payload: memoryview) -> Op:
-    """The op of a checksummed record (ValueError, UnicodeDecodeError or struct.error: not a record of /2)."""
+def _decode_doc(payload: memoryview, at: int) -> Op:
+    (tl,) = struct.unpack_from("<I", payload, at)
+    rest = len(payload) - at - 4 - tl
+    if rest < 0 or rest % 4:
+        raise ValueError(f"a document of {len(payload) - at} bytes with a tenant of {tl}")
+    tenant = bytes(payload[at + 4:at + 4 + tl]).decode("utf-8")
+    tokens = (np.frombuffer(payload, dtype="<i4", count=rest // 4, offset=at + 4 + tl).astype(np.int32)
+              if rest else np.zeros(0, dtype=np.int32))
+    return DOC, tenant, tokens
+
+
+def _decode(kind: int, payload: memoryview, version: int) -> list[Op]:
+    """The ops of a checksummed record (ValueError, UnicodeDecodeError or struct.error: not a record of
+    this format ``version``)."""
     if kind == DOC:
-        (tl,) = struct.unpack_from("<I", payload, 0)
-        rest = len(payload) - 4 - tl
-        if rest < 0 or rest % 4:
-            raise ValueError(f"a document record of {len(payload)} bytes with a tenant of {tl}")
-        tenant = bytes(payload[4:4 + tl]).decode("utf-8")
-        tokens = (np.frombuffer(payload, dtype="<i4", count=rest // 4, offset=4 + tl).astype(np.int32)
-                  if rest else np.zeros(0, dtype=np.int32))
-        return DOC, tenant, tokens
+        return [_decode_doc(payload, 0)]
     if kind == FORGET:
-        return FORGET, bytes(payload).decode("utf-8"), None
+        return [(FORGET, bytes(payload).decode("utf-8"), None)]
     if kind == CLEAR:
         if len(payload):
             raise ValueError("a CLEAR record with a payload")
-        return CLEAR, "", None
+        return [(CLEAR, "", None)]
+    if kind == EVICT and version >= 3:
+        (n,) = struct.unpack_from("<I", payload, 0)
+        ops: list[Op] = []
+        at = 4
+        for _ in range(n):
+            (vl,) = struct.unpack_from("<I", payload, at)
+            if at + 4 + vl > len(payload):
+                raise ValueError(f"an eviction's tenant of {vl} bytes runs past its record")
+            ops.append((FORGET, bytes(payload[at + 4:at + 4 + vl]).decode("utf-8"), None))
+            at += 4 + vl
+        if not ops:
+            raise ValueError("an eviction of no tenant")
+        return [*ops, _decode_doc(payload, at)]
     raise ValueError(f"a record of kind {kind}")
 
 
 # -- parsing -----------------------------------------------------------------------------------------------
 @attrs.frozen
 class Parsed:
-    """A store read and checked: its format version, its ops in order, how many records its snapshot
-    and its log hold, where the valid part ends and how many bytes of torn tail follow it."""
+    """A store read and checked: its format version, its ops in order (an EVICT record is its FORGETs
+    then its DOC), how many records its snapshot and its log hold, where the valid part ends and how
+    many bytes of torn tail follow it."""
 
     version: int
     ops: list[Op]
@@ -193,11 +232,15 @@ def parse_store(path: Path, blob: bytes, vocab: str) -> Parsed:
     torn tail, :attr:`Parsed.torn_bytes`)."""
     if blob.startswith(MAGIC_V1):
         return _parse_v1(path, blob, vocab)
-    if not blob.startswith(MAGIC):
+    if blob.startswith(MAGIC):
+        version, fmt = 3, STORE_FORMAT
+    elif blob.startswith(MAGIC_V2):
+        version, fmt = 2, STORE_FORMAT_V2
+    else:
         other = _OTHER_VERSION.match(blob[:16])
-        if other is not None and other.group(1) not in (b"1", b"2"):
+        if other is not None and other.group(1) not in (b"1", b"2", b"3"):
             raise ArtifactMismatch(f"{path}: a suffix store of format version {other.group(1).decode()}, written by "
-                                   f"another power-suffix; this one reads {STORE_FORMAT_V1} and {STORE_FORMAT}. Use "
+                                   f"another power-suffix; this one reads {STORE_FORMAT_V1} to {STORE_FORMAT}. Use "
                                    "that version, or another --suffix-store directory", reason="suffix_store_format",
                                    evidence="magic")
         raise corrupt(path, "not a power-suffix store, or cut short")
@@ -205,21 +248,23 @@ def parse_store(path: Path, blob: bytes, vocab: str) -> Parsed:
     if first is None or first[0] != HEADER:
         raise corrupt(path, "its header record is damaged")
     kind, payload, at = first
-    snapshot = _header(path, bytes(payload), STORE_FORMAT, "snapshot", vocab)
+    snapshot = _header(path, bytes(payload), fmt, "snapshot", vocab)
     ops: list[Op] = []
+    records = 0
     while at < len(blob):
         rec = _read_record(blob, at)
         if rec is None:
             break
         kind, payload, end = rec
         try:
-            ops.append(_decode(kind, payload))
+            ops += _decode(kind, payload, version)
         except (ValueError, UnicodeDecodeError, struct.error) as exc:
-            raise corrupt(path, f"record {len(ops)} at byte {at}: {exc}") from None
+            raise corrupt(path, f"record {records} at byte {at}: {exc}") from None
+        records += 1
         at = end
-    if len(ops) < snapshot:
-        raise corrupt(path, f"its snapshot holds {len(ops)} whole records of {snapshot}")
-    return Parsed(version=2, ops=ops, snapshot=snapshot, records=len(ops), valid_bytes=at,
+    if records < snapshot:
+        raise corrupt(path, f"its snapshot holds {records} whole records of {snapshot}")
+    return Parsed(version=version, ops=ops, snapshot=snapshot, records=records, valid_bytes=at,
                   torn_bytes=len(blob) - at)
 
 

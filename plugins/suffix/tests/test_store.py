@@ -3,7 +3,7 @@ last whole record, a damaged store is moved aside (logged, counted) and the memo
 another model's store still stops the start, the log is fsynced within its interval or request
 count, every replace is fsynced (file, then directory), a compaction killed midway leaves the old
 store, failed writes leave the memory in RAM until a compaction recovers the store, one writer per
-directory, format 1 still loads; and a child process learning into a store killed with SIGKILL at
+directory, formats 1 and 2 still load, a torn learn that evicted a tenant keeps it; and a child process learning into a store killed with SIGKILL at
 random points, again and again: every restart loads, and nothing acknowledged is lost."""
 
 from __future__ import annotations
@@ -108,6 +108,34 @@ def test_a_torn_tail_is_cut_at_the_last_whole_record(tmp_path, logged, caplog):
     assert "suffix.store_tail_cut" in caplog.text
 
 
+def test_a_torn_learn_that_evicted_a_tenant_loses_the_learn_and_keeps_the_victim(tmp_path):
+    """A learn that makes the tenant LRU drop a tenant writes one record: a kill that cuts it anywhere
+    leaves the store as it was before that learn, the victim's documents with it (format /2 wrote a
+    FORGET and a DOC, and a cut inside the DOC replayed the FORGET alone)."""
+    src = tmp_path / "src"
+    mem = SuffixMemory(VOCAB, budget_tokens=10_000, tenants_max=2)
+    mem.open_store(src)
+    mem.learn("t1", [1, 2, 3])
+    mem.learn("t2", [4, 5, 6])
+    start = (src / STORE_FILE).stat().st_size
+    before = list(held(mem).items())
+    mem.learn("t3", [7, 8, 9, 10])
+    after = list(held(mem).items())
+    assert before == [("t1", [[1, 2, 3]]), ("t2", [[4, 5, 6]])] and after == [("t2", [[4, 5, 6]]),
+                                                                              ("t3", [[7, 8, 9, 10]])]
+    blob = crash_copy(mem, src, tmp_path / "copy").joinpath(STORE_FILE).read_bytes()
+    mem.close_store()
+    for cut in range(start, len(blob) + 1):
+        d = tmp_path / f"cut{cut}"
+        d.mkdir()
+        (d / STORE_FILE).write_bytes(blob[:cut])
+        m = SuffixMemory(VOCAB, budget_tokens=10_000, tenants_max=2)
+        m.open_store(d)
+        assert list(held(m).items()) == (after if cut == len(blob) else before), cut
+        assert m.store_stats().torn_bytes_cut == (0 if cut == len(blob) else cut - start)
+        m.close_store()
+
+
 def held_of_load(d: Path) -> dict[str, list[list[int]]]:
     m = SuffixMemory(VOCAB, budget_tokens=10_000)
     m.load(d)
@@ -187,10 +215,10 @@ def test_another_models_store_still_stops_the_start_and_is_left_alone(tmp_path):
     with pytest.raises(ArtifactMismatch):
         SuffixMemory(VOCAB, budget_tokens=10_000).open_store(tmp_path)
     # a store a newer power-suffix wrote: refused, not destroyed
-    path.write_bytes(b"PWRSFX3\n" + b"\0" * 100)
+    path.write_bytes(b"PWRSFX4\n" + b"\0" * 100)
     with pytest.raises(ArtifactMismatch) as err:
         SuffixMemory(VOCAB, budget_tokens=10_000).open_store(tmp_path)
-    assert err.value.code == "suffix_store_format" and path.read_bytes() == b"PWRSFX3\n" + b"\0" * 100
+    assert err.value.code == "suffix_store_format" and path.read_bytes() == b"PWRSFX4\n" + b"\0" * 100
     # the refusals released the directory: the right model opens it
     path.write_bytes(blob)
     ok = SuffixMemory(VOCAB, budget_tokens=10_000)
@@ -198,13 +226,41 @@ def test_another_models_store_still_stops_the_start_and_is_left_alone(tmp_path):
     ok.close_store()
 
 
-def test_format_1_still_loads_and_is_rewritten_as_format_2(tmp_path):
+def _v2(vocab: str, ops: list[tuple[int, str, list[int] | None]], *, torn: bytes = b"") -> bytes:
+    """A store of format power-suffix.store/2 (what the previous release appended to): every op a
+    snapshot-free log record (an LRU eviction a FORGET before its DOC), then ``torn``."""
+    header = json.dumps({"format": "power-suffix.store/2", "vocab_sha256": vocab, "snapshot": 0, "created": 0},
+                        sort_keys=True).encode()
+    parts = [b"PWRSFX2\n", store_mod._record(store_mod.HEADER, header)]
+    for kind, tenant, doc in ops:
+        parts.append(store_mod.doc_record(tenant, np.asarray(doc, dtype=np.int32)) if kind == store_mod.DOC
+                     else store_mod.forget_record(tenant))
+    return b"".join(parts) + torn
+
+
+def test_formats_1_and_2_still_load_and_are_rewritten_as_format_3(tmp_path):
     (tmp_path / STORE_FILE).write_bytes(_v1(VOCAB, [("a", [1, 2, 3]), ("b", [4, 5, 6, 7])]))
     mem = SuffixMemory(VOCAB, budget_tokens=10_000)
     assert mem.open_store(tmp_path) == 2
     assert held(mem) == {"a": [[1, 2, 3]], "b": [[4, 5, 6, 7]]}
     assert (tmp_path / STORE_FILE).read_bytes().startswith(MAGIC)
     mem.close_store()
+    d = tmp_path / "v2"
+    d.mkdir()
+    D, F = store_mod.DOC, store_mod.FORGET
+    (d / STORE_FILE).write_bytes(_v2(VOCAB, [(D, "t1", [1, 2, 3]), (D, "t2", [4, 5]), (F, "t1", None),
+                                             (D, "t3", [6, 7, 8])], torn=b"\x01\x02\x03"))
+    mem = SuffixMemory(VOCAB, budget_tokens=10_000, tenants_max=2)
+    assert mem.open_store(d) == 2
+    assert list(held(mem).items()) == [("t2", [[4, 5]]), ("t3", [[6, 7, 8]])]
+    assert mem.store_stats().torn_bytes_cut == 3
+    assert parse_store(d / STORE_FILE, (d / STORE_FILE).read_bytes(), VOCAB).version == 3
+    mem.learn("t4", [9, 10])  # appended to the rewritten store: an EVICT of t2
+    mem.close_store()
+    again = SuffixMemory(VOCAB, budget_tokens=10_000, tenants_max=2)
+    again.open_store(d)
+    assert list(held(again).items()) == [("t3", [[6, 7, 8]]), ("t4", [[9, 10]])]
+    again.close_store()
 
 
 # -- syncing, replacing, compacting -----------------------------------------------------------------------
