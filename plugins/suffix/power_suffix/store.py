@@ -180,6 +180,8 @@ def _decode(kind: int, payload: memoryview, version: int) -> list[Op]:
         return [(CLEAR, "", None)]
     if kind == EVICT and version >= 3:
         (n,) = struct.unpack_from("<I", payload, 0)
+        if not 1 <= n <= (len(payload) - 8) // 4:  # each victim's length, and the DOC's tenant length
+            raise ValueError(f"an eviction of {n} tenants in a record of {len(payload)} bytes")
         ops: list[Op] = []
         at = 4
         for _ in range(n):
@@ -188,8 +190,6 @@ def _decode(kind: int, payload: memoryview, version: int) -> list[Op]:
                 raise ValueError(f"an eviction's tenant of {vl} bytes runs past its record")
             ops.append((FORGET, bytes(payload[at + 4:at + 4 + vl]).decode("utf-8"), None))
             at += 4 + vl
-        if not ops:
-            raise ValueError("an eviction of no tenant")
         return [*ops, _decode_doc(payload, at)]
     raise ValueError(f"a record of kind {kind}")
 

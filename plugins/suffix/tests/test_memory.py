@@ -206,7 +206,7 @@ def test_a_query_scans_only_its_tenants_segments_unless_tenants_share(monkeypatc
 
 
 def test_a_tenant_the_lru_drops_is_dropped_from_the_store_too(tmp_path):
-    """Chosen: the LRU's eviction is a FORGET record in the store's log, so a restart does not bring the
+    """Chosen: the LRU's eviction is in the store's log (the EVICT record of the learn), so a restart does not bring the
     tenant back (the store stays what the memory held), and the next compaction drops its bytes."""
     mem = SuffixMemory("v", budget_tokens=100_000, tenants_max=2)
     mem.open_store(tmp_path)

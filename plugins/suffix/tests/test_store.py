@@ -136,6 +136,25 @@ def test_a_torn_learn_that_evicted_a_tenant_loses_the_learn_and_keeps_the_victim
         m.close_store()
 
 
+def test_a_malformed_eviction_record_is_damage_not_a_crash(tmp_path):
+    """An EVICT record whose checksum holds but whose contents do not parse (written by no power-suffix) is
+    damage (``suffix_store_corrupt``), found without allocating what its counts claim."""
+    mem = SuffixMemory(VOCAB, budget_tokens=10_000)
+    mem.learn("a", [1, 2, 3])
+    head = mem.save(tmp_path).read_bytes()
+    doc = struct.pack("<I", 1) + b"b" + np.asarray([4, 5], dtype="<i4").tobytes()
+    bad = {"no victim": struct.pack("<I", 0) + doc, "2**31 victims": struct.pack("<I", 2**31) + doc,
+           "a victim past the end": struct.pack("<II", 1, 999) + doc, "no document": struct.pack("<II", 1, 1) + b"a"}
+    for name, payload in bad.items():
+        blob = head + store_mod._record(store_mod.EVICT, payload)
+        with pytest.raises(ArtifactError, match="truncated or corrupt") as err:
+            parse_store(tmp_path / STORE_FILE, blob, VOCAB)
+        assert err.value.code == "suffix_store_corrupt", name
+    good = head + store_mod._record(store_mod.EVICT, struct.pack("<II", 1, 1) + b"a" + doc)
+    assert [(k, t) for k, t, _ in parse_store(tmp_path / STORE_FILE, good, VOCAB).ops] == [
+        (store_mod.DOC, "a"), (store_mod.FORGET, "a"), (store_mod.DOC, "b")]
+
+
 def held_of_load(d: Path) -> dict[str, list[list[int]]]:
     m = SuffixMemory(VOCAB, budget_tokens=10_000)
     m.load(d)
