@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-body", type=int, default=1 << 20, help="request body limit in bytes (default 1 MiB)")
     v.add_argument("--receipts", type=int, default=256, help="recent receipts kept for GET /v1/receipts/{id}")
     v.add_argument("--receipts-ram", type=int, default=64, metavar="MiB",
-                   help="at most this many MiB of them (as JSON), the oldest dropped first (default 64)")
+                   help="at most this many MiB of them (as canonical JSON), the oldest dropped first (default 64)")
     v.add_argument("--audit-rate", type=float, default=0.0, metavar="R",
                    help="re-decode this fraction of completed speculative requests target-only on an idle slot and "
                         "compare output digests (power:audit_* metrics; with --require-identical a mismatch switches "

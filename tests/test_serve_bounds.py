@@ -93,6 +93,43 @@ def test_the_server_budgets_receipts_and_answers_410_for_one_too_large() -> None
     assert _sample(metrics.text, "power:receipts_kept") == 0 and _sample(metrics.text, "power:receipts_bytes") == 0
 
 
+def test_an_answer_renders_its_receipt_once_and_the_store_counts_that(monkeypatch) -> None:
+    """Between a request's end and its answer the receipt is rendered once, as the canonical JSON its digest
+    (in the answer) hashes, and the store budgets those bytes; its full JSON is made only when asked for."""
+    import hashlib
+    import json
+
+    from power_core.receipt import Receipt
+    from power_core.serve import ServeOptions, create_app
+    from tests.helpers import open_session
+
+    renders: list[str] = []
+    dumps = json.dumps
+
+    def counted(obj: Any, *args: Any, **kwargs: Any) -> str:
+        if isinstance(obj, dict) and "rounds" in obj and "output_sha256" in obj:  # a receipt's body
+            renders.append("canonical" if kwargs.get("sort_keys") else "full")
+        return dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr("power_core.receipt.json.dumps", counted)
+    kept: list[Receipt] = []
+    with open_session("reference", "ref-draft") as s:
+        app = create_app(s.driver(), ServeOptions(model_name="m"))
+        done = asgi(app, ("POST", "/v1/completions", {"model": "m", "prompt": "abc", "max_tokens": 8}))[0]
+        assert renders == ["canonical"]
+        [(envelope, nbytes)] = app.state.power.receipts._items.values()
+        kept.append(envelope["receipt"])
+        rid = done.json()["power"]["receipt_id"]
+        got = asgi(app, ("GET", f"/v1/receipts/{rid}", None))[0]
+        app.state.power.executor.shutdown(wait=True)
+    assert renders == ["canonical", "full"]  # the GET rendered it; the digest was not made again
+    receipt = kept[0]
+    canonical = dumps(receipt._body(False), sort_keys=True, separators=(",", ":"), default=str).encode()
+    assert nbytes == receipt.canonical_bytes == len(canonical) > 64
+    assert hashlib.sha256(canonical).hexdigest() == receipt.digest() == done.json()["power"]["receipt_sha256"]
+    assert got.json()["receipt"]["receipt_sha256"] == receipt.digest()
+
+
 def test_receipts_ram_must_be_at_least_one_mib(capsys) -> None:
     from power_core.cli import main
 

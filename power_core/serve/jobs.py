@@ -110,7 +110,8 @@ class Outcome:
     receipt: Receipt
     logprobs: tuple[TokenLogprob, ...]
     error: BaseException | None = None
-    #: the receipt's size as JSON (what :class:`ReceiptStore` budgets), measured on a worker thread
+    #: the receipt's size (what :class:`ReceiptStore` budgets): its canonical JSON's, which its digest (in every
+    #: response) hashes, so no second rendering sits between a request's end and its answer
     receipt_bytes: int = 0
 
 
@@ -289,7 +290,7 @@ class Metrics:
                                      "(since the cache was made)", registry=r)
         self._sources: set[str] = set()
         self._sources_lock = threading.Lock()
-        self.receipts_bytes = Gauge("power:receipts_bytes", "Bytes (as JSON) of the receipts kept for "
+        self.receipts_bytes = Gauge("power:receipts_bytes", "Bytes (canonical JSON) of the receipts kept for "
                                     "GET /v1/receipts/{id}", registry=r)
         self.receipts_kept = Gauge("power:receipts_kept", "Receipts kept for GET /v1/receipts/{id}", registry=r)
         self.store = {name: Gauge(f"power:proposer_store_{name}", text + " (a proposer memory's durable store, "
@@ -393,7 +394,8 @@ class Metrics:
 class ReceiptStore:
     """The full receipts of the most recent requests, by request id: an envelope per request whose
     ``receipt`` is the :class:`~power_core.receipt.Receipt` (rendered when asked for). At most
-    ``capacity`` of them and ``budget_bytes`` of their JSON, the oldest dropped first; a receipt larger
+    ``capacity`` of them and ``budget_bytes`` of their JSON (canonical: what the digest hashes), the oldest
+    dropped first; a receipt larger
     than the whole budget is not kept, and :meth:`too_large` says so for it (the last ``capacity`` such ids)."""
 
     capacity: int = 256
@@ -505,7 +507,7 @@ def finish_job(job: Job, gen: Generation, metrics: Metrics, error: BaseException
     metrics.by_strategy.labels(strategy=str(receipt.strategy["name"])).inc()
     # (a stream's text is its answer's to take, on the event loop, from the request's one assembler)
     return Outcome(tokens=gen.tokens, text="" if job.stream else gen.text() or "", receipt=receipt,
-                   logprobs=gen.logprobs, error=error, receipt_bytes=len(receipt.to_json(indent=None)))
+                   logprobs=gen.logprobs, error=error, receipt_bytes=receipt.canonical_bytes)
 
 
 class Following:

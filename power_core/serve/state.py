@@ -34,7 +34,7 @@ class ServeOptions:
     api_key: str | None = None
     max_body: int = 1 << 20
     receipts: int = 256
-    #: bytes of receipts (as JSON) kept besides their count (``--receipts-ram`` MiB), the oldest dropped first;
+    #: bytes of receipts (their canonical JSON, which receipt_sha256 hashes) kept besides their count (``--receipts-ram`` MiB), the oldest dropped first;
     #: a receipt larger than all of it is not kept (asking for it answers ``410 receipt_too_large``)
     receipts_bytes: int = attrs.field(default=64 << 20, validator=attrs.validators.ge(1))
     #: the chat template instead of the GGUF's (``None``): a :class:`~power_core.chat.ChatTemplate`, or Jinja
