@@ -16,7 +16,10 @@ Served against run: in each run, beside the 1-client measurement, the same promp
 decodes them (its flags, its configuration and a solo ``Session``, one warm-up request first, in a process of
 its own under the same compute clock as the server):
 per request, ``power serve``'s latency (HTTP included) against the run's ``generate`` wall, and their ratio
-(run / serve: the served request's speed as a share of the run's).
+(run / serve: the served request's speed as a share of the run's); and the same ratio at equal compute (each
+side's wall less its own llama.cpp compute is its host time; both decode the same passes, so the run's compute
+stands for both, and the ratio loses the speed this machine gives each process, which moves the raw one by
+more than any host time does).
 
     python tests/bench/bench_drafts.py --out docs/evidence/bench_drafts [--runs 5] [--tokens 192] [--suites mtp,dflash]
 """
@@ -87,10 +90,12 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any,
                 gate.wait()
                 t0 = time.perf_counter_ns()  # CLOCK_MONOTONIC: the compute clock's (host_clock)
                 for body in per_client[k]:
-                    t1 = time.perf_counter()
+                    t1 = time.perf_counter_ns()
                     r = c.post(url + "/v1/completions", json=body)
                     r.raise_for_status()
-                    out = parse(r.json(), time.perf_counter() - t1)
+                    t2 = time.perf_counter_ns()
+                    out = parse(r.json(), (t2 - t1) * 1e-9)
+                    out["window_ns"] = (t1, t2)
                     out["prompt"] = prompts.index(body["prompt"]) if body["prompt"] in prompts else -1
                     results[k].append(out)
                 spans.append((t0, time.perf_counter_ns()))
@@ -111,10 +116,11 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any,
             "window_ns": (start, end)}
 
 
-def _run_walls(argv: list[str], prompts: list[str], tokens: int) -> list[float]:
+def _run_walls(argv: list[str], prompts: list[str], tokens: int) -> list[tuple[int, int]]:
     """Each prompt decoded as ``power run ARGV`` decodes it: its flags parsed by the CLI's own parser into its
-    configuration, one solo session, a warm-up request first; per prompt the wall seconds of ``generate``. Runs
-    in a process of its own under the compute clock (``--run-side``), as the served side does."""
+    configuration, one solo session, a warm-up request first; per prompt the window of ``generate``
+    (``perf_counter_ns``, the compute clock's). Runs in a process of its own under the compute clock
+    (``--run-side``), as the served side does."""
     from power_core.cli import build_parser
     from power_core.commands import _config_from_args
     from power_core.plugins import build_plugins
@@ -126,9 +132,9 @@ def _run_walls(argv: list[str], prompts: list[str], tokens: int) -> list[float]:
                       plugins=build_plugins()) as session:
         session.generate(WARMUP, max_tokens=tokens)
         for prompt in prompts:
-            t0 = time.perf_counter()
+            t0 = time.perf_counter_ns()
             session.generate(prompt, max_tokens=tokens)
-            walls.append(time.perf_counter() - t0)
+            walls.append((t0, time.perf_counter_ns()))
     return walls
 
 
@@ -160,11 +166,13 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     def measure_run() -> dict[str, Any]:
         # power run's decode in a process of its own under the compute clock, as the served side runs
         job = json.dumps({"argv": run_argv, "prompts": list(prompts), "tokens": args.tokens})
+        trace = tmp / "trace-run.txt"
         out = subprocess.run([sys.executable, str(HERE), "--run-side", job], capture_output=True, text=True,
-                             timeout=1800, cwd=ROOT, env=traced_env(dict(os.environ), shim, tmp / "trace-run.txt"))
+                             timeout=1800, cwd=ROOT, env=traced_env(dict(os.environ), shim, trace))
         if out.returncode != 0:
             raise RuntimeError(f"the run side exited {out.returncode}: {out.stderr[-1500:]}")
-        return {"walls": json.loads(out.stdout.strip().splitlines()[-1])}
+        windows = json.loads(out.stdout.strip().splitlines()[-1])
+        return {"walls": [(b - a) * 1e-9 for a, b in windows], "compute": [split(trace, a, b).compute_s for a, b in windows]}
 
     def measure(side: str, clients: int) -> dict[str, Any]:
         # one server at a time (an idle one's spinning threads would take the other's cores), fresh for each
@@ -185,11 +193,20 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
                 _clients(s.url, [{**bodies[0], "prompt": WARMUP}], 1, _llama_result)
                 res = _clients(s.url, bodies, clients, _llama_result, prompts)
         host = split(trace, *res.pop("window_ns"))
+        for r in res["results"]:  # each request's own llama.cpp compute (its window on the client's clock)
+            r["compute_s"] = split(trace, *r.pop("window_ns")).compute_s
         res.update(compute_s=host.compute_s, host_s=host.host_s, rounds=host.rounds,
                    host_us_per_request=host.host_us_per(len(res["results"])), host_us_per_round=host.host_us_per(host.rounds))
         return res
 
     served_over_run: list[float] = []  # per run: the median over prompts of run wall / served latency
+    # per run, the median over prompts of the same at equal compute: (C + run's host) / (C + served host), C the run's
+    # llama.cpp compute for the prompt. Both sides decode the same passes (the served request alone: its round is the
+    # solo step), so their compute differs only by this machine's speed in that process and minute, which the raw
+    # ratio carries whole (one process's decode can be 1.5x another's here); each side's host time is its wall less
+    # its own compute
+    served_over_run_equal: list[float] = []
+    host_ms: dict[str, list[float]] = {"served": [], "run": []}  # per run: median ms a request outside llama.cpp
     served_ms: list[float] = []  # per run: the median served latency (1 client), and the run's wall
     run_ms: list[float] = []
     for i in range(args.runs):
@@ -199,7 +216,8 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
                 order.insert(1 if i % 2 == 0 else 0, "run")
             for side in order:
                 if side == "run":
-                    run_walls = quiet.measure(measure_run)["walls"]
+                    run_side = quiet.measure(measure_run)
+                    run_walls, run_compute = run_side["walls"], run_side["compute"]
                     continue
                 res = quiet.measure(lambda side=side, clients=clients: measure(side, clients))
                 for r in res["results"]:
@@ -209,6 +227,12 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
             if clients == 1:
                 served = {r["prompt"]: r["latency_s"] for r in raw["power"][1][-1]["results"]}
                 served_over_run.append(statistics.median(run_walls[j] / served[j] for j in served))
+                served_host = {r["prompt"]: r["latency_s"] - r["compute_s"] for r in raw["power"][1][-1]["results"]}
+                run_host = [w - c for w, c in zip(run_walls, run_compute, strict=True)]
+                served_over_run_equal.append(statistics.median(
+                    (run_compute[j] + run_host[j]) / (run_compute[j] + served_host[j]) for j in served))
+                host_ms["served"].append(1e3 * statistics.median(served_host.values()))
+                host_ms["run"].append(1e3 * statistics.median(run_host))
                 served_ms.append(1e3 * statistics.median(served.values()))
                 run_ms.append(1e3 * statistics.median(run_walls))
             print(f"  {suite} run {i + 1}/{args.runs} c={clients}: power {raw['power'][clients][-1]['aggregate_tok_s']:.1f}"
@@ -216,7 +240,10 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     out: dict[str, Any] = {"mode": mode, "llama_server_spec_type": spec_type,
                            "served_over_run": stats(served_over_run),
                            "served_over_run_per_run": [round(x, 3) for x in served_over_run],
-                           "served_ms": stats(served_ms), "run_ms": stats(run_ms)}
+                           "served_ms": stats(served_ms), "run_ms": stats(run_ms),
+                           "served_over_run_equal_compute": stats(served_over_run_equal),
+                           "served_over_run_equal_compute_per_run": [round(x, 3) for x in served_over_run_equal],
+                           "host_ms_per_request": {k: stats(v) for k, v in host_ms.items()}}
     for clients in (1, 4):
         cell: dict[str, Any] = {}
         for side in ("power", "llama"):
@@ -282,11 +309,18 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += ["", "Served against run, 1 client: `power serve`'s latency per request (HTTP included) against the same "
               "request decoded as `power run` decodes it (its configuration, a solo session, warm, in a process of its "
               "own under the same compute clock); the ratio run / serve per request, the median over the prompts of a "
-              "run, then over the runs:", "",
-              "| drafter | ms a request served | run | serve / run per request | per run |", "|---|---|---|---|---|"]
+              "run, then over the runs; and the same at equal compute, (C + run's host) / (C + served host) with C the "
+              "run's llama.cpp compute for the prompt and each side's host its wall less its own compute (both decode "
+              "the same passes: only this machine's speed in each process tells their compute apart):", "",
+              "| drafter | ms a request served | run | serve / run per request | per run | host ms a request served "
+              "| run | serve / run at equal compute | per run |", "|---|---|---|---|---|---|---|---|---|"]
     for suite, r in report["suites"].items():
+        h = r["host_ms_per_request"]
         lines.append(f"| {suite} | {r['served_ms']['median']:.1f} | {r['run_ms']['median']:.1f} | "
-                     f"**{r['served_over_run']['median']:.3f}** | {' '.join(str(x) for x in r['served_over_run_per_run'])} |")
+                     f"**{r['served_over_run']['median']:.3f}** | {' '.join(str(x) for x in r['served_over_run_per_run'])} "
+                     f"| {num(h['served'], '.1f')} | {num(h['run'], '.1f')} | "
+                     f"**{num(r['served_over_run_equal_compute'], '.3f')}** | "
+                     f"{' '.join(str(x) for x in r['served_over_run_equal_compute_per_run'])} |")
     lines.append("")
     for suite, r in report["suites"].items():
         lines.append(f"- {suite}: acceptance at 4 clients minus 1 client: Power "
