@@ -470,11 +470,12 @@ class Engine(Generic[SlotT]):
             while txn.finished is None:
                 if gen.session.closed:  # a suspended iterator resumed after Session.close()
                     raise SessionBusy("the session was closed while this request was unfinished")
-                with Charged(gen) as charged:
+                with Charged(gen) as charged:  # the round, and its commit for the reader
                     record = txn.step()
                     charged.rounds = int(record is not None)
-                if record is not None:
-                    yield commit_of(gen, record)
+                    commit = commit_of(gen, record) if record is not None else None
+                if commit is not None:
+                    yield commit
         except BaseException as exc:
             failure = exc
             raise

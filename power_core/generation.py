@@ -362,11 +362,12 @@ class Generation:
         """A snapshot of the target's and the proposer's compute clocks (:meth:`charge` takes it)."""
         return self._clock.read()
 
-    def charge(self, before: tuple[float | None, float], seconds: float, rounds: int) -> None:
-        """Charge the request's decode time with ``seconds`` of its own work since ``before`` (a
-        :meth:`clock` snapshot), in which ``rounds`` rounds committed."""
+    def charge(self, before: tuple[float | None, float], after: tuple[float | None, float], seconds: float,
+               rounds: int) -> None:
+        """Charge the request's decode time with ``seconds`` of its own work between two :meth:`clock`
+        snapshots, ``before`` and ``after``, in which ``rounds`` rounds committed."""
         self._decode_s += seconds
-        self._clock.lap(before, self._clock.read(), rounds)
+        self._clock.lap(before, after, rounds)
         if rounds and self.first_commit_at is None:
             self.first_commit_at = time.perf_counter()
 

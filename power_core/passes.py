@@ -85,7 +85,8 @@ class Request(Protocol[ResultT]):
 
     def clock(self) -> tuple[float | None, float]: ...
 
-    def charge(self, before: tuple[float | None, float], seconds: float, rounds: int) -> None: ...
+    def charge(self, before: tuple[float | None, float], after: tuple[float | None, float], seconds: float,
+               rounds: int) -> None: ...
 
     def charge_shared_pass(self, compute: float | None) -> None: ...
 
@@ -157,13 +158,14 @@ class Charged:
         self._t0 = 0.0
 
     def __enter__(self) -> Charged:
+        self._t0 = perf_counter()  # (the clock reads at both ends are the request's work too)
         self._before = self._gen.clock()
-        self._t0 = perf_counter()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        after = self._gen.clock()
         seconds = self.extra + perf_counter() - self._t0
-        self._gen.charge(self._before, seconds, self.rounds)
+        self._gen.charge(self._before, after, seconds, self.rounds)
         if self._into is not None:
             self._into.charged += seconds
 

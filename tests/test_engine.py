@@ -302,6 +302,32 @@ def test_a_requests_decode_time_holds_the_whole_of_its_passes(monkeypatch):
         assert t["host_s"] >= 0.02 * passes_closed, t
 
 
+def test_a_solo_rounds_decode_time_holds_its_commit_and_its_clock_reads(monkeypatch):
+    """On a solo sequence (``power run``), a round's stretch holds what the request's own round makes around the
+    step: the reads of its compute clocks at both ends and the commit its reader gets (here 5 ms each, slowed);
+    they are decode time and host time, as in shared passes."""
+    import power_core.engine as engine_module
+    from power_core.generation import Generation
+
+    clock, commit = Generation.clock, engine_module.commit_of
+
+    def slow_clock(self):
+        time.sleep(0.005)
+        return clock(self)
+
+    def slow_commit(gen, record):
+        time.sleep(0.005)
+        return commit(gen, record)
+
+    monkeypatch.setattr(Generation, "clock", slow_clock)
+    monkeypatch.setattr(engine_module, "commit_of", slow_commit)
+    with Session.open(PowerConfig(spec_mode="ref-draft", n_ctx=256), model="reference") as s:
+        res = s.generate([1, 2, 3], max_tokens=12)
+    t = check_host_split(res.receipt, draft_timed=False)
+    committed = t["decode_rounds"]  # every round: two clock reads and a commit, 15 ms
+    assert t["decode_s"] >= 0.015 * committed and t["host_s"] >= 0.015 * committed, t
+
+
 def test_engine_receipts_split_decode_time_into_compute_and_host():
     """A request's share of the shared passes counts as its target compute; its own rounds' work (the
     proposer, sampling, commit) as host time."""
