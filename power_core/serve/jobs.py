@@ -395,8 +395,8 @@ class ReceiptStore:
     """The full receipts of the most recent requests, by request id: an envelope per request whose
     ``receipt`` is the :class:`~power_core.receipt.Receipt` (rendered when asked for). At most
     ``capacity`` of them and ``budget_bytes`` of their JSON (canonical: what the digest hashes), the oldest
-    dropped first; a receipt larger
-    than the whole budget is not kept, and :meth:`too_large` says so for it (the last ``capacity`` such ids)."""
+    dropped first; a receipt larger than the whole budget is not kept, and :meth:`too_large` says so for it (the
+    last ``capacity`` such ids)."""
 
     capacity: int = 256
     budget_bytes: int = 64 << 20
