@@ -203,7 +203,7 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     # per run, the median over prompts of the same at equal compute: (C + run's host) / (C + served host), C the run's
     # llama.cpp compute for the prompt. Both sides decode the same passes (the served request alone: its round is the
     # solo step), so their compute differs only by this machine's speed in that process and minute, which the raw
-    # ratio carries whole (one process's decode can be 1.5x another's here); each side's host time is its wall less
+    # ratio carries whole (one process's decode can be 1.8x another's here); each side's host time is its wall less
     # its own compute
     served_over_run_equal: list[float] = []
     host_ms: dict[str, list[float]] = {"served": [], "run": []}  # per run: median ms a request outside llama.cpp
