@@ -232,7 +232,7 @@ class SuffixMemory:
             forgot = self._learn(tenant, doc)
             self._changes += 1
             if self._log is not None:
-                self._log.append([_store.learn_record(tenant, doc, forgot)])
+                self._log.append(_store.learn_record(tenant, doc, forgot))
 
     def _learn(self, tenant: str, doc: np.ndarray) -> list[str]:
         """(under the lock) Learn ``doc``; returns the tenants the LRU dropped to make room (at most one)."""
@@ -289,7 +289,7 @@ class SuffixMemory:
             self._drop_tenant(tenant)
             self._changes += 1
             if self._log is not None:
-                self._log.append([_store.forget_record(tenant)])
+                self._log.append(_store.forget_record(tenant))
 
     def clear(self) -> None:
         """Forget every learned document (the corpus stays; in the store too)."""
@@ -297,7 +297,7 @@ class SuffixMemory:
             self._clear()
             self._changes += 1
             if self._log is not None:
-                self._log.append([_store.clear_record()])
+                self._log.append(_store.clear_record())
 
     def _clear(self) -> None:
         self._segments.clear()

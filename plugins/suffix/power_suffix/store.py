@@ -485,7 +485,7 @@ class StoreLog:
         self.write_errors = 0
         self.last_sync: float | None = None
         self.failed_at: float | None = None
-        self._tail: list[tuple[bytes, int]] | None = None  # (records, how many): appended during a compaction
+        self._tail: list[bytes] | None = None  # the records appended during a compaction
         self._tick = tick
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -499,26 +499,25 @@ class StoreLog:
         self._thread.start()
 
     # -- appending ------------------------------------------------------------------------------------------
-    def append(self, records: list[bytes]) -> None:
-        """Write ``records`` at the end of the store (call in the memory's order: under its lock)."""
-        if not records:
-            return
-        data = b"".join(records)
+    def append(self, record: bytes) -> None:
+        """Write one ``record`` at the end of the store (call in the memory's order: under its lock). One
+        call, one record, one ``write``: what a change of the memory needs is one record (a learn that
+        evicts tenants is one ``EVICT``), so a torn write loses that change whole."""
         with self._cond:
             if self._fd < 0:
                 return
-            if self._tail is not None:  # a compaction is writing its snapshot: these go after it too
-                self._tail.append((data, len(records)))
+            if self._tail is not None:  # a compaction is writing its snapshot: this goes after it too
+                self._tail.append(record)
             if self.failed_at is not None:
                 return
             try:
-                _write_all(self._fd, data)
+                _write_all(self._fd, record)
             except OSError as exc:
                 self._fail("write", exc)
                 return
-            self.size += len(data)
-            self.records += len(records)
-            self.appended += len(records)
+            self.size += len(record)
+            self.records += 1
+            self.appended += 1
             if self.appended - self.synced >= self.sync_requests:
                 self._cond.notify_all()
 
@@ -572,7 +571,7 @@ class StoreLog:
             with self._cond:
                 tail, self._tail = self._tail or [], None
                 try:
-                    data = b"".join(d for d, _ in tail)
+                    data = b"".join(tail)
                     if data:
                         _write_all(fd, data)
                         os.fsync(fd)
@@ -584,7 +583,7 @@ class StoreLog:
                 old, self._fd = self._fd, fd
                 self.size = size + len(data)
                 self.snapshot_records = n
-                self.records = n + sum(k for _, k in tail)
+                self.records = n + len(tail)
                 self.synced = self.appended  # everything appended is in the new file, fsynced
                 self.last_sync = time.time()
                 recovered = self.failed_at is not None
