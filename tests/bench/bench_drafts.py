@@ -12,14 +12,15 @@ ratio Power / llama-server per run and its median. Every text is checked against
 off`` (``same_text``). Both sides run the same kernels (``power_core.bench.peer_env``: exact =
 ``GGML_CPU_BATCH_INVARIANT=1``).
 
-Served against run: in each run, beside the 1-client measurement, the same prompts decoded as ``power run``
+Served against run, paired: in each run, a fresh ``power serve`` and the same prompts decoded as ``power run``
 decodes them (its flags, its configuration and a solo ``Session``, one warm-up request first, in a process of
-its own under the same compute clock as the server):
-per request, ``power serve``'s latency (HTTP included) against the run's ``generate`` wall, and their ratio
-(run / serve: the served request's speed as a share of the run's); and the same ratio at equal compute (each
-side's wall less its own llama.cpp compute is its host time; both decode the same passes, so the run's compute
-stands for both, and the ratio loses the speed this machine gives each process, which moves the raw one by
-more than any host time does).
+its own), both alive and under the same compute clock, the served and the run request for each prompt back to
+back (the order flipping each prompt), so each pair meets the same minute of this machine: per request,
+``power serve``'s latency (HTTP included) against the run's ``generate`` wall, and their ratio (run / serve: the
+served request's speed as a share of the run's); and the same ratio at equal compute (each side's wall less its
+own llama.cpp compute is its host time; both decode the same passes, so the run's compute stands for both, and
+the ratio loses the speed this machine gives each process, which moves the raw one by more than any host time
+does; ``docs/evidence/bench_drafts/served-paired-2026-12-07/``).
 
     python tests/bench/bench_drafts.py --out docs/evidence/bench_drafts [--runs 5] [--tokens 192] [--suites mtp,dflash]
 """
@@ -116,26 +117,26 @@ def _clients(url: str, bodies: list[dict[str, Any]], clients: int, parse: Any,
             "window_ns": (start, end)}
 
 
-def _run_walls(argv: list[str], prompts: list[str], tokens: int) -> list[tuple[int, int]]:
-    """Each prompt decoded as ``power run ARGV`` decodes it: its flags parsed by the CLI's own parser into its
-    configuration, one solo session, a warm-up request first; per prompt the window of ``generate``
-    (``perf_counter_ns``, the compute clock's). Runs in a process of its own under the compute clock
-    (``--run-side``), as the served side does."""
+def _run_side(argv: list[str], prompts: list[str], tokens: int) -> None:
+    """Decode prompts as ``power run ARGV`` decodes them: its flags parsed by the CLI's own parser into its
+    configuration, one solo session, a warm-up request first (then ``ready`` on stdout); then, for each prompt
+    index read from stdin, that prompt, answering the window of its ``generate`` (``perf_counter_ns``, the compute
+    clock's). Runs in a process of its own under the compute clock (``--run-side``), as the server does, until
+    stdin closes."""
     from power_core.cli import build_parser
     from power_core.commands import _config_from_args
     from power_core.plugins import build_plugins
     from power_core.session import Session
 
     ns = build_parser().parse_args(argv)
-    walls = []
     with Session.open(_config_from_args(ns), model=ns.model, draft=ns.draft, backend=ns.backend,
                       plugins=build_plugins()) as session:
         session.generate(WARMUP, max_tokens=tokens)
-        for prompt in prompts:
+        print("ready", flush=True)
+        for line in sys.stdin:
             t0 = time.perf_counter_ns()
-            session.generate(prompt, max_tokens=tokens)
-            walls.append((t0, time.perf_counter_ns()))
-    return walls
+            session.generate(prompts[int(line)], max_tokens=tokens)
+            print(t0, time.perf_counter_ns(), flush=True)
 
 
 def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path, quiet: Quiet) -> dict[str, Any]:
@@ -163,16 +164,56 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
                 args.numerics, "--p-min", str(args.p_min), "--max-tokens", str(args.tokens), *args.power_args.split(),
                 "--prompt", WARMUP]
 
-    def measure_run() -> dict[str, Any]:
-        # power run's decode in a process of its own under the compute clock, as the served side runs
+    def measure_paired() -> dict[str, Any]:
+        # a fresh server and power run's decode in a process of its own, both alive and under the compute clock,
+        # each prompt served and run back to back (the order flipping each prompt); one decodes while the other
+        # waits for its next request (llama.cpp's threads sleep once a pass's spin ends)
         job = json.dumps({"argv": run_argv, "prompts": list(prompts), "tokens": args.tokens})
-        trace = tmp / "trace-run.txt"
-        out = subprocess.run([sys.executable, str(HERE), "--run-side", job], capture_output=True, text=True,
-                             timeout=1800, cwd=ROOT, env=traced_env(dict(os.environ), shim, trace))
-        if out.returncode != 0:
-            raise RuntimeError(f"the run side exited {out.returncode}: {out.stderr[-1500:]}")
-        windows = json.loads(out.stdout.strip().splitlines()[-1])
-        return {"walls": [(b - a) * 1e-9 for a, b in windows], "compute": [split(trace, a, b).compute_s for a, b in windows]}
+        traces = {side: tmp / f"trace-paired-{side}.txt" for side in ("served", "run")}
+        for trace in traces.values():
+            trace.unlink(missing_ok=True)
+        run_side = subprocess.Popen([sys.executable, str(HERE), "--run-side", job], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                    env=traced_env(dict(os.environ), shim, traces["run"]))
+        assert run_side.stdin is not None and run_side.stdout is not None
+        try:
+            if run_side.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the run side exited {run_side.wait()} before it was ready")
+
+            def run(j: int) -> tuple[int, int]:
+                assert run_side.stdin is not None and run_side.stdout is not None
+                run_side.stdin.write(f"{j}\n")
+                run_side.stdin.flush()
+                window = run_side.stdout.readline().split()
+                if len(window) != 2:
+                    raise RuntimeError(f"the run side exited {run_side.wait()} while decoding prompt {j}")
+                return int(window[0]), int(window[1])
+
+            with listening(power, env=traced_env(dict(os.environ), shim, traces["served"])) as s, \
+                    httpx.Client(timeout=1800) as client:  # one connection, as _clients' one client keeps
+                name = client.get(s.base_url + "/models").json()["data"][0]["id"]
+
+                def serve(prompt: str) -> tuple[int, int]:
+                    t1 = time.perf_counter_ns()
+                    client.post(s.url + "/v1/completions", json={"model": name, "prompt": prompt,
+                                                                 "max_tokens": args.tokens}).raise_for_status()
+                    return t1, time.perf_counter_ns()
+
+                serve(WARMUP)
+                served, ran = [], []
+                for j, prompt in enumerate(prompts):
+                    if j % 2:
+                        ran.append(run(j))
+                    served.append(serve(prompt))
+                    if not j % 2:
+                        ran.append(run(j))
+        finally:
+            run_side.stdin.close()
+            if run_side.wait(60) != 0:
+                raise RuntimeError(f"the run side exited {run_side.returncode}")
+        return {"served": [(b - a) * 1e-9 for a, b in served],
+                "served_compute": [split(traces["served"], a, b).compute_s for a, b in served],
+                "walls": [(b - a) * 1e-9 for a, b in ran], "compute": [split(traces["run"], a, b).compute_s for a, b in ran]}
 
     def measure(side: str, clients: int) -> dict[str, Any]:
         # one server at a time (an idle one's spinning threads would take the other's cores), fresh for each
@@ -202,9 +243,9 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     served_over_run: list[float] = []  # per run: the median over prompts of run wall / served latency
     # per run, the median over prompts of the same at equal compute: (C + run's host) / (C + served host), C the run's
     # llama.cpp compute for the prompt. Both sides decode the same passes (the served request alone: its round is the
-    # solo step), so their compute differs only by this machine's speed in that process and minute, which the raw
-    # ratio carries whole (one process's decode can be 1.8x another's here); each side's host time is its wall less
-    # its own compute
+    # solo step), so their compute differs only by this machine's speed in each process, which the raw ratio carries
+    # whole (one process's decode can be 1.8x another's here); each side's host time is its wall less its own
+    # compute, and the pairs (measure_paired) meet the same minute
     served_over_run_equal: list[float] = []
     host_ms: dict[str, list[float]] = {"served": [], "run": []}  # per run: median ms a request outside llama.cpp
     served_ms: list[float] = []  # per run: the median served latency (1 client), and the run's wall
@@ -212,28 +253,23 @@ def bench_suite(args: argparse.Namespace, suite: str, peer_bin: Path, tmp: Path,
     for i in range(args.runs):
         for clients in (1, 4):
             order = ["power", "llama"] if i % 2 == 0 else ["llama", "power"]
-            if clients == 1:
-                order.insert(1 if i % 2 == 0 else 0, "run")
             for side in order:
-                if side == "run":
-                    run_side = quiet.measure(measure_run)
-                    run_walls, run_compute = run_side["walls"], run_side["compute"]
-                    continue
                 res = quiet.measure(lambda side=side, clients=clients: measure(side, clients))
                 for r in res["results"]:
                     ref = refs[r["prompt"]]
                     r["same_text"] = r["n"] == ref["n"] and r["text"] == ref["text"]
                 raw[side][clients].append(res)
             if clients == 1:
-                served = {r["prompt"]: r["latency_s"] for r in raw["power"][1][-1]["results"]}
-                served_over_run.append(statistics.median(run_walls[j] / served[j] for j in served))
-                served_host = {r["prompt"]: r["latency_s"] - r["compute_s"] for r in raw["power"][1][-1]["results"]}
+                paired = quiet.measure(measure_paired)
+                served, run_walls, run_compute = paired["served"], paired["walls"], paired["compute"]
+                served_over_run.append(statistics.median(w / s for w, s in zip(run_walls, served, strict=True)))
+                served_host = [s - c for s, c in zip(served, paired["served_compute"], strict=True)]
                 run_host = [w - c for w, c in zip(run_walls, run_compute, strict=True)]
                 served_over_run_equal.append(statistics.median(
-                    (run_compute[j] + run_host[j]) / (run_compute[j] + served_host[j]) for j in served))
-                host_ms["served"].append(1e3 * statistics.median(served_host.values()))
+                    w / (c + h) for w, c, h in zip(run_walls, run_compute, served_host, strict=True)))
+                host_ms["served"].append(1e3 * statistics.median(served_host))
                 host_ms["run"].append(1e3 * statistics.median(run_host))
-                served_ms.append(1e3 * statistics.median(served.values()))
+                served_ms.append(1e3 * statistics.median(served))
                 run_ms.append(1e3 * statistics.median(run_walls))
             print(f"  {suite} run {i + 1}/{args.runs} c={clients}: power {raw['power'][clients][-1]['aggregate_tok_s']:.1f}"
                   f" vs llama-server {raw['llama'][clients][-1]['aggregate_tok_s']:.1f} tok/s", flush=True)
@@ -306,9 +342,10 @@ def _markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {suite} | {c} | {num(p['host_us_per_request'], '.0f')} | {num(q['host_us_per_request'], '.0f')} | "
                          f"{num(p['host_us_per_round'], '.0f')} | {num(q['host_us_per_round'], '.0f')} | "
                          f"{num(p['compute_share'], '.2f')} | {num(q['compute_share'], '.2f')} |")
-    lines += ["", "Served against run, 1 client: `power serve`'s latency per request (HTTP included) against the same "
-              "request decoded as `power run` decodes it (its configuration, a solo session, warm, in a process of its "
-              "own under the same compute clock); the ratio run / serve per request, the median over the prompts of a "
+    lines += ["", "Served against run, 1 client, paired: `power serve`'s latency per request (HTTP included) against the "
+              "same request decoded as `power run` decodes it (its configuration, a solo session, warm, in a process of "
+              "its own beside the server, both under the same compute clock, each prompt served and run back to back); "
+              "the ratio run / serve per request, the median over the prompts of a "
               "run, then over the runs; and the same at equal compute, (C + run's host) / (C + served host) with C the "
               "run's llama.cpp compute for the prompt and each side's host its wall less its own compute (both decode "
               "the same passes: only this machine's speed in each process tells their compute apart):", "",
@@ -330,9 +367,9 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--run-side":  # (measure_run's process)
+    if len(sys.argv) == 3 and sys.argv[1] == "--run-side":  # (measure_paired's run side)
         job = json.loads(sys.argv[2])
-        print(json.dumps(_run_walls(job["argv"], job["prompts"], job["tokens"])))
+        _run_side(job["argv"], job["prompts"], job["tokens"])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suites", default="mtp,mtp-predictable,dflash,dspark")
