@@ -458,30 +458,35 @@ class SharedPasses:
                 a.gen.prefill_done(time.perf_counter() - a.t0)
 
     def _alone(self, a: _Active) -> None:
-        """The pass of a request that decodes alone: its round as a solo step (:meth:`Transaction.step
+        """The passes of a request that decodes alone: each round a solo step (:meth:`Transaction.step
         <power_core.transaction.Transaction.step>`: its sequence decodes its own block, the pass a shared pass of
         that one block would be), in one stretch, without the batch's machinery around it (23-34 µs less host time
-        a round, docs/evidence/bench_drafts/alone-2026-12-07). Passes of two or more requests, or of a prompt,
-        go through the :class:`~power_core.runtime.BatchRuntime`."""
+        a round, docs/evidence/bench_drafts/alone-2026-12-07); and round after round, without the driver's loop
+        between them, while it stays alone: no request joins, no hold, no stop (each read at every pass
+        boundary, where the loop reads them; docs/evidence/bench_drafts/lean-end-2026-12-07). Passes of two or
+        more requests, or of a prompt, go through the :class:`~power_core.runtime.BatchRuntime`."""
         txn = a.gen.txn
         assert txn is not None
         self._last_prefill = 0
-        passes = txn.target_passes
-        try:
-            with Charged(a.gen) as charged:
-                record = txn.step()
-                charged.rounds = int(record is not None)
-        except BaseException as exc:  # cancelled, or its round failed (and restored): only this request ends
-            self._leave(a, exc)
-            return
-        if record is None:  # finished (context full)
-            self._leave(a, None)
-            return
-        if txn.target_passes > passes:  # (round 0's verify row came from the prefill: no pass of its own)
-            a.passes += 1
-            a.pass_tokens += record.shape
-            a.peak = max(a.peak, 1)
-        self._committed(a, record)
+        while True:
+            passes = txn.target_passes
+            try:
+                with Charged(a.gen) as charged:
+                    record = txn.step()
+                    charged.rounds = int(record is not None)
+            except BaseException as exc:  # cancelled, or its round failed (and restored): only this request ends
+                self._leave(a, exc)
+                return
+            if record is None:  # finished (context full)
+                self._leave(a, None)
+                return
+            if txn.target_passes > passes:  # (round 0's verify row came from the prefill: no pass of its own)
+                a.passes += 1
+                a.pass_tokens += record.shape
+                a.peak = max(a.peak, 1)
+            self._committed(a, record)
+            if txn.finished is not None or self._joining or self._held or self._stopping:
+                return
 
     def _abort(self, a: _Active, exc: BaseException) -> None:
         """A failure outside the request's own round (a shared pass, a shared draft): its round restores

@@ -88,23 +88,22 @@ class RoundRecord:
     stats: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as the receipt's trace holds it (its dicts copied; ``attrs.asdict`` cost 3x this)."""
-        out = {name: getattr(self, name) for name in _ROUND_FIELDS}
-        for key in ("width", "stats"):
-            if out[key] is not None:
-                out[key] = dict(out[key])
-        for key in ("proposal", "width", "source", "stats"):
-            if out[key] is None:
-                del out[key]
-        if not self.cut:
-            del out["cut"]
+        """The record as the receipt's trace holds it: its fields in declaration order, its dicts copied, the
+        optional ones only when set (``cut`` when non-zero); a literal, a third of a comprehension's cost."""
+        out = {"index": self.index, "planned": self.planned, "reason": self.reason, "proposed": self.proposed,
+               "accepted": self.accepted, "emitted": self.emitted, "replayed": self.replayed, "shape": self.shape,
+               "stop": self.stop, "seconds": self.seconds}
         if self.proposal is not None:
             out["proposal"] = list(self.proposal)
+        if self.width is not None:
+            out["width"] = dict(self.width)
+        if self.cut:
+            out["cut"] = self.cut
+        if self.source is not None:
+            out["source"] = self.source
+        if self.stats is not None:
+            out["stats"] = dict(self.stats)
         return out
-
-
-#: :class:`RoundRecord`'s fields in declaration order (its :meth:`~RoundRecord.to_dict` keys)
-_ROUND_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(RoundRecord))
 
 
 @attrs.frozen

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.receipt import token_digest
+from power_core.rounds import RoundRecord
 from power_core.runtime import ProposerCapabilities, TargetCapabilities, runtime_counters
 from power_core.sampling import TargetSampler
 from tests.helpers import check_host_split, open_session, run
@@ -121,15 +123,40 @@ def test_receipt_fields_and_hash_stability():
     assert s["verified_tokens_per_pass"] == pytest.approx(25 / len(d["rounds"]))
     assert a.receipt.digest() == b.receipt.digest()  # timings excluded
     assert json.loads(a.receipt.to_json())["receipt_sha256"] == a.receipt.digest()
-    # the digest is sha256 of the canonical JSON: the receipt's dict without timings and round seconds
+    # the digest is sha256 of the canonical JSON: the receipt's dict without timings and round seconds, keys
+    # sorted, no whitespace (orjson's; for this receipt the standard library's JSON spells the same bytes)
     canonical = {k: v for k, v in d.items() if k not in ("timings", "receipt_sha256")}
     canonical["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in d["rounds"]]
-    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
+    blob = orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    assert blob == json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
     assert a.receipt.digest() == hashlib.sha256(blob).hexdigest()
+    assert a.receipt.canonical_bytes == len(blob)
     d["rounds"][0]["proposed"] = -1  # to_dict is a copy: changing it leaves the receipt as it was
     d["backend"]["name"] = "changed"
     assert a.receipt.rounds[0]["proposed"] != -1 and a.receipt.backend["name"] != "changed"
     assert a.receipt.to_dict()["receipt_sha256"] == b.receipt.digest()
+
+
+@given(proposal=st.none() | st.lists(st.integers(0, 9), max_size=3).map(tuple),
+       width=st.none() | st.just({"offered": 3, "chosen": 2}), cut=st.integers(0, 2),
+       source=st.none() | st.just("request"), stats=st.none() | st.just({"draft_passes": 2.0}))
+def test_a_round_record_in_the_receipt_is_its_fields(proposal, width, cut, source, stats):
+    """``RoundRecord.to_dict`` (a literal, for speed) holds every field in declaration order, the optional ones
+    only when set, its dicts and the proposal copied: a field added to the record and not to it fails here."""
+    import attrs
+
+    rec = RoundRecord(index=3, planned=4, reason="balanced", proposed=2, accepted=1, emitted=2, replayed=False,
+                      shape=3, stop=None, seconds=0.5, proposal=proposal, width=width, cut=cut, source=source,
+                      stats=stats)
+    full = attrs.asdict(rec, recurse=False)
+    optional = {"proposal": proposal is not None, "width": width is not None, "cut": bool(cut),
+                "source": source is not None, "stats": stats is not None}
+    want = {k: (list(v) if k == "proposal" else v) for k, v in full.items() if optional.get(k, True)}
+    got = rec.to_dict()
+    assert got == want and list(got) == list(want)
+    for key in ("width", "stats"):
+        if key in got:
+            assert got[key] is not getattr(rec, key)
 
 
 def test_receipt_rollback_counts_are_the_requests_own():

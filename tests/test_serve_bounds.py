@@ -99,19 +99,27 @@ def test_an_answer_renders_its_receipt_once_and_the_store_counts_that(monkeypatc
     import hashlib
     import json
 
+    import orjson
+
     from power_core.receipt import Receipt
     from power_core.serve import ServeOptions, create_app
     from tests.helpers import open_session
 
     renders: list[str] = []
-    dumps = json.dumps
+    dumps, odumps = json.dumps, orjson.dumps
 
     def counted(obj: Any, *args: Any, **kwargs: Any) -> str:
         if isinstance(obj, dict) and "rounds" in obj and "output_sha256" in obj:  # a receipt's body
-            renders.append("canonical" if kwargs.get("sort_keys") else "full")
+            renders.append("full")
         return dumps(obj, *args, **kwargs)
 
+    def canonical_counted(obj: Any, *args: Any, **kwargs: Any) -> bytes:
+        if isinstance(obj, dict) and "rounds" in obj and "output_sha256" in obj:
+            renders.append("canonical")
+        return odumps(obj, *args, **kwargs)
+
     monkeypatch.setattr("power_core.receipt.json.dumps", counted)
+    monkeypatch.setattr("power_core.receipt.orjson.dumps", canonical_counted)
     kept: list[Receipt] = []
     with open_session("reference", "ref-draft") as s:
         app = create_app(s.driver(), ServeOptions(model_name="m"))
@@ -124,7 +132,7 @@ def test_an_answer_renders_its_receipt_once_and_the_store_counts_that(monkeypatc
         app.state.power.executor.shutdown(wait=True)
     assert renders == ["canonical", "full"]  # the GET rendered it; the digest was not made again
     receipt = kept[0]
-    canonical = dumps(receipt._body(False), sort_keys=True, separators=(",", ":"), default=str).encode()
+    canonical = odumps(receipt._body(False), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     assert nbytes == receipt.canonical_bytes == len(canonical) > 64
     assert hashlib.sha256(canonical).hexdigest() == receipt.digest() == done.json()["power"]["receipt_sha256"]
     assert got.json()["receipt"]["receipt_sha256"] == receipt.digest()
