@@ -137,5 +137,5 @@ with Session.open_engine(4, **kw) as eng:
     ratio = [b / a for a, b in zip(W["former"], W["present"], strict=True)]
     print(f"{suite}, a lone request on an engine of 4, {n} pairs of 192 tokens: wall ms former "
           f"{statistics.median(W['former']):.2f} present {statistics.median(W['present']):.2f} (paired present/former "
-          f"{statistics.median(ratio):.4f}, diff {statistics.median([b - a for a, b in zip(W["former"], W["present"], strict=True)]):+.2f} ms); "
+          f"{statistics.median(ratio):.4f}, diff {statistics.median([b - a for a, b in zip(W['former'], W['present'], strict=True)]):+.2f} ms); "
           f"receipt host ms former {statistics.median(H['former']):.2f} present {statistics.median(H['present']):.2f}")
