@@ -8,8 +8,9 @@ and finished ones leave; each decoding request opens its round (checkpoint, prop
 :class:`~power_core.runtime.ProposalBatch` are asked together, one
 :meth:`~power_core.runtime.BatchRuntime.decode_batch` decodes all their verify blocks plus prompt
 chunks of joining requests up to the pass's token budget (round-robin, so a long prompt never stalls
-the others and no prompt starves), and each request accepts, commits and emits from its own rows
-(:meth:`Transaction.close_round`). A pass that would hold one request's round and nothing else is that
+the others and no prompt starves), and each request accepts from its own rows
+(:meth:`Transaction.read_round`; every round of the pass reads before any commits, since a commit may
+decode its sequence alone over the pass's buffers), then commits and emits (:meth:`Transaction.close_round`). A pass that would hold one request's round and nothing else is that
 request's solo step on its own sequence (:meth:`SharedPasses._alone`). Whether a request's rows in a
 shared pass equal its solo rows is the target's numerics: with ``numerics = "exact"`` on llama.cpp's
 CPU backend they are bit-identical (:func:`power_core.numerics.batch_probe` checks it at start), so
@@ -144,7 +145,7 @@ class Charged:
     ``extra`` (the shared pass that decoded the rows a round closes from), the compute its clocks ran
     meanwhile, and the ``rounds`` it committed (set by the stretch once they have); in a shared pass
     the seconds also join the request's tally there (``into``: :attr:`_Active.charged`). Used on the
-    hot path, three times per request and shared pass (once for a request alone): slots, one clock read
+    hot path, four times per request and shared pass (once for a request alone): slots, one clock read
     at each end."""
 
     __slots__ = ("_before", "_gen", "_into", "_t0", "extra", "rounds")
@@ -441,8 +442,10 @@ class SharedPasses:
             a.passes += 1
             a.pass_tokens += n_tokens
             a.peak = max(a.peak, concurrent)
-        for (a, pending), res in zip(rounds, results[: len(rounds)], strict=True):
-            self._close(a, pending, res, seconds)
+        # every round reads its rows, and every prompt chunk its own, before any round commits: a commit may
+        # decode its sequence alone on the pass's context (a replay), over the buffers the rows are views of
+        read = [(a, pending) for (a, pending), res in zip(rounds, results[: len(rounds)], strict=True)
+                if self._read(a, pending, res)]
         for (a, n), res in zip(chunks, results[len(rounds):], strict=True):
             txn = a.gen.txn
             assert txn is not None
@@ -456,6 +459,8 @@ class SharedPasses:
             if a.remaining.shape[0] == 0:
                 txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
                 a.gen.prefill_done(time.perf_counter() - a.t0)
+        for a, pending in read:
+            self._close(a, pending, None, seconds)
 
     def _alone(self, a: _Active) -> None:
         """The passes of a request that decodes alone: each round a solo step (:meth:`Transaction.step
@@ -557,6 +562,20 @@ class SharedPasses:
             for (_, pending), proposal in zip(members, got, strict=True):
                 given[id(pending)] = proposal
         return given, failed
+
+    def _read(self, a: _Active, pending: PendingRound, res: DecodeResult) -> bool:
+        """The round reads its rows of the shared pass (:meth:`Transaction.read_round`); False when that
+        failed (the round restored) and the request left."""
+        txn = a.gen.txn
+        assert txn is not None
+        try:
+            with Charged(a.gen, into=a):
+                txn.read_round(pending, res)
+        except BaseException as exc:
+            a.pending = None  # (read_round restored the round)
+            self._leave(a, exc)
+            return False
+        return True
 
     def _close(self, a: _Active, pending: PendingRound, res: DecodeResult | None, seconds: float) -> None:
         txn = a.gen.txn

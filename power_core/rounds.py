@@ -149,6 +149,9 @@ class PendingRound:
     proposal: Proposal = attrs.field(factory=Proposal.none)
     #: what the proposer is asked this round (``None``: nothing, the width is 0 or no proposer)
     ask: ProposalContext | None = None
+    #: the accept phase's result once the round's rows are read (:meth:`~power_core.transaction.Transaction.read_round`):
+    #: the round's tokens, how many proposals they accept, and the stop reason
+    accept: tuple[list[int], int, str | None] | None = None
 
     @property
     def needs_pass(self) -> bool:

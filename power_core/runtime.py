@@ -166,8 +166,9 @@ DecodeKind = Literal["prompt", "verify"]
 class DecodeResult:
     """Rows of one target pass: ``logits[i]`` predicts the token after ``tokens[i]``.
 
-    Arrays may be zero-copy views into runtime buffers; they are valid until the next call on the
-    same runtime. ``features`` carries hidden-state taps requested by the proposer. ``kind`` says
+    Arrays may be zero-copy views into runtime buffers; they are valid until the next pass on the
+    runtime's context: the round's own replay (in its commit, before the proposer's ``commit``) or, in a
+    shared pass, another sequence's. A proposer copies in ``observe`` what it keeps. ``features`` carries hidden-state taps requested by the proposer. ``kind`` says
     what the pass was (:data:`DecodeKind`): the runtime that makes the result sets it (``prefill``
     chunks are ``"prompt"``, ``decode`` passes ``"verify"``), so a proposer never infers it from
     the number of logits rows.
@@ -269,9 +270,11 @@ class BatchRuntime(Protocol):
     and returns, per item, the rows it asked for; a sequence appears at most once per pass. The
     runtime guarantees nothing about one sequence's rows depending on the others' — whether they
     are bit-identical to a solo pass is what ``power selftest``'s batch probe measures. Each
-    result (rows and ``features``: one row per item token) stays valid until the next
-    :meth:`decode_batch`, also across a sequence's own :meth:`TargetRuntime.decode` (a replay)
-    while the pass's rounds close.
+    result (rows and ``features``: one row per item token) stays valid until the next pass on the
+    batch's context: the next :meth:`decode_batch`, or a sequence's own :meth:`TargetRuntime.decode` (a
+    replay in its round's commit). The round driver reads every round's rows of a pass
+    (:meth:`~power_core.transaction.Transaction.read_round`) before any round commits, so the runtime
+    hands out views and copies nothing.
     """
 
     @property

@@ -556,16 +556,32 @@ class Transaction:
             raise
         return pending
 
-    def close_round(self, pending: PendingRound, rows: DecodeResult | None = None) -> RoundRecord:
-        """Steps 3-6: verify (decode ``pending.block`` here, or take ``rows`` from a round driver's
-        shared pass), accept, commit, emit; on any failure, step 7 (restore) and re-raise."""
-        first, block, props = pending.first, pending.block, pending.props
+    def read_round(self, pending: PendingRound, rows: DecodeResult | None = None) -> None:
+        """Steps 3-4: verify (decode ``pending.block`` here, or take ``rows`` from a round driver's
+        shared pass; the proposer observes them) and accept; ``pending`` keeps what was accepted. After
+        this the round reads no row again, so a driver whose shared pass other rounds may decode over
+        (a replay in their commit) reads every round's rows first, then closes them
+        (:meth:`close_round`). On any failure, step 7 (restore) and re-raise."""
+        first = pending.first
         try:
             # round 0's verify pass is the prefill, which the proposer has already observed
-            res = self._phase("verify", self._verify, block, rows) if first is None else \
+            res = self._phase("verify", self._verify, pending.block, rows) if first is None else \
                 self._phase("verify", _given, first)
             self._check_cancel()
-            out, accepted, stop = self._phase("accept", self._accept_round, props, res)
+            pending.accept = self._phase("accept", self._accept_round, pending.props, res)
+        except BaseException as exc:
+            self.abort_round(pending, exc)
+            raise
+
+    def close_round(self, pending: PendingRound, rows: DecodeResult | None = None) -> RoundRecord:
+        """Steps 3-6: :meth:`read_round` (unless the driver has read it), then commit and emit; on any
+        failure, step 7 (restore) and re-raise."""
+        if pending.accept is None:
+            self.read_round(pending, rows)
+        assert pending.accept is not None
+        first, block, props = pending.first, pending.block, pending.props
+        out, accepted, stop = pending.accept
+        try:
             self._check_cancel()
             replayed = self._phase("commit", self._commit, pending.cp_target, block, out, accepted)
             self._phase("emit", self._emit, out, stop)

@@ -38,8 +38,6 @@ class LlamaBatch:
         self._index = {id(t): t for t in targets}
         for t in targets:
             t._compact = self.compact
-        #: a sequence may decode alone between the shared passes (a recurrent rollback past its snapshots)
-        self._replays = model.is_recurrent or model.is_hybrid
 
     @property
     def token_budget(self) -> int:
@@ -76,12 +74,9 @@ class LlamaBatch:
             verify = items[0].rows == "all"
             target._advance(n, rollable=verify)
             return [DecodeResult(tokens=toks, logits=rows, features=taps, kind="verify" if verify else "prompt")]
-        if self._replays:
-            # a recurrent sequence whose rejection runs deeper than its snapshots replays alone on this
-            # context while the other rounds of the pass still read their rows: they get copies (a pass
-            # of one sequence: its round has read them before it replays)
-            rows = np.array(rows)
-            taps = {name: np.array(v) for name, v in taps.items()}
+        # zero-copy views for every sequence: a recurrent sequence whose rejection runs deeper than its
+        # snapshots replays alone on this context, over these buffers, only once every round of the pass
+        # has read its rows (the round driver reads them all before it commits any, Transaction.read_round)
         results: dict[int, DecodeResult] = {}  # by the item's index
         at, t_at = 0, 0
         for target, toks, n, k, i in placed:
