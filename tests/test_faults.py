@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import attrs
 import numpy as np
 import pytest
 
@@ -571,3 +572,55 @@ def test_closing_a_batch_closes_every_session_when_one_close_fails():
     with pytest.raises(AdapterFault, match="disk full"):
         batch.close()
     assert [s.closed for s in batch.sessions] == [True, True, True] and closed == [True]
+
+
+class _Clobbered:
+    """A batch runtime that hands out its pass's rows and taps as views of one buffer, which any sequence's
+    own decode (a replay) overwrites with garbage: what ``BatchRuntime``'s contract allows a runtime to do
+    (``LlamaBatch`` hands out views of llama.cpp's buffers)."""
+
+    def __init__(self, inner, monkeypatch) -> None:
+        self.inner = inner
+        self.buffers: list[np.ndarray] = []
+        self.clobbers = 0
+        cls = type(inner.sequences[0])
+        decode = cls.decode
+
+        def replay(target, tokens):
+            for buf in self.buffers:
+                buf.fill(7.0e4)  # every row's argmax becomes token 0
+            self.clobbers += 1
+            return decode(target, tokens)
+
+        monkeypatch.setattr(cls, "decode", replay)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _view(self, a: np.ndarray) -> np.ndarray:
+        buf = np.array(a)
+        self.buffers.append(buf)
+        return buf
+
+    def decode_batch(self, items):
+        self.buffers = []
+        return [attrs.evolve(r, logits=self._view(r.logits),
+                             features={k: self._view(v) for k, v in r.features.items()})
+                for r in self.inner.decode_batch(items)]
+
+
+def test_a_replay_never_overwrites_rows_a_round_of_its_pass_still_reads(monkeypatch):
+    """Every round of a shared pass reads its rows (``Transaction.read_round``) before any round commits, so a
+    sequence that restores and replays alone in its commit (S = 1 < K: rejections deeper than the snapshots)
+    overwrites no row another round still reads: each output is its solo run."""
+    prompts = [[1, 2, 3], [5, 6], [9, 9, 9, 4], [7]]
+    cfg = _config("ref-draft", spec_draft_max=4, spec_recurrent_snapshots=1, trace=True)
+    with Session.open(cfg, model=MODEL, plugins=core_plugins()) as s:
+        solo = [s.start(p, max_tokens=24).run().tokens for p in prompts]
+    with Session.open_engine(4, cfg, model=MODEL, plugins=core_plugins()) as engine:
+        runtime = _Clobbered(engine.runtime, monkeypatch)
+        engine.runtime = runtime
+        out = _run_concurrently(engine, [engine.submit(p, max_tokens=24) for p in prompts])
+    assert [r.tokens for r in out] == solo
+    assert runtime.clobbers > 0  # replays ran while the pass's other rounds were open
+    assert max(r.receipt.backend["batch"]["peak_concurrent"] for r in out) >= 2
