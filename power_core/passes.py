@@ -10,7 +10,8 @@ and finished ones leave; each decoding request opens its round (checkpoint, prop
 chunks of joining requests up to the pass's token budget (round-robin, so a long prompt never stalls
 the others and no prompt starves), and each request accepts from its own rows
 (:meth:`Transaction.read_round`; every round of the pass reads before any commits, since a commit may
-decode its sequence alone over the pass's buffers), then commits and emits (:meth:`Transaction.close_round`). A pass that would hold one request's round and nothing else is that
+decode its sequence alone over the pass's buffers), then commits and emits
+(:meth:`Transaction.close_round`). A pass that would hold one request's round and nothing else is that
 request's solo step on its own sequence (:meth:`SharedPasses._alone`). Whether a request's rows in a
 shared pass equal its solo rows is the target's numerics: with ``numerics = "exact"`` on llama.cpp's
 CPU backend they are bit-identical (:func:`power_core.numerics.batch_probe` checks it at start), so

@@ -168,10 +168,10 @@ class DecodeResult:
 
     Arrays may be zero-copy views into runtime buffers; they are valid until the next pass on the
     runtime's context: the round's own replay (in its commit, before the proposer's ``commit``) or, in a
-    shared pass, another sequence's. A proposer copies in ``observe`` what it keeps. ``features`` carries hidden-state taps requested by the proposer. ``kind`` says
-    what the pass was (:data:`DecodeKind`): the runtime that makes the result sets it (``prefill``
-    chunks are ``"prompt"``, ``decode`` passes ``"verify"``), so a proposer never infers it from
-    the number of logits rows.
+    shared pass, another sequence's. A proposer copies in ``observe`` what it keeps. ``features``
+    carries hidden-state taps requested by the proposer. ``kind`` says what the pass was
+    (:data:`DecodeKind`): the runtime that makes the result sets it (``prefill`` chunks are ``"prompt"``,
+    ``decode`` passes ``"verify"``), so a proposer never infers it from the number of logits rows.
     """
 
     tokens: TokenArray
