@@ -11,8 +11,12 @@ import shutil
 import gguf
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("power_native._llama")
+
+from power_native import _llama  # noqa: E402
 
 from power_core.config import PowerConfig  # noqa: E402
 from power_core.session import Session  # noqa: E402
@@ -189,3 +193,31 @@ def test_an_mtp_p_min_cut_keeps_the_rows(drafter_cases):
     assert on[:2] == off[:2]
     assert any(0 < len(p) < 7 for p in on[1]), "p_min cut no draft short: the test proves nothing"
 
+
+
+_SPECIAL = st.sampled_from([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3.0e38, -3.0e38, 1e-45])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda n: st.lists(st.one_of(_SPECIAL, st.floats(-4, 4, width=32)),
+                                                      min_size=n, max_size=n)),
+       st.integers(0, 2000))
+def test_the_drafters_host_first_maximum_is_numpys_argmax(values, pad):
+    """``draft_pick``'s host rule (``_llama.first_max``, SIMD over a vocabulary-sized row): numpy's ``argmax``
+    of the row wherever no NaN is in it (ties at the first maximum, -0.0 equal to 0.0), and the scalar loop's
+    answer with NaNs (never the largest, unless the first element: then 0). Rows of every length around the
+    vector widths, a maximum anywhere, repeated maxima; the tail padded with -inf to reach past the blocks."""
+    row = np.array(values + [-np.inf] * pad, dtype=np.float32)
+    got = _llama.first_max(row)
+    v, best = row[0], 0
+    for i in range(1, row.shape[0]):  # the scalar loop draft_pick ran before, element by element
+        if row[i] > v:
+            v, best = row[i], i
+    assert got == best
+    if not np.isnan(row).any():
+        assert got == int(np.argmax(row))
+
+
+def test_first_max_refuses_an_empty_row():
+    with pytest.raises(ValueError, match="empty"):
+        _llama.first_max(np.zeros(0, dtype=np.float32))

@@ -89,7 +89,7 @@ cdef extern from *:
     bint power_abort_cb(void * data) noexcept nogil
 
 
-__all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors",
+__all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors", "first_max",
            "backend_devices", "LAYER_INP_ARCHS", "LAYER_INP_FINAL_ARCHS"]
 
 #: archs whose graph records ``t_layer_inp[il]`` (else the next decode aborts, llama-graph.cpp:1384), and
@@ -183,6 +183,15 @@ cdef int rc_raise(rc_op op, long rc, str what) except -1:
         raise CapacityError(f"{at}llama_init_from_model returned NULL (out of memory or unsupported "
                             f"parameters){detail}")
     raise RuntimeFault(f"{at}failed (rc={rc}){detail}")
+
+
+def first_max(const float[::1] row) -> int:
+    """The index of the first maximum of ``row`` (float32, at least one element) by the rule the drafters
+    read their logits rows with on the host (``draft_pick``: numpy's ``argmax``, a NaN never the largest
+    unless it is the first element)."""
+    if row.shape[0] == 0:
+        raise ValueError("first_max of an empty row")
+    return power_row_first_max(&row[0], <int>row.shape[0])
 
 
 include "_model.pxi"
