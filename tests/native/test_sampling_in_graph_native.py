@@ -218,6 +218,47 @@ def test_the_drafters_host_first_maximum_is_numpys_argmax(values, pad):
         assert got == int(np.argmax(row))
 
 
-def test_first_max_refuses_an_empty_row():
+def _top10_p(row: np.ndarray) -> np.float32:
+    """The confidence ``draft_top_p`` computed before it skipped by SIMD: every element through the top-10
+    insertion, then the float32 sum of ``exp(l_i - l_max)`` over the ten, in descending order."""
+    top: list[np.float32] = []
+    for v in row:
+        if len(top) < 10:
+            j = len(top)
+            top.append(v)
+        elif v > top[9]:
+            j = 9
+        else:
+            continue
+        while j > 0 and top[j - 1] < v:
+            top[j] = top[j - 1]
+            j -= 1
+        top[j] = v
+    s = np.float32(0)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, as the C loop computes it
+        for t in top:
+            s = np.float32(s + np.exp(np.float32(t - top[0]), dtype=np.float32))
+        return np.float32(1) / s
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda n: st.lists(st.one_of(_SPECIAL, st.floats(-4, 4, width=32)),
+                                                      min_size=n, max_size=n)),
+       st.integers(0, 400))
+def test_the_drafters_top10_confidence_is_the_scalar_scans(values, pad):
+    """``draft_top_p`` (``_llama.top10_p``), which skips 16 values a compare that cannot enter its top ten, keeps
+    the same ten as the element-by-element insertion it replaced, so the same confidence (to float32 rounding of
+    ``expf`` against numpy's ``exp``)."""
+    row = np.array(values + [-np.inf] * pad, dtype=np.float32)
+    got, want = _llama.top10_p(row), _top10_p(row)
+    if np.isnan(want):
+        assert np.isnan(got)
+    else:
+        assert got == pytest.approx(float(want), rel=1e-6, abs=0)
+
+
+def test_first_max_and_top10_p_refuse_an_empty_row():
     with pytest.raises(ValueError, match="empty"):
         _llama.first_max(np.zeros(0, dtype=np.float32))
+    with pytest.raises(ValueError, match="empty"):
+        _llama.top10_p(np.zeros(0, dtype=np.float32))

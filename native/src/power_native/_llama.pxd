@@ -145,37 +145,7 @@ cdef inline int32_t process_timed(Context ctx, llama_process_type kind, llama_ba
     return rc
 
 
-# -- llama.cpp's draft sampler confidence (``common/speculative.cpp``: top-k(10), ``p_min``) -------------------
-cdef enum:
-    DRAFT_TOP_K = 10
-
-
-cdef inline float draft_top_p(const float * row, int n) noexcept nogil:
-    """Softmax probability of the row's maximum among its ``DRAFT_TOP_K`` largest logits: llama.cpp's
-    drafters (draft-mtp, draft-eagle3) sample with top-k(10) and cut a draft where that first candidate's
-    ``p`` falls below ``--spec-draft-p-min`` (``1 / sum(exp(l_i - l_max))`` over the ten, in descending
-    order)."""
-    cdef float top[DRAFT_TOP_K]
-    cdef int m = 0, i, j
-    cdef float v, s = 0
-    for i in range(n):
-        v = row[i]
-        if m < DRAFT_TOP_K:
-            j = m
-            m += 1
-        elif v > top[DRAFT_TOP_K - 1]:
-            j = DRAFT_TOP_K - 1
-        else:
-            continue
-        while j > 0 and top[j - 1] < v:
-            top[j] = top[j - 1]
-            j -= 1
-        top[j] = v
-    for i in range(m):
-        s += expf(top[i] - top[0])
-    return 1.0 / s
-
-
+# -- a logits row's first maximum and the values above a bound, vectorized (SSE2) -------------------------
 cdef extern from *:
     """
     #if defined(__SSE2__) && defined(__GNUC__)
@@ -185,7 +155,7 @@ cdef extern from *:
        `v = row[0]; for i: if (row[i] > v) { v = row[i]; best = i; }` returns (numpy's argmax tie rule; a NaN
        never compares greater, so a NaN row[0] gives 0). With SSE2 (every x86-64): the largest value by a
        branch-free max over 16 lanes, then the first index holding it: 18 us on a 152k-float row, where the
-       scalar loop took 110-145 us (docs/evidence/bench_drafts/first-max-2026-12-07); the drafters read a
+       scalar loop took 121-143 us (docs/evidence/bench_drafts/first-max-2026-12-07); the drafters read a
        vocabulary-sized row a draft step, for every drafting sequence. */
     static inline int power_row_first_max(const float * row, int n) {
         float v = row[0];
@@ -229,8 +199,59 @@ cdef extern from *:
         for (int i = 1; i < n; i++) if (row[i] > v) { v = row[i]; best = i; }
         return best;
     }
+    /* The first index i >= `from` with row[i] > t (a NaN never is), else n: what a scalar scan finds, 16 floats a
+       compare where SSE2 is there. */
+    static inline int power_row_next_above(const float * row, int from, int n, float t) {
+        int i = from;
+    #if defined(__SSE2__) && defined(__GNUC__)
+        const __m128 tt = _mm_set1_ps(t);
+        for (; i + 16 <= n; i += 16) {
+            const __m128 g = _mm_or_ps(_mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(row + i), tt),
+                                                 _mm_cmpgt_ps(_mm_loadu_ps(row + i + 4), tt)),
+                                       _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(row + i + 8), tt),
+                                                 _mm_cmpgt_ps(_mm_loadu_ps(row + i + 12), tt)));
+            if (_mm_movemask_ps(g)) break;
+        }
+    #endif
+        for (; i < n; i++) if (row[i] > t) return i;
+        return n;
+    }
     """
     int power_row_first_max(const float * row, int n) noexcept nogil
+    int power_row_next_above(const float * row, int start, int n, float t) noexcept nogil
+
+
+# -- llama.cpp's draft sampler confidence (``common/speculative.cpp``: top-k(10), ``p_min``) -------------------
+cdef enum:
+    DRAFT_TOP_K = 10
+
+
+cdef inline float draft_top_p(const float * row, int n) noexcept nogil:
+    """Softmax probability of the row's maximum among its ``DRAFT_TOP_K`` largest logits: llama.cpp's
+    drafters (draft-mtp, draft-eagle3) sample with top-k(10) and cut a draft where that first candidate's
+    ``p`` falls below ``--spec-draft-p-min`` (``1 / sum(exp(l_i - l_max))`` over the ten, in descending
+    order)."""
+    cdef float top[DRAFT_TOP_K]
+    cdef int m = 0, i = 0, j
+    cdef float v, s = 0
+    while i < n:
+        if m == DRAFT_TOP_K:  # full: only a value above the tenth enters (the next one, SIMD-scanned)
+            i = power_row_next_above(row, i, n, top[DRAFT_TOP_K - 1])
+            if i >= n:
+                break
+            j = DRAFT_TOP_K - 1
+        else:
+            j = m
+            m += 1
+        v = row[i]
+        while j > 0 and top[j - 1] < v:
+            top[j] = top[j - 1]
+            j -= 1
+        top[j] = v
+        i += 1
+    for i in range(m):
+        s += expf(top[i] - top[0])
+    return 1.0 / s
 
 
 cdef enum:

@@ -89,7 +89,7 @@ cdef extern from *:
     bint power_abort_cb(void * data) noexcept nogil
 
 
-__all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors", "first_max",
+__all__ = ["Model", "Context", "BatchExt", "BlockDraft", "set_log_level", "system_info", "last_errors", "first_max", "top10_p",
            "backend_devices", "LAYER_INP_ARCHS", "LAYER_INP_FINAL_ARCHS"]
 
 #: archs whose graph records ``t_layer_inp[il]`` (else the next decode aborts, llama-graph.cpp:1384), and
@@ -192,6 +192,14 @@ def first_max(const float[::1] row) -> int:
     if row.shape[0] == 0:
         raise ValueError("first_max of an empty row")
     return power_row_first_max(&row[0], <int>row.shape[0])
+
+
+def top10_p(const float[::1] row) -> float:
+    """The softmax probability of ``row``'s maximum among its ten largest values: the confidence the drafters
+    cut a draft at (``draft_top_p``, llama.cpp's top-k(10) and ``--spec-draft-p-min``)."""
+    if row.shape[0] == 0:
+        raise ValueError("top10_p of an empty row")
+    return draft_top_p(&row[0], <int>row.shape[0])
 
 
 include "_model.pxi"
