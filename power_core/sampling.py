@@ -86,14 +86,18 @@ class TargetSampler:
         return float(np.random.Generator(bitgen).random())
 
     def sample(self, row: npt.NDArray[np.floating], position: int) -> int:
-        """Sample one token id from a logits row for emitted position ``position``."""
+        """Sample one token id from a logits row for emitted position ``position``.
+
+        The candidates in a stable order (descending logit, then ascending id), their softmax at the
+        temperature, the top-p and min-p cuts, then the inverse CDF of the kept ones at the position's
+        variate. Without ``top_k`` the candidates are the whole vocabulary, but only the head of that order
+        the draw reaches is sorted (:meth:`_draw_from_all`)."""
         if self.greedy:
             return int(np.argmax(row))
         x = np.asarray(row, dtype=np.float64)
-        if self.top_k > 0 and self.top_k < x.shape[0]:
-            cand = np.argpartition(-x, self.top_k - 1)[: self.top_k]
-        else:
-            cand = np.arange(x.shape[0])
+        if not 0 < self.top_k < x.shape[0]:
+            return self._draw_from_all(x, self.uniform(position))
+        cand = np.argpartition(-x, self.top_k - 1)[: self.top_k]
         # stable order (descending logit, then ascending id) makes ties deterministic
         cand = cand[np.lexsort((cand, -x[cand]))]
         z = x[cand] / self.temperature
@@ -109,3 +113,56 @@ class TargetSampler:
         cdf = np.cumsum(p)
         idx = int(np.searchsorted(cdf, self.uniform(position) * cdf[-1], side="right"))
         return int(cand[min(idx, keep - 1)])
+
+    def _draw_from_all(self, x: npt.NDArray[np.float64], u: float) -> int:
+        """:meth:`sample` over the whole vocabulary without sorting it all (a sort of 151,936 logits takes ~20 ms,
+        docs/architecture.md "Why seeded stochastic runs match token for token"). The softmax's normalizer
+        and the min-p count are taken over the row in id order. The stable order is built only for the
+        head, the ``m`` largest logits: 64, then more (:func:`_grown`) while the draw, the top-p cut or the
+        min-p cut reaches past what the head decides, and the whole row once the head passes an eighth of
+        it. Entries tied with the head's last value may be only some of that value's, so only the ones
+        above it count as sorted."""
+        n = x.shape[0]
+        z = x / self.temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        cut = n
+        if self.min_p > 0.0:
+            cut = max(1, int(np.count_nonzero(p >= self.min_p * p.max())))
+        m = 64
+        while True:
+            if 8 * m >= n:
+                order = np.lexsort((np.arange(n), -x))
+                sure = n
+            else:
+                head = np.argpartition(-x, m - 1)[:m]
+                order = head[np.lexsort((head, -x[head]))]
+                sure = int(np.searchsorted(-x[order], -x[order[-1]], side="left"))  # above the last value's ties
+            cdf = np.cumsum(p[order])  # the first entries of the whole order's cumulative sum
+            covered = float(cdf[sure - 1]) if sure else 0.0
+            keep = cut
+            if self.top_p < 1.0:
+                at = int(np.searchsorted(cdf, self.top_p))
+                if at >= sure and sure < n:
+                    m = _grown(m, n, covered, self.top_p)
+                    continue
+                keep = min(keep, at + 1)
+            if keep <= sure:
+                mass = cdf[keep - 1]
+            elif keep < n:  # the min-p cut lies past the head
+                m = max(16 * m, 2 * keep)
+                continue
+            else:  # nothing cut (keep == n): the mass is the whole row's
+                mass = p.sum()
+            idx = int(np.searchsorted(cdf[:min(keep, sure)], u * mass, side="right"))
+            if idx < min(keep, sure) or keep <= sure:
+                return int(order[min(idx, keep - 1)])
+            m = _grown(m, n, covered, u * mass)
+
+
+def _grown(m: int, n: int, covered: float, need: float) -> int:
+    """The next head size of :meth:`TargetSampler._draw_from_all`: 16x, or the whole row at once when the head
+    held less than half of the probability mass the cut or the draw needs (a flat row: a sort of the head
+    after the head would cost more than the one sort of the row)."""
+    return n if covered < need / 2 else 16 * m

@@ -96,6 +96,46 @@ def test_sampler_distribution_matches_softmax():
     assert np.allclose(counts, [0.5, 0.3, 0.2], atol=0.03)
 
 
+def _sample_by_full_sort(s: TargetSampler, row: np.ndarray, position: int) -> int:
+    """The sampler as it was: the whole vocabulary sorted (descending logit, ascending id), normalized in that
+    order, cut by top-p and min-p, then the inverse CDF of the kept ones."""
+    x = np.asarray(row, dtype=np.float64)
+    cand = np.arange(x.shape[0])
+    cand = cand[np.lexsort((cand, -x[cand]))]
+    z = x[cand] / s.temperature
+    z -= z[0]
+    p = np.exp(z)
+    p /= p.sum()
+    keep = p.shape[0]
+    if s.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(p), s.top_p)) + 1)
+    if s.min_p > 0.0:
+        keep = min(keep, max(1, int(np.count_nonzero(p >= s.min_p * p[0]))))
+    cdf = np.cumsum(p[:keep])
+    return int(cand[min(int(np.searchsorted(cdf, s.uniform(position) * cdf[-1], side="right")), keep - 1)])
+
+
+def test_sampling_the_whole_vocabulary_sorts_only_its_head():
+    """Without top-k, the sampler sorts only the head of the order that the draw and the cuts reach (from the 64
+    largest logits up, the whole row when that is cheaper): the tokens of the full sort. Peaked rows (decided
+    in the head), flat ones (the head grows, then the whole row), ties around the head's last value, masked
+    (-inf) ids, small and large vocabularies; deterministic cases, so no draw can flake."""
+    rng = np.random.default_rng(0)
+    for case in range(700):
+        n = int(rng.choice([5, 65, 600, 2000, 20_000]))
+        row = (rng.standard_normal(n) * float(rng.choice([0.3, 2.0, 6.0]))).astype(np.float32)
+        if case % 2:  # peaked: a few tokens far above the rest, as a language model's logits
+            row[rng.integers(0, n, 5)] += rng.uniform(5, 20, 5).astype(np.float32)
+        if case % 3 == 0:  # ties, also at the head's last value
+            row = np.round(row).astype(np.float32)
+        if case % 5 == 0:
+            row[rng.integers(0, n, n // 3)] = -np.inf
+        s = TargetSampler(float(rng.choice([0.3, 0.8, 1.0, 2.0, 6.0])), 0, float(rng.choice([1.0, 0.9, 0.5, 0.999])),
+                          float(rng.choice([0.0, 0.0, 0.05, 1e-4])), int(rng.integers(0, 2**31)))
+        for pos in range(4):
+            assert s.sample(row, pos) == _sample_by_full_sort(s, row, pos), (case, n, s, pos)
+
+
 def test_greedy_is_argmax_first_max():
     row = np.array([0.0, 2.0, 2.0, 1.0], dtype=np.float32)
     assert TargetSampler().sample(row, 0) == 1
