@@ -9,8 +9,8 @@ and finished ones leave; each decoding request opens its round (checkpoint, prop
 :meth:`~power_core.runtime.BatchRuntime.decode_batch` decodes all their verify blocks plus prompt
 chunks of joining requests up to the pass's token budget (round-robin, so a long prompt never stalls
 the others and no prompt starves), and each request accepts from its own rows
-(:meth:`Transaction.read_round`; every round of the pass reads before any commits, since a commit may
-decode its sequence alone over the pass's buffers), then commits and emits
+(:meth:`Transaction.read_round`; every round of the pass reads before any commits or restores, since either
+may decode its sequence alone over the pass's buffers), then commits and emits
 (:meth:`Transaction.close_round`). A pass that would hold one request's round and nothing else is that
 request's solo step on its own sequence (:meth:`SharedPasses._alone`). Whether a request's rows in a
 shared pass equal its solo rows is the target's numerics: with ``numerics = "exact"`` on llama.cpp's
@@ -443,10 +443,11 @@ class SharedPasses:
             a.passes += 1
             a.pass_tokens += n_tokens
             a.peak = max(a.peak, concurrent)
-        # every round reads its rows, and every prompt chunk its own, before any round commits: a commit may
-        # decode its sequence alone on the pass's context (a replay), over the buffers the rows are views of
+        # every round reads its rows, and every prompt chunk its own, before any round commits or restores: either
+        # may decode its sequence alone on the pass's context (a replay), over the buffers the rows are views of
+        unread: list[tuple[_Active, BaseException]] = []
         read = [(a, pending) for (a, pending), res in zip(rounds, results[: len(rounds)], strict=True)
-                if self._read(a, pending, res)]
+                if self._read(a, pending, res, unread)]
         for (a, n), res in zip(chunks, results[len(rounds):], strict=True):
             txn = a.gen.txn
             assert txn is not None
@@ -460,6 +461,8 @@ class SharedPasses:
             if a.remaining.shape[0] == 0:
                 txn.finish_prefill(np.array(res.logits[-1]))  # a copy: the next pass reuses the buffer
                 a.gen.prefill_done(time.perf_counter() - a.t0)
+        for a, why in unread:  # its read failed: its round restores, and it ends
+            self._abort(a, why)
         for a, pending in read:
             self._close(a, pending, None, seconds)
 
@@ -564,17 +567,18 @@ class SharedPasses:
                 given[id(pending)] = proposal
         return given, failed
 
-    def _read(self, a: _Active, pending: PendingRound, res: DecodeResult) -> bool:
+    def _read(self, a: _Active, pending: PendingRound, res: DecodeResult,
+              unread: list[tuple[_Active, BaseException]]) -> bool:
         """The round reads its rows of the shared pass (:meth:`Transaction.read_round`); False when that
-        failed (the round restored) and the request left."""
+        failed: the round stays open (``a.pending``) and joins ``unread``, to restore once every round of
+        the pass has read."""
         txn = a.gen.txn
         assert txn is not None
         try:
             with Charged(a.gen, into=a):
-                txn.read_round(pending, res)
+                txn.read_round(pending, res, restore=False)
         except BaseException as exc:
-            a.pending = None  # (read_round restored the round)
-            self._leave(a, exc)
+            unread.append((a, exc))
             return False
         return True
 

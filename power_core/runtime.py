@@ -83,7 +83,8 @@ class TargetCapabilities:
       where the rows would cross a device boundary, and ``sampling_in_graph = "auto"`` samples in
       the graph only then;
     * ``counters() -> Mapping[str, int]``: monotonic counts over its life (``rollback_in_place``,
-      ``rollback_restored``, ``restores``, ``decodes``); a receipt reports the request's own
+      ``rollback_restored``, ``restores``, ``decodes``; the llama target adds ``state_copies``); a receipt
+      reports the request's own
       difference (``backend.rollback``), never the running totals;
     * ``compute_seconds() -> float``: monotonic seconds its backend has spent computing (llama.cpp:
       inside ``llama_decode`` up to ``llama_synchronize``, so a GPU pass counts whole); a receipt's
@@ -272,9 +273,9 @@ class BatchRuntime(Protocol):
     are bit-identical to a solo pass is what ``power selftest``'s batch probe measures. Each
     result (rows and ``features``: one row per item token) stays valid until the next pass on the
     batch's context: the next :meth:`decode_batch`, or a sequence's own :meth:`TargetRuntime.decode` (a
-    replay in its round's commit). The round driver reads every round's rows of a pass
-    (:meth:`~power_core.transaction.Transaction.read_round`) before any round commits, so the runtime
-    hands out views and copies nothing.
+    replay in its round's commit, or in a :meth:`TargetRuntime.restore`). The round driver reads every
+    round's rows of a pass (:meth:`~power_core.transaction.Transaction.read_round`) before any round
+    commits or restores, so the runtime hands out views and copies nothing.
     """
 
     @property

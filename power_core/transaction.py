@@ -556,12 +556,14 @@ class Transaction:
             raise
         return pending
 
-    def read_round(self, pending: PendingRound, rows: DecodeResult | None = None) -> None:
+    def read_round(self, pending: PendingRound, rows: DecodeResult | None = None, *, restore: bool = True) -> None:
         """Steps 3-4: verify (decode ``pending.block`` here, or take ``rows`` from a round driver's
         shared pass; the proposer observes them) and accept; ``pending`` keeps what was accepted. After
         this the round reads no row again, so a driver whose shared pass other rounds may decode over
-        (a replay in their commit) reads every round's rows first, then closes them
-        (:meth:`close_round`). On any failure, step 7 (restore) and re-raise."""
+        (a replay in their commit, or in a restore) reads every round's rows first, then closes them
+        (:meth:`close_round`). On any failure, step 7 (restore) and re-raise; with ``restore`` False the
+        round stays open instead, and the driver restores it (:meth:`abort_round`) once the other rounds
+        of its pass have read their rows."""
         first = pending.first
         try:
             # round 0's verify pass is the prefill, which the proposer has already observed
@@ -570,7 +572,8 @@ class Transaction:
             self._check_cancel()
             pending.accept = self._phase("accept", self._accept_round, pending.props, res)
         except BaseException as exc:
-            self.abort_round(pending, exc)
+            if restore:
+                self.abort_round(pending, exc)
             raise
 
     def close_round(self, pending: PendingRound, rows: DecodeResult | None = None) -> RoundRecord:

@@ -636,3 +636,63 @@ def test_a_replay_never_overwrites_rows_a_round_of_its_pass_still_reads(monkeypa
     assert [r.tokens for r in out] == solo
     assert runtime.clobbers > 0  # replays ran while the pass's other rounds were open
     assert min(r.receipt.backend["batch"]["peak_concurrent"] for r in out) == 4
+
+
+def test_a_restore_never_overwrites_rows_a_round_of_its_pass_still_reads(monkeypatch):
+    """A round whose read fails (here: its request cancelled while the pass ran) restores only once every round
+    of its pass has read its rows, since a restore may decode its sequence alone on the pass's context (a
+    journaled recurrent llama target decodes its journal again): the other requests' outputs are their solo
+    runs, and the cancelled one's is a prefix of its own."""
+    from power_core.reference.model import ReferenceTarget
+    from power_core.transaction import CancelToken
+
+    prompts = [[1, 2, 3], [5, 6], [9, 9, 9, 4], [7]]
+    cfg = _config("ref-draft", spec_draft_max=4, trace=True)
+    with Session.open(cfg, model=MODEL, plugins=core_plugins()) as s:
+        solo = [s.start(p, max_tokens=24).run().tokens for p in prompts]
+    with Session.open_engine(4, cfg, model=MODEL, plugins=core_plugins()) as engine:
+        runtime = _Clobbered(engine.runtime, monkeypatch)
+        restore = ReferenceTarget.restore
+
+        def replaying(target, checkpoint):
+            for buf in runtime.buffers:
+                buf.fill(7.0e4)
+            runtime.clobbers += 1
+            return restore(target, checkpoint)
+
+        monkeypatch.setattr(ReferenceTarget, "restore", replaying)
+        gens = [engine.submit(p, max_tokens=24, cancel=CancelToken()) for p in prompts]
+        passes = 0
+        decode_batch = runtime.decode_batch
+
+        def cancelling(items):
+            nonlocal passes
+            out = decode_batch(items)
+            passes += 1
+            if passes == 3:
+                gens[1].cancel.cancel()  # its round reads after this pass: Cancelled, and it restores
+            return out
+
+        runtime.decode_batch = cancelling
+        engine.runtime = runtime
+        out: list = [None] * len(gens)
+        errors: list = [None] * len(gens)
+
+        def go(i: int) -> None:
+            try:
+                out[i] = engine.run(gens[i])
+            except Cancelled as exc:
+                errors[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(gens))]
+        with engine.held():
+            for t in threads:
+                t.start()
+            joined(engine, len(gens))
+        for t in threads:
+            t.join(60)
+    assert runtime.clobbers > 0 and passes >= 3
+    assert [r.tokens for i, r in enumerate(out) if i != 1] == [t for i, t in enumerate(solo) if i != 1]
+    cancelled = out[1].tokens if out[1] is not None else gens[1].txn.emitted
+    assert errors[1] is not None or out[1].receipt.status == "cancelled"
+    assert list(cancelled) == list(solo[1][: len(cancelled)]) and len(cancelled) < len(solo[1])

@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 
 from power_core.bench import peer_env
+from power_core.errors import RuntimeFault
 
 N_VOCAB = 128
 MOE_ARCHS = frozenset({"qwen3next", "qwen35moe", "glm4moe"})
@@ -258,20 +259,54 @@ def greedy_reference(target, prompt, n: int) -> list[int]:
     return out
 
 
-def speculative(target, prompt, n: int, k: int, propose: Callable[[list[int], int, int], list[int]]) -> dict:
-    """Greedy speculative decoding with ``propose(history, k, round)``; returns tokens and counters."""
+class FailingDecode:
+    """A llama context whose decode, while ``armed``, runs its graph (memory and recurrent state move on)
+    and then raises: a pass that failed after writing. Everything else is the context's."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.inner = ctx
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.inner.decode(*args, **kwargs)
+        if self.armed:
+            self.armed = False
+            raise RuntimeFault("the pass failed after its graph ran (test)")
+        return out
+
+
+def speculative(target, prompt, n: int, k: int, propose: Callable[[list[int], int, int], list[int]], *,
+                faults: dict[int, str] | None = None) -> dict:
+    """Greedy speculative decoding with ``propose(history, k, round)``; returns tokens and counters.
+    ``faults`` fails the round of that number once and runs it again after ``target.restore``:
+    ``"after"`` once its rows were read, ``"during"`` in the verify pass itself (``target.ctx``
+    a :class:`FailingDecode`)."""
     prompt = np.asarray(prompt, dtype=np.int32)
+    faults = dict(faults or {})
     target.reset()
     if prompt.shape[0] > 1:
         target.prefill(prompt[:-1])
     history = [int(t) for t in prompt]
     out: list[int] = []
-    proposed = accepted = replays = rounds = 0
+    proposed = accepted = replays = rounds = restores = 0
     while len(out) < n:
         kk = max(0, min(k, n - len(out) - 1))
         props = [int(t) for t in propose(history, kk, rounds)][:kk]
         cp = target.checkpoint()
         block = np.array([history[-1], *props], dtype=np.int32)
+        fault = faults.pop(rounds, None)
+        if fault == "during":
+            target.ctx.armed = True
+            try:
+                target.decode(block)
+            except RuntimeFault:
+                target.restore(cp)
+                restores += 1
+                continue
+            raise AssertionError("the armed decode did not fail")
         res = target.decode(block)
         emitted = []
         for j in range(len(props) + 1):
@@ -279,6 +314,10 @@ def speculative(target, prompt, n: int, k: int, propose: Callable[[list[int], in
             emitted.append(tok)
             if j == len(props) or tok != props[j]:
                 break
+        if fault == "after":
+            target.restore(cp)
+            restores += 1
+            continue
         keep = len(emitted)
         if keep < block.shape[0] and not target.rollback(cp, keep):
             target.decode(block[:keep])
@@ -289,7 +328,9 @@ def speculative(target, prompt, n: int, k: int, propose: Callable[[list[int], in
         history.extend(emitted)
         out.extend(emitted)
         rounds += 1
-    return {"tokens": out[:n], "proposed": proposed, "accepted": accepted, "replays": replays, "rounds": rounds}
+    assert not faults, f"rounds {sorted(faults)} never ran"
+    return {"tokens": out[:n], "proposed": proposed, "accepted": accepted, "replays": replays, "rounds": rounds,
+            "restores": restores}
 
 
 def oracle(reference: list[int], prompt_len: int, n_vocab: int):

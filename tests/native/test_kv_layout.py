@@ -14,6 +14,7 @@ pytest.importorskip("power_native._llama")
 
 from native_helpers import rollback_rows_differ  # noqa: E402
 from power_native import _llama  # noqa: E402
+from power_native.target import open_target  # noqa: E402
 
 from power_core import PowerConfig, Session  # noqa: E402
 from power_core.runtime import BatchItem  # noqa: E402
@@ -155,6 +156,54 @@ def test_random_schedules_on_the_shared_cache_keep_every_row_a_solo_row(tiny_lla
                     past.extend(int(x) for x in block[:keep])
         finally:
             solo.close()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_restores_in_shared_passes_of_a_hybrid_target_keep_every_row_a_solo_row(tiny_qwen35, seed):
+    """Three sequences of a hybrid target (a recurrent state each, journaled checkpoints: S = K) verify blocks
+    in shared passes and keep a random prefix in place; now and then one's round fails after the pass and
+    restores its checkpoint: it loads its last state copy and decodes the blocks it kept since alone on the
+    shared context. Every row of every pass still equals that sequence's row on a context of its own that
+    decoded only the kept blocks (and rolled back in place, llama.cpp's own)."""
+    k = 4
+    rng = np.random.default_rng(seed)
+    cfg = PowerConfig(spec_mode="suffix", spec_draft_max=k, n_threads=2, n_ctx=256)
+    with Session.open_batch(3, cfg, model=str(tiny_qwen35)) as batch:
+        rt = batch.runtime
+        assert all(t.journaled for t in rt.sequences)
+        solo = {t.seq_id: open_target(tiny_qwen35, n_ctx=256, max_block=k + 1, snapshots=k, n_threads=2)
+                for t in rt.sequences}
+        restored = 0
+        try:
+            for t in rt.sequences:
+                prompt = np.array([1 + t.seq_id, 7], dtype=np.int32)
+                for target in (t, solo[t.seq_id]):
+                    target.reset()
+                    target.prefill(prompt)
+            for _ in range(24):
+                items = [BatchItem(t, rng.integers(0, 128, int(rng.integers(1, k + 2))).astype(np.int32), "all")
+                         for t in rt.sequences]
+                rng.shuffle(items)
+                checkpoints = [item.target.checkpoint() for item in items]
+                results = rt.decode_batch(items)
+                rows = [np.array(res.logits) for res in results]  # read before any restore decodes
+                for cp, item, got in zip(checkpoints, items, rows, strict=True):
+                    t, block = item.target, item.tokens
+                    if rng.random() < 0.2:  # the round failed after its pass: its block is gone
+                        t.restore(cp)
+                        restored += bool(cp.journal)
+                        continue
+                    alone = solo[t.seq_id]
+                    alone_cp = alone.checkpoint()
+                    assert np.array_equal(got, np.array(alone.decode(block).logits)), \
+                        f"sequence {t.seq_id} at {t.n_past}: its rows differ from its solo rows"
+                    keep = int(rng.integers(1, block.shape[0] + 1))
+                    assert t.rollback(cp, keep) and alone.rollback(alone_cp, keep)
+        finally:
+            for target in solo.values():
+                target.close()
+    assert restored > 0
 
 
 @pytest.mark.parametrize(("tokens", "pos", "seq", "out", "error", "says"), [

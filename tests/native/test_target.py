@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("power_native._llama")
 
-from native_helpers import greedy_reference, oracle, speculative  # noqa: E402
-from power_native.target import LlamaTarget, open_target  # noqa: E402
+from native_helpers import FailingDecode, greedy_reference, oracle, speculative  # noqa: E402
+from power_native.target import JOURNAL_ROUNDS, LlamaTarget, open_target  # noqa: E402
 
 from power_core.errors import Cancelled, CapacityError, StateLost  # noqa: E402
 from power_core.runtime import TargetRuntime  # noqa: E402
@@ -100,10 +100,11 @@ def test_restore_is_exact_and_repeatable(tiny_model):
 
 
 def test_recurrent_checkpoints_reuse_two_state_buffers(tiny_qwen35):
-    """A recurrent target copies its state at every checkpoint into one of two buffers taken in turn (no
-    allocation per round); a checkpoint whose buffer a newer one took raises StateLost, never restores
-    another checkpoint's state."""
-    t = _open(tiny_qwen35, 4, 4)
+    """Where a round's rollback may not fit the snapshots (S < K), a recurrent target copies its state at every
+    checkpoint into one of two buffers taken in turn (no allocation per round); a checkpoint whose buffer a newer
+    one took raises StateLost, never restores another checkpoint's state."""
+    t = _open(tiny_qwen35, 4, 3)
+    assert not t.journaled
     t.reset()
     t.prefill(PROMPT[:3])
     cp1 = t.checkpoint()
@@ -123,16 +124,92 @@ def test_recurrent_checkpoints_reuse_two_state_buffers(tiny_qwen35):
     assert t.n_past == 5
     t.restore(cp2)  # still the owner of its buffer
     assert t.n_past == 5
+    assert t.stats["state_copies"] == 3
     with pytest.raises(TypeError, match="bytes or bytearray"):
         t.ctx.state_set(memoryview(bytes(cp2.state)))
+
+
+def test_journaled_checkpoints_copy_once_in_journal_rounds(tiny_qwen35):
+    """Where every rollback fits the snapshots (S >= K), checkpoints share one copy of the state for
+    JOURNAL_ROUNDS rounds and journal the blocks kept since; restoring one decodes them again, to the same rows.
+    A checkpoint after blocks that a restore to an older one discarded raises StateLost."""
+    t = _open(tiny_qwen35, 4, 4)
+    assert t.journaled
+    t.reset()
+    t.prefill(PROMPT[:2])
+    blocks = [np.array([(7 * i + j) % 128 for j in range(3)], dtype=np.int32) for i in range(JOURNAL_ROUNDS)]
+    cps, rows = [], []
+    for block in blocks:
+        cps.append(t.checkpoint())
+        rows.append(np.array(t.decode(block).logits))
+        assert t.rollback(cps[-1], 2)  # keep two of three: in place
+    assert t.stats["state_copies"] == 1 and {cp.ident for cp in cps} == {1}
+    assert [cp.journal for cp in cps] == list(range(JOURNAL_ROUNDS))
+    t.restore(cps[5])  # the copy, then five kept blocks decoded again
+    assert t.n_past == cps[5].n_past == 2 + 2 * 5
+    np.testing.assert_array_equal(rows[5], np.array(t.decode(blocks[5]).logits))
+    with pytest.raises(StateLost, match="superseded"):
+        t.restore(cps[7])  # its blocks 5 and 6 are gone
+    t.restore(cps[2])
+    np.testing.assert_array_equal(rows[2], np.array(t.decode(blocks[2]).logits))
+    with pytest.raises(StateLost, match="superseded"):
+        t.restore(cps[5])  # block 2 was decoded again: another block
+    assert t.stats["state_copies"] == 1
+    t.restore(cps[2])
+    for block in blocks[2:]:
+        t.checkpoint()
+        t.decode(block[:1])
+    assert t.checkpoint().ident == 2 and t.stats["state_copies"] == 2  # a full journal: a new copy
+
+
+def test_a_restore_runs_whole_under_a_cancel(tiny_qwen35):
+    """A cancel asked before or while a journaled checkpoint restores (the cancel is often why it restores) stops
+    none of the restore's own decodes; it stops the next decode after it."""
+    t = _open(tiny_qwen35, 4, 4)
+    t.reset()
+    t.prefill(PROMPT[:2])
+    for i in range(3):
+        t.checkpoint()
+        t.decode(PROMPT[2 + i:3 + i])
+    cp = t.checkpoint()
+    assert cp.journal == 3
+    rows = np.array(t.decode(PROMPT[5:7]).logits)
+    t.cancel()
+    t.restore(cp)  # the copy, then three blocks decoded again
+    assert t.n_past == 5
+    with pytest.raises(Cancelled):
+        t.decode(PROMPT[5:7])
+    t.restore(cp)
+    np.testing.assert_array_equal(rows, np.array(t.decode(PROMPT[5:7]).logits))
+
+
+@pytest.mark.parametrize("device_states", [None, True])
+@pytest.mark.parametrize("k,s", [(4, 4), (6, 7), (4, 2)])
+def test_restores_mid_request_are_exact(tiny_qwen35, k, s, device_states):
+    """Rounds that fail after their verify pass, or in it after its graph wrote the state, restore their
+    checkpoint and run again; the tokens stay those of one-token decoding. Journaled (S >= K) the restores decode
+    the journal again and the target copies its state about once in JOURNAL_ROUNDS rounds; S < K every round."""
+    ref = greedy_reference(_open(tiny_qwen35, 0, 1), PROMPT, N)
+    t = _open(tiny_qwen35, k, s, device_states=device_states)
+    t.ctx = FailingDecode(t.ctx)
+    faults = {1: "after", 3: "during", 4: "after", 8: "during", 9: "after", 12: "during", 13: "during"}
+    run = speculative(t, PROMPT, N, k, oracle(ref, len(PROMPT), 128), faults=faults)
+    assert run["tokens"] == ref and run["restores"] == len(faults)
+    assert t.stats["restores"] == len(faults) + t.stats["rollback_restored"]
+    checkpoints = run["rounds"] + len(faults)
+    if s >= k:
+        assert t.journaled and t.stats["rollback_restored"] == 0
+        assert t.stats["state_copies"] <= checkpoints // JOURNAL_ROUNDS + 2
+    else:
+        assert not t.journaled and t.stats["state_copies"] == checkpoints
 
 
 def test_device_checkpoints_keep_the_newest_state(tiny_qwen35):
     """Device checkpoints (llama.cpp's ON_DEVICE: the state stays in the context's backend buffers, one copy
     per sequence) leave only a header on the host and restore the newest checkpoint exactly; an older one,
-    whose copy the newer replaced, raises StateLost."""
-    host = _open(tiny_qwen35, 4, 4)
-    t = _open(tiny_qwen35, 4, 4, device_states=True)
+    whose copy the newer replaced, raises StateLost (S < K: a copy every round)."""
+    host = _open(tiny_qwen35, 4, 3)
+    t = _open(tiny_qwen35, 4, 3, device_states=True)
     assert host.state_checkpoints == "host" and t.state_checkpoints == "device"
     for target in (host, t):
         target.reset()
@@ -147,7 +224,7 @@ def test_device_checkpoints_keep_the_newest_state(tiny_qwen35):
     np.testing.assert_array_equal(first, np.array(t.decode(PROMPT[3:5]).logits))
     cp2 = t.checkpoint()
     after = np.array(t.decode(PROMPT[5:7]).logits)
-    with pytest.raises(StateLost, match="newest checkpoint, on the device"):
+    with pytest.raises(StateLost, match="newest state copy, on the device"):
         t.restore(cp1)
     t.restore(cp2)
     t.restore(cp2)  # a restore leaves the copy in place
@@ -187,7 +264,7 @@ def test_receipt_counts_are_per_request(tiny_llama):
     for r in receipts:
         n_out = r.output_tokens
         assert n_out > 1 and r.backend["rollback"] == {  # one prefill chunk, then one decode per token after it
-            "rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": n_out}
+            "rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": n_out, "state_copies": 0}
     assert receipts[0].backend["rollback"] != receipts[1].backend["rollback"]
 
 

@@ -9,7 +9,7 @@ cdef class _CtxOwner:
     def __cinit__(self):
         self.ptr = NULL
         self.sampler = NULL
-        self.abort_flag = <int *>calloc(1, sizeof(int))
+        self.abort_flag = <int *>calloc(2, sizeof(int))  # [0] asked, [1] held (Context.hold_abort)
         if self.abort_flag == NULL:
             raise MemoryError()
 
@@ -185,7 +185,7 @@ cdef class Context:
         cdef int32_t rc
         cdef int64_t t0
         _errors.clear()
-        if self.abort_flag[0]:
+        if self.abort_flag[0] and not self.abort_flag[1]:
             rc = 2  # cancelled before it started: nothing reaches the memory
         else:
             self._inflight += 1
@@ -554,6 +554,12 @@ cdef class Context:
         """Withdraw an :meth:`abort` that no decode has consumed yet."""
         if self.abort_flag != NULL:
             self.abort_flag[0] = 0
+
+    def hold_abort(self, bint held) -> None:
+        """While held, no decode on this context is aborted: an :meth:`abort` asked meanwhile, or before,
+        stops the first decode after the hold ends (a restore's decodes must run whole)."""
+        if self.abort_flag != NULL:
+            self.abort_flag[1] = held
 
     def set_fr_vocab(self, int n) -> None:
         """FR compact vocabulary (Power's patch to the pinned llama.cpp): this context's LM head

@@ -64,7 +64,7 @@ cdef class Model:
 
 
 cdef class _CtxOwner:
-    # owns one llama_context (and its abort flag): freed when the last holder goes — the Context,
+    # owns one llama_context (and its abort flags: [0] asked, [1] held): freed when the last holder goes — the Context,
     # a zero-copy view of its buffers, a batch bound to it, or a context created with it as ctx_other
     cdef llama_context * ptr
     cdef int * abort_flag
@@ -134,7 +134,7 @@ cdef inline int32_t process_timed(Context ctx, llama_process_type kind, llama_ba
     cdef int32_t rc
     cdef int64_t t0
     dt[0] = 0
-    if ctx.abort_flag[0]:
+    if ctx.abort_flag[0] and not ctx.abort_flag[1]:
         return 2
     t0 = clock_ns()
     rc = llama_process(ctx.ptr, kind, batch)

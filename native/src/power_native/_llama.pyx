@@ -80,7 +80,8 @@ cdef extern from *:
         }
     }
 
-    static bool power_abort_cb(void * data) { return *(volatile int *) data != 0; }
+    // data: a context's two flags, [0] an abort asked for, [1] held (no abort while set)
+    static bool power_abort_cb(void * data) { volatile int * f = (volatile int *) data; return f[0] != 0 && f[1] == 0; }
     """
     struct power_fill_params:
         size_t seed

@@ -65,14 +65,20 @@ class LlamaBatch:
         # into ubatches at every sequence id that is not the previous one + 1 (a graph each, no reuse)
         if len(placed) > 1:
             placed.sort(key=lambda p: p[0].seq_id)
-        rows = or_compact(self.compact, self.ctx.decode_seqs, [(p[1], p[0].n_past, p[0].seq_id, p[3]) for p in placed])
+        try:
+            rows = or_compact(self.compact, self.ctx.decode_seqs,
+                              [(p[1], p[0].n_past, p[0].seq_id, p[3]) for p in placed])
+        except BaseException:
+            for p in placed:  # a failed graph may have written part of each sequence's state
+                p[0]._tainted = True
+            raise
         self.passes += 1
         # the taps hold one row per pass token, in batch order (llama.cpp undoes its ubatch split)
         taps = self.sequences[0]._features()
         if len(placed) == 1:  # one sequence: the pass's rows and taps are its own
             target, toks, n, _, _ = placed[0]
             verify = items[0].rows == "all"
-            target._advance(n, rollable=verify)
+            target._advance(toks, rollable=verify, verify=verify)
             return [DecodeResult(tokens=toks, logits=rows, features=taps, kind="verify" if verify else "prompt")]
         # zero-copy views for every sequence: a recurrent sequence whose rejection runs deeper than its
         # snapshots replays alone on this context, over these buffers, only once every round of the pass
@@ -81,7 +87,7 @@ class LlamaBatch:
         at, t_at = 0, 0
         for target, toks, n, k, i in placed:
             verify = items[i].rows == "all"
-            target._advance(n, rollable=verify)
+            target._advance(toks, rollable=verify, verify=verify)
             results[i] = DecodeResult(tokens=toks, logits=rows[at:at + k],
                                       features={name: v[t_at:t_at + n] for name, v in taps.items()},
                                       kind="verify" if verify else "prompt")

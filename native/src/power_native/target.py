@@ -4,8 +4,16 @@ and the ``llama`` backend's ``open`` function.
 Memory holds every committed token except the anchor. Rollback of the last decode is done in place
 with ``llama_memory_seq_rm`` when llama.cpp allows it (always for attention KV; for recurrent or
 hybrid memory only within the granted ``n_rs_seq`` snapshots, at most ``tokens_in_last_decode - 1``
-deep and once per decode); otherwise the round's checkpoint (position + ``PARTIAL_ONLY`` state) is
-restored and the core replays the accepted prefix.
+deep and once per decode); otherwise the round's checkpoint is restored and the core replays the
+accepted prefix.
+
+A recurrent checkpoint needs the state, which llama.cpp cannot trim back past a pass. Where every
+round's rollback fits the snapshots (``n_rs_seq >= max_block - 1``: the default S = K) only a
+failure needs it, so the target copies its state (``PARTIAL_ONLY``) once every
+:data:`JOURNAL_ROUNDS` checkpoints and journals the blocks it keeps in between; a restore loads the
+copy and decodes the journal again, each block alone as it was verified (the rows and states of a
+sequence do not depend on its pass: ``docs/numerics.md``). Otherwise it copies at every checkpoint,
+as llama-server does for a draft longer than its snapshots.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ from power_native import _llama
 from power_native.loading import is_offloaded, load_model, numerics_guard, warm_up
 from power_native.pool import DraftPool, context_memory
 
-__all__ = ["LlamaCheckpoint", "LlamaTarget", "layer_feature", "llama_target", "open_target", "PREFILL_BATCH",
-           "TARGET_FEATURES"]
+__all__ = ["JOURNAL_ROUNDS", "LlamaCheckpoint", "LlamaTarget", "layer_feature", "llama_target", "open_target",
+           "PREFILL_BATCH", "TARGET_FEATURES"]
 
 log = get_logger(__name__)  # stdlib logging: an embedding host's configuration decides
 _T = TypeVar("_T")
@@ -37,6 +45,9 @@ _T = TypeVar("_T")
 PREFILL_BATCH = 512
 #: llama.cpp rounds a context's KV cells up to a multiple of this
 KV_CELLS_PAD = 256
+#: a journaled recurrent target copies its state at one checkpoint in this many; a restore decodes
+#: at most this many kept blocks again
+JOURNAL_ROUNDS = 8
 #: what a strategy may ask of the target (``Strategy.target_features``): ``h_nextn`` publishes the
 #: unmasked nextn hidden state of every decoded token as ``DecodeResult.features["h_nextn"]``;
 #: ``mtp_head`` loads the target's MTP (nextn) blocks (llama.cpp ``load_mtp``); ``layer_inp:<L>``
@@ -78,14 +89,20 @@ def _layer_of(name: str) -> int | None:
 class LlamaCheckpoint:
     """Position mark (+ recurrent ``PARTIAL_ONLY`` state) of one :class:`LlamaTarget`.
 
-    The state lives in one of the target's two state buffers (``slot``), reused every round: it stays
-    this checkpoint's until the target takes two more, and ``ident`` tells whether it still is."""
+    The state lives in one of the target's state buffers (``slot``), reused: it stays this
+    checkpoint's until the target copies into that buffer again, and ``ident`` (the copy's serial)
+    tells whether it still is. A journaled checkpoint shares the newest copy and adds the first
+    ``journal`` blocks decoded since (``entry``: the serial of the last of them, 0 for none)."""
 
     n_past: int
     epoch: int
     state: bytes | bytearray | None = attrs.field(default=None, repr=lambda s: f"<{len(s)} bytes>" if s else "None")
     slot: int = 0
     ident: int = 0
+    #: the tokens in memory when the state was copied (``n_past`` itself unless journaled)
+    copied_at: int = 0
+    journal: int = 0
+    entry: int = 0
 
 
 class LlamaTarget:
@@ -137,17 +154,24 @@ class LlamaTarget:
             sample_in_graph=_weakly(self.sample_in_graph) if own and not verify_capacity else None,
             graph_sampling_pays=offloaded)
         self._recurrent = recurrent
-        # a recurrent target's checkpoints copy its state every round. Offloaded (``device_states``
-        # None: where the model runs), the copy stays in the context's backend buffers (llama.cpp's
-        # ON_DEVICE: a copy between device buffers, not a device-to-host transfer every round) and the
-        # host buffer holds only its header; llama.cpp keeps one such copy per sequence, so only the
-        # newest checkpoint can be restored. On the host: two buffers taken in turn (a round's
-        # checkpoint and its predecessor's). Each buffer is owned by the last checkpoint written to it.
+        # a recurrent target's checkpoints copy its state (every round, or once in JOURNAL_ROUNDS when
+        # journaled). Offloaded (``device_states`` None: where the model runs), the copy stays in the
+        # context's backend buffers (llama.cpp's ON_DEVICE: a copy between device buffers, not a
+        # device-to-host transfer) and the host buffer holds only its header; llama.cpp keeps one such
+        # copy per sequence, so only checkpoints on the newest copy can be restored. On the host: two
+        # buffers taken in turn. Each buffer is owned by the last copy written to it.
         self.device_states = recurrent and (offloaded if device_states is None else device_states)
         self._state_flags = _llama.STATE_PARTIAL_ONLY | (_llama.STATE_ON_DEVICE if self.device_states else 0)
         self._states = [bytearray() for _ in range(1 if self.device_states else 2)]
         self._state_owner = [0] * len(self._states)
-        self._checkpoints = 0
+        self._checkpoints = 0  # copies taken (the serial of the newest)
+        #: every rollback of a round fits the snapshots: copy once in JOURNAL_ROUNDS checkpoints
+        self.journaled = recurrent and ctx.n_rs_seq >= max_block - 1
+        self._base: LlamaCheckpoint | None = None  # the newest copy, while this epoch's journal extends it
+        self._journal: list[tuple[int, np.ndarray]] = []  # (serial, tokens kept) of each verify decode since
+        self._entries = 0  # journal serials
+        self._last_entry = 0  # the serial of the last decode's block (0: not journaled)
+        self._tainted = False  # a decode failed since the last success: the state is unknown
         #: a shared cache's compaction (LlamaBatch.compact), tried once when a decode finds no slot
         self._compact: Callable[[], bool] | None = None
         self._n_past = 0
@@ -173,7 +197,8 @@ class LlamaTarget:
         for lid in self._layers:
             ctx.set_embeddings_layer_inp(lid, True)  # refuses layers the arch does not record (abort in llama.cpp)
         #: rollback accounting over the target's life; receipts show each request's share (:meth:`counters`)
-        self.stats = {"rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": 0}
+        self.stats = {"rollback_in_place": 0, "rollback_restored": 0, "restores": 0, "decodes": 0,
+                      "state_copies": 0}
 
     # -- protocol ---------------------------------------------------------------------------------------
     @property
@@ -206,7 +231,7 @@ class LlamaTarget:
         greedy = self.ctx.greedy
         if n <= step:
             self._decode(toks)
-            self._advance(n, rollable=True)
+            self._advance(toks, rollable=True)
             if greedy:
                 return DecodeResult(tokens=toks, logits=self._no_rows, features=self._features(), kind="verify",
                                     greedy_ids=self.ctx.sampled_ids())
@@ -215,7 +240,7 @@ class LlamaTarget:
         for s in range(0, n, step):
             part = toks[s:s + step]
             self._decode(part)
-            self._advance(part.shape[0], rollable=False)
+            self._advance(part, rollable=False)
             rows.append(self.ctx.sampled_ids() if greedy else np.array(self.ctx.logits()))
             feats.append({k: np.array(v) for k, v in self._features().items()})
         features = {k: np.concatenate([f[k] for f in feats]) for k in feats[0]}
@@ -225,7 +250,11 @@ class LlamaTarget:
         return DecodeResult(tokens=toks, logits=np.concatenate(rows), features=features, kind="verify")
 
     def _decode(self, toks: TokenArray, all_outputs: bool = True) -> None:
-        or_compact(self._compact, self.ctx.decode, toks, self._n_past, self.seq_id, all_outputs)
+        try:
+            or_compact(self._compact, self.ctx.decode, toks, self._n_past, self.seq_id, all_outputs)
+        except BaseException:
+            self._tainted = True  # an aborted or failed graph may have written part of the state
+            raise
 
     def _decode_padded(self, toks: TokenArray) -> DecodeResult:
         """One pass of exactly ``verify_capacity`` tokens: ``toks``, then the last token repeated at
@@ -242,7 +271,7 @@ class LlamaTarget:
                                        np.full(b, self.seq_id, dtype=np.int32), outputs)
         if b > n and not self.ctx.seq_rm(self.seq_id, self._n_past + n, -1):
             raise StateLost(f"llama_memory_seq_rm refused to remove the padding after {self._n_past + n} tokens")
-        self._advance(n, rollable=True)
+        self._advance(toks, rollable=True)
         features = {k: v[:n] for k, v in self._features().items()}  # unmasked taps: one row per pass token
         return DecodeResult(tokens=toks, logits=logits, features=features, kind="verify")
 
@@ -282,7 +311,7 @@ class LlamaTarget:
         for s in range(0, toks.shape[0], self.ctx.n_batch):
             part = toks[s:s + self.ctx.n_batch]
             self._decode(part, all_outputs=False)
-            self._advance(part.shape[0], rollable=False)
+            self._advance(part, rollable=False, verify=False)
             if observe is not None:
                 observe(DecodeResult(tokens=part, logits=self._no_rows, features=self._features(), kind="prompt"))
         if self.ctx.greedy:
@@ -292,13 +321,22 @@ class LlamaTarget:
     def checkpoint(self) -> LlamaCheckpoint:
         if not self._recurrent:
             return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch)
+        base, journal = self._base, self._journal
+        if (base is not None and base.epoch == self._epoch and not self._tainted and len(journal) < JOURNAL_ROUNDS
+                and self._state_owner[base.slot] == base.ident):
+            return LlamaCheckpoint(self._n_past, base.epoch, base.state, base.slot, base.ident, base.copied_at,
+                                   len(journal), journal[-1][0] if journal else 0)
         self._checkpoints += 1
         slot = self._checkpoints % len(self._states)
         self._state_owner[slot] = 0  # nobody's while it is overwritten (a failed copy leaves it so)
         state = self._states[slot] = self.ctx.state_get(self.seq_id, self._state_flags, out=self._states[slot])
         self._state_owner[slot] = self._checkpoints
-        return LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state, slot=slot,
-                               ident=self._checkpoints)
+        self.stats["state_copies"] += 1
+        cp = LlamaCheckpoint(n_past=self._n_past, epoch=self._epoch, state=state, slot=slot, ident=self._checkpoints,
+                             copied_at=self._n_past)
+        self._base = cp if self.journaled else None
+        journal.clear()
+        return cp
 
     def rollback(self, checkpoint: LlamaCheckpoint, keep: int) -> bool:
         last = self._last_len
@@ -317,6 +355,8 @@ class LlamaTarget:
                 self.stats["rollback_restored"] += 1
                 return False
             self._rs_used = True
+            if self._journal and self._journal[-1][0] == self._last_entry:  # the decode's block, as kept
+                self._journal[-1] = (self._last_entry, self._journal[-1][1][:keep])
         elif not self.ctx.seq_rm(self.seq_id, pos, -1):
             self.restore(checkpoint)
             self.stats["rollback_restored"] += 1
@@ -331,26 +371,47 @@ class LlamaTarget:
             raise StateLost(f"checkpoint {checkpoint!r} does not belong to this request of the llama target "
                             "(reset since); discard the session")
         if checkpoint.state is not None and self._state_owner[checkpoint.slot] != checkpoint.ident:
-            kept = "newest checkpoint, on the device" if self.device_states else "two newest checkpoints"
+            kept = "newest state copy, on the device" if self.device_states else "two newest state copies"
             raise StateLost(f"checkpoint {checkpoint.ident} of the llama target was superseded: its state buffer "
                             f"holds checkpoint {self._state_owner[checkpoint.slot]}'s now (a recurrent target keeps "
                             f"the states of its {kept}); restore a checkpoint before taking newer ones")
+        journal = self._journal
+        if checkpoint.journal > len(journal) or (checkpoint.journal and journal[checkpoint.journal - 1][0] != checkpoint.entry):
+            raise StateLost(f"checkpoint at {checkpoint.n_past} tokens of the llama target was superseded: a restore "
+                            "to an older checkpoint discarded the blocks it was taken after")
         if checkpoint.n_past > self._n_past and checkpoint.state is None:
             raise StateLost(f"checkpoint at {checkpoint.n_past} tokens is ahead of the target "
                             f"({self._n_past} tokens); the tokens after it are gone")
+        # nothing decoded since (a failure before the verify pass): the memory is the checkpoint's
+        unchanged = (not self._tainted and self._n_past == checkpoint.n_past and len(journal) == checkpoint.journal)
+        self.ctx.hold_abort(True)  # a cancel (often what this restore is for) stops no decode of it
         try:
-            if checkpoint.state is not None:
+            if checkpoint.state is not None and not unchanged:
                 self.ctx.state_set(checkpoint.state, self.seq_id, self._state_flags)
-            ok = self.ctx.seq_rm(self.seq_id, checkpoint.n_past, -1)
+                start = checkpoint.copied_at
+            else:
+                start = checkpoint.n_past
+            ok = self.ctx.seq_rm(self.seq_id, start, -1)
+            if ok and not unchanged:
+                self._n_past = start
+                for _, toks in journal[:checkpoint.journal]:  # each kept block alone, as it was verified
+                    self._decode(toks)
+                    self._n_past += toks.shape[0]
+                    self.stats["decodes"] += 1
         except StateLost:
             raise
         except Exception as exc:
             raise StateLost(f"restoring the llama target to {checkpoint.n_past} tokens failed: {exc}") from exc
+        finally:
+            self.ctx.hold_abort(False)
         if not ok:
-            raise StateLost(f"llama_memory_seq_rm refused to trim the target to {checkpoint.n_past} tokens")
-        self._n_past = checkpoint.n_past
+            raise StateLost(f"llama_memory_seq_rm refused to trim the target to {start} tokens")
+        if self._n_past != checkpoint.n_past:
+            raise StateLost(f"restoring the llama target to {checkpoint.n_past} tokens left it at {self._n_past}")
+        del journal[checkpoint.journal:]
         self._last_len = 0
         self._rs_used = True
+        self._tainted = False
         self.stats["restores"] += 1
 
     def reset(self) -> None:
@@ -363,6 +424,7 @@ class LlamaTarget:
         self._epoch += 1
         self._last_len = 0
         self._rs_used = True
+        self._forget_journal()
 
     # -- extras -------------------------------------------------------------------------------------------
     def compute_seconds(self) -> float:
@@ -392,6 +454,7 @@ class LlamaTarget:
         self._epoch += 1  # checkpoints taken before no longer describe this memory
         self._last_len = 0
         self._rs_used = True
+        self._forget_journal()
         return True
 
     def save_state(self) -> bytes:
@@ -459,11 +522,29 @@ class LlamaTarget:
             raise CapacityError(f"the llama target holds {self._n_past} tokens; {n} more overflow its context "
                                 f"of {self._caps.n_ctx}; raise n_ctx or shorten the request")
 
-    def _advance(self, n: int, *, rollable: bool) -> None:
+    def _advance(self, toks: np.ndarray, *, rollable: bool, verify: bool = True) -> None:
+        """After a successful decode of ``toks`` (``verify``: every row out, as a round's block; else a
+        prompt chunk): the position, what a rollback may undo, and the journal."""
+        n = toks.shape[0]
         self._n_past += n
         self._last_len = n if rollable else 0
-        self._rs_used = False if rollable else True
+        self._rs_used = not rollable
+        self._tainted = False
         self.stats["decodes"] += 1
+        self._last_entry = 0
+        if self._base is None:
+            return
+        if not verify:
+            self._forget_journal()  # the journal replays verify blocks only: the next checkpoint copies
+            return
+        self._entries += 1
+        self._last_entry = self._entries
+        self._journal.append((self._entries, toks.copy()))
+
+    def _forget_journal(self) -> None:
+        self._base = None
+        self._journal.clear()
+        self._last_entry = 0
 
 
 def llama_target(target: object, what: str) -> LlamaTarget:
