@@ -118,10 +118,9 @@ class TargetSampler:
         """:meth:`sample` over the whole vocabulary without sorting it all (a sort of 151,936 logits takes ~20 ms,
         docs/architecture.md "Why seeded stochastic runs match token for token"). The softmax's normalizer
         and the min-p count are taken over the row in id order. The stable order is built only for the
-        head, the ``m`` largest logits: 64, then more (:func:`_grown`) while the draw, the top-p cut or the
-        min-p cut reaches past what the head decides, and the whole row once the head passes an eighth of
-        it. Entries tied with the head's last value may be only some of that value's, so only the ones
-        above it count as sorted."""
+        head, at least the ``m`` largest logits (:func:`_head`): 64, then more (:func:`_grown`) while the draw,
+        the top-p cut or the min-p cut reaches past what the head decides, and the whole row once the head
+        passes an eighth of it. Only the head's entries surely in their place count as sorted."""
         n = x.shape[0]
         z = x / self.temperature
         z -= z.max()
@@ -136,9 +135,7 @@ class TargetSampler:
                 order = np.lexsort((np.arange(n), -x))
                 sure = n
             else:
-                head = np.argpartition(-x, m - 1)[:m]
-                order = head[np.lexsort((head, -x[head]))]
-                sure = int(np.searchsorted(-x[order], -x[order[-1]], side="left"))  # above the last value's ties
+                order, sure = _head(x, m)
             cdf = np.cumsum(p[order])  # the first entries of the whole order's cumulative sum
             covered = float(cdf[sure - 1]) if sure else 0.0
             keep = cut
@@ -159,6 +156,27 @@ class TargetSampler:
             if idx < min(keep, sure) or keep <= sure:
                 return int(order[min(idx, keep - 1)])
             m = _grown(m, n, covered, u * mass)
+
+
+def _head(x: npt.NDArray[np.float64], m: int) -> tuple[npt.NDArray[np.intp], int]:
+    """The first entries of ``x``'s stable order (descending value, ascending id), at least its ``m`` largest, and
+    how many of them are surely in their place. Every entry at or above a bound taken from a strided sample of
+    the row (about 64 ``m`` values; the bound has about 4 ``m`` of the row above it): the order's exact prefix,
+    ties and all, found with one compare over the row (an ``argpartition`` of 151,936 values took ~2.3 of a
+    ~2.8 ms draw). When the bound holds fewer than ``m`` or more than 16 ``m`` entries, the ``m`` largest by
+    ``argpartition``, of which only those above the last value's ties are sure."""
+    n = x.shape[0]
+    stride = n // (64 * m)
+    if stride >= 2:
+        sample = x[::stride]
+        rank = -(-4 * m // stride)  # its rank-th largest: about 4 m of the row lie above it
+        bound = np.partition(sample, sample.shape[0] - rank)[sample.shape[0] - rank]
+        head = np.flatnonzero(x >= bound)
+        if m <= head.shape[0] <= 16 * m:
+            return head[np.lexsort((head, -x[head]))], int(head.shape[0])
+    head = np.argpartition(-x, m - 1)[:m]
+    order = head[np.lexsort((head, -x[head]))]
+    return order, int(np.searchsorted(-x[order], -x[order[-1]], side="left"))  # above the last value's ties
 
 
 def _grown(m: int, n: int, covered: float, need: float) -> int:

@@ -136,6 +136,27 @@ def test_sampling_the_whole_vocabulary_sorts_only_its_head():
             assert s.sample(row, pos) == _sample_by_full_sort(s, row, pos), (case, n, s, pos)
 
 
+def test_sampling_a_152k_vocabulary_takes_its_head_above_a_sampled_bound():
+    """At a real vocabulary (151,936) the head is every logit at or above a bound from a strided sample of the row:
+    the tokens of the full sort, for peaked rows, rows whose sampled entries are all low (the bound then holds too
+    many: the 64 largest instead), rows of ties and masked rows."""
+    rng = np.random.default_rng(1)
+    n = 151_936
+    for case in range(8):
+        row = (rng.standard_normal(n) * 2.0).astype(np.float32)
+        row[rng.integers(0, n, 20)] += rng.uniform(4, 14, 20).astype(np.float32)
+        if case % 4 == 1:
+            row[::37] = -30.0  # every strided entry far below the rest
+        if case % 4 == 2:
+            row = np.round(row).astype(np.float32)
+        if case % 4 == 3:
+            row[rng.integers(0, n, n // 2)] = -np.inf
+        s = TargetSampler(float(rng.choice([0.7, 1.0, 1.5])), 0, float(rng.choice([1.0, 0.95])),
+                          float(rng.choice([0.0, 0.05])), int(rng.integers(0, 2**31)))
+        for pos in range(3):
+            assert s.sample(row, pos) == _sample_by_full_sort(s, row, pos), (case, s, pos)
+
+
 def test_greedy_is_argmax_first_max():
     row = np.array([0.0, 2.0, 2.0, 1.0], dtype=np.float32)
     assert TargetSampler().sample(row, 0) == 1
