@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
+from power_core.sampling import top_ids
 from power_core.scheduler import RoundPlan
 
 __all__ = ["CancelToken", "PendingRound", "RoundRecord", "TokenLogprob"]
@@ -123,9 +124,7 @@ class TokenLogprob:
         lse = peak + float(np.log(np.exp(x - peak).sum()))
         top: tuple[tuple[int, float], ...] = ()
         if n_top > 0:
-            n = min(n_top, x.shape[0])
-            ids = np.argpartition(-x, n - 1)[:n]
-            ids = ids[np.lexsort((ids, -x[ids]))]  # descending logit, then ascending id
+            ids = top_ids(x, min(n_top, x.shape[0]))  # descending logit, then ascending id
             top = tuple((int(i), float(x[i] - lse)) for i in ids)
         return cls(token=int(token), logprob=float(x[token] - lse), top=top)
 

@@ -12,7 +12,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TargetSampler"]
+__all__ = ["TargetSampler", "top_ids"]
 
 _F32 = np.float32
 
@@ -118,7 +118,7 @@ class TargetSampler:
         """:meth:`sample` over the whole vocabulary without sorting it all (a sort of 151,936 logits takes ~20 ms,
         docs/architecture.md "Why seeded stochastic runs match token for token"). The softmax's normalizer
         and the min-p count are taken over the row in id order. The stable order is built only for the
-        head, at least the ``m`` largest logits (:func:`_head`): 64, then more (:func:`_grown`) while the draw,
+        head, at least the ``m`` largest logits (:func:`head_order`): 64, then more (:func:`_grown`) while the draw,
         the top-p cut or the min-p cut reaches past what the head decides, and the whole row once the head
         passes an eighth of it. Only the head's entries surely in their place count as sorted."""
         n = x.shape[0]
@@ -135,7 +135,7 @@ class TargetSampler:
                 order = np.lexsort((np.arange(n), -x))
                 sure = n
             else:
-                order, sure = _head(x, m)
+                order, sure = head_order(x, m)
             cdf = np.cumsum(p[order])  # the first entries of the whole order's cumulative sum
             covered = float(cdf[sure - 1]) if sure else 0.0
             keep = cut
@@ -158,7 +158,7 @@ class TargetSampler:
             m = _grown(m, n, covered, u * mass)
 
 
-def _head(x: npt.NDArray[np.float64], m: int) -> tuple[npt.NDArray[np.intp], int]:
+def head_order(x: npt.NDArray[np.float64], m: int) -> tuple[npt.NDArray[np.intp], int]:
     """The first entries of ``x``'s stable order (descending value, ascending id), at least its ``m`` largest, and
     how many of them are surely in their place. Every entry at or above a bound taken from a strided sample of
     the row (about 64 ``m`` values; the bound has about 4 ``m`` of the row above it): the order's exact prefix,
@@ -177,6 +177,17 @@ def _head(x: npt.NDArray[np.float64], m: int) -> tuple[npt.NDArray[np.intp], int
     head = np.argpartition(-x, m - 1)[:m]
     order = head[np.lexsort((head, -x[head]))]
     return order, int(np.searchsorted(-x[order], -x[order[-1]], side="left"))  # above the last value's ties
+
+
+def top_ids(x: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.intp]:
+    """The ``n`` first ids of ``x``'s stable order (descending value, ascending id; ``1 <= n <= x.shape[0]``): the
+    head :func:`head_order` finds, and where fewer than ``n`` of it are sure (ties at its edge), the lowest ids
+    among the values tied there. A logprobs request's top ids at 151,936 logits without a partition of the row."""
+    order, sure = head_order(x, min(max(n, 64), x.shape[0]))  # (a head under 64 is rarely found above the bound)
+    if sure >= n:
+        return order[:n]
+    tied = np.flatnonzero(x == x[order[sure]])  # ascending ids: the stable order's among equal values
+    return np.concatenate((order[:sure], tied[: n - sure]))
 
 
 def _grown(m: int, n: int, covered: float, need: float) -> int:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from power_core.config import PowerConfig
 from power_core.errors import ConfigError
 from power_core.receipt import token_digest
-from power_core.rounds import RoundRecord
+from power_core.rounds import RoundRecord, TokenLogprob
 from power_core.runtime import ProposerCapabilities, TargetCapabilities, runtime_counters
 from power_core.sampling import TargetSampler
 from tests.helpers import check_host_split, open_session, run
@@ -155,6 +155,33 @@ def test_sampling_a_152k_vocabulary_takes_its_head_above_a_sampled_bound():
                           float(rng.choice([0.0, 0.05])), int(rng.integers(0, 2**31)))
         for pos in range(3):
             assert s.sample(row, pos) == _sample_by_full_sort(s, row, pos), (case, s, pos)
+
+
+def test_logprobs_top_ids_are_the_stable_orders_first_without_a_partition_of_the_row():
+    """A logprobs row's top ids (``TokenLogprob.from_row``) are the first of the stable order (descending logit,
+    ascending id): at a 152k vocabulary, where the head comes from a sampled bound, with ties across the cut (the
+    lowest ids among them), masked ids, and at small vocabularies; the logprobs are the row's log-softmax."""
+    rng = np.random.default_rng(2)
+    for case in range(40):
+        n = int(rng.choice([7, 300, 151_936]))
+        row = (rng.standard_normal(n) * 2.0).astype(np.float32)
+        row[rng.integers(0, n, 5)] += rng.uniform(4, 14, 5).astype(np.float32)
+        if case % 3 == 1:  # ties everywhere, also across the n-th place
+            row = np.round(row).astype(np.float32)
+        if case % 3 == 2:  # a flat row: the head above the sampled bound holds too many (argpartition's ties)
+            row = np.zeros(n, dtype=np.float32)
+            row[rng.integers(0, n, 3)] = 1.0
+        if case % 4 == 3:
+            row[rng.integers(0, n, n // 2)] = -np.inf
+        x = row.astype(np.float64)
+        order = np.lexsort((np.arange(n), -x))
+        lse = float(np.log(np.exp(x - x.max()).sum()) + x.max())
+        for n_top in (1, 5, 20):
+            got = TokenLogprob.from_row(row, int(order[3 % n]), n_top)
+            want = order[: min(n_top, n)]
+            assert [i for i, _ in got.top] == want.tolist(), (case, n, n_top)
+            assert np.allclose([v for _, v in got.top], x[want] - lse)
+            assert got.logprob == pytest.approx(float(x[order[3 % n]] - lse))
 
 
 def test_greedy_is_argmax_first_max():

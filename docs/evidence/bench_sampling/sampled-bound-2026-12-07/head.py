@@ -1,5 +1,5 @@
 """``TargetSampler.sample`` without top-k: the head of the order found as every logit at or above a bound from a
-strided sample of the row (``power_core.sampling._head``) against the ``argpartition`` of the 64 largest it
+strided sample of the row (``power_core.sampling.head_order``) against the ``argpartition`` of the 64 largest it
 replaced (``by_argpartition`` below, swapped in for A). One process, A and B alternated for each position; the
 tokens of both compared. ms a sampled token, median of 15 positions.
 
@@ -14,7 +14,7 @@ import numpy as np
 import power_core.sampling as sampling
 from power_core.sampling import TargetSampler
 
-NEW = sampling._head
+NEW = sampling.head_order
 
 
 def by_argpartition(x: np.ndarray, m: int) -> tuple[np.ndarray, int]:
@@ -41,11 +41,11 @@ for n in (151_936, 248_320):
             for pos in range(15):
                 got = []
                 for head, into in ((by_argpartition, a), (NEW, b)):
-                    sampling._head = head
+                    sampling.head_order = head
                     t0 = time.perf_counter()
                     got.append(s.sample(row, pos))
                     into.append((time.perf_counter() - t0) * 1e3)
                 same &= got[0] == got[1]
-            sampling._head = NEW
+            sampling.head_order = NEW
             print(f"| {n:,} | {name} | {t}, {top_p}, {min_p} | {statistics.median(a):.2f} | {statistics.median(b):.2f} "
                   f"| {same} |")
