@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from power_core.runtime import DecodeResult, Proposal, ProposalContext, TokenArray
-from power_core.sampling import top_ids
+from power_core.sampling import row_logprobs
 from power_core.scheduler import RoundPlan
 
 __all__ = ["CancelToken", "PendingRound", "RoundRecord", "TokenLogprob"]
@@ -119,14 +119,8 @@ class TokenLogprob:
 
     @classmethod
     def from_row(cls, row: Any, token: int, n_top: int) -> TokenLogprob:
-        x = np.asarray(row, dtype=np.float64)
-        peak = float(x.max())
-        lse = peak + float(np.log(np.exp(x - peak).sum()))
-        top: tuple[tuple[int, float], ...] = ()
-        if n_top > 0:
-            ids = top_ids(x, min(n_top, x.shape[0]))  # descending logit, then ascending id
-            top = tuple((int(i), float(x[i] - lse)) for i in ids)
-        return cls(token=int(token), logprob=float(x[token] - lse), top=top)
+        logprob, top = row_logprobs(row, int(token), n_top)
+        return cls(token=int(token), logprob=logprob, top=top)
 
 
 @attrs.define(eq=False)

@@ -8,13 +8,37 @@ for a row that is not sampled.
 
 from __future__ import annotations
 
+import threading
+
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TargetSampler", "top_ids"]
+__all__ = ["TargetSampler", "row_logprobs", "top_ids"]
 
 _F32 = np.float32
+
+
+class _Rows(threading.local):
+    """This thread's buffers for one vocabulary-sized row: its scaled softmax in float64, and a compare's mask. A
+    draw at 151,936 logits wrote four fresh ~1.2 MB arrays (the row in float64, scaled, its softmax, a mask),
+    whose pages the kernel faulted in and zeroed anew when the allocator had no chunk of that size at hand
+    (docs/evidence/bench_sampling/row-buffers-2026-12-07). Now the float64 values are computed from the row as it
+    came (a float32 row casts to float64 exactly, and orders as its cast does) into buffers kept per thread: the
+    same arithmetic on the same floats. A thread runs one draw (or one logprobs row) at a time."""
+
+    def __init__(self) -> None:
+        self.z = np.empty(0)
+        self.mask = np.empty(0, dtype=bool)
+
+    def take(self, n: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """(a float64 buffer, a bool buffer) of ``n`` entries, valid until this thread's next call."""
+        if self.z.shape[0] != n:
+            self.z, self.mask = np.empty(n), np.empty(n, dtype=bool)
+        return self.z, self.mask
+
+
+_ROWS = _Rows()
 
 
 @attrs.frozen
@@ -94,13 +118,14 @@ class TargetSampler:
         the draw reaches is sorted (:meth:`_draw_from_all`)."""
         if self.greedy:
             return int(np.argmax(row))
-        x = np.asarray(row, dtype=np.float64)
-        if not 0 < self.top_k < x.shape[0]:
-            return self._draw_from_all(x, self.uniform(position))
-        cand = np.argpartition(-x, self.top_k - 1)[: self.top_k]
-        # stable order (descending logit, then ascending id) makes ties deterministic
-        cand = cand[np.lexsort((cand, -x[cand]))]
-        z = x[cand] / self.temperature
+        x = np.asarray(row)
+        n = x.shape[0]
+        z, mask = _ROWS.take(n)
+        if not 0 < self.top_k < n:
+            return self._draw_from_all(x, z, mask, self.uniform(position))
+        # the stable order's first top_k (descending logit, then ascending id: the lowest ids among ties at the cut)
+        cand = top_ids(x, self.top_k, mask)
+        z = x[cand].astype(np.float64) / self.temperature
         z -= z[0]
         p = np.exp(z)
         p /= p.sum()
@@ -114,7 +139,8 @@ class TargetSampler:
         idx = int(np.searchsorted(cdf, self.uniform(position) * cdf[-1], side="right"))
         return int(cand[min(idx, keep - 1)])
 
-    def _draw_from_all(self, x: npt.NDArray[np.float64], u: float) -> int:
+    def _draw_from_all(self, x: npt.NDArray[np.floating], z: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_],
+                       u: float) -> int:
         """:meth:`sample` over the whole vocabulary without sorting it all (a sort of 151,936 logits takes ~20 ms,
         docs/architecture.md "Why seeded stochastic runs match token for token"). The softmax's normalizer
         and the min-p count are taken over the row in id order. The stable order is built only for the
@@ -122,20 +148,22 @@ class TargetSampler:
         the top-p cut or the min-p cut reaches past what the head decides, and the whole row once the head
         passes an eighth of it. Only the head's entries surely in their place count as sorted."""
         n = x.shape[0]
-        z = x / self.temperature
+        # in float64 (``z`` and ``mask``: buffers of ``n``, see :class:`_Rows`)
+        z = np.divide(x, self.temperature, out=z, dtype=np.float64)
         z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
+        p = np.exp(z, out=z)
+        total = p.sum()
+        p /= total
         cut = n
-        if self.min_p > 0.0:
-            cut = max(1, int(np.count_nonzero(p >= self.min_p * p.max())))
+        if self.min_p > 0.0:  # (the largest p is exp(0) / total: p.max() without reading the row again)
+            cut = max(1, int(np.count_nonzero(np.greater_equal(p, self.min_p * (1.0 / total), out=mask))))
         m = 64
         while True:
             if 8 * m >= n:
                 order = np.lexsort((np.arange(n), -x))
                 sure = n
             else:
-                order, sure = head_order(x, m)
+                order, sure = head_order(x, m, mask)
             cdf = np.cumsum(p[order])  # the first entries of the whole order's cumulative sum
             covered = float(cdf[sure - 1]) if sure else 0.0
             keep = cut
@@ -158,20 +186,22 @@ class TargetSampler:
             m = _grown(m, n, covered, u * mass)
 
 
-def head_order(x: npt.NDArray[np.float64], m: int) -> tuple[npt.NDArray[np.intp], int]:
+def head_order(x: npt.NDArray[np.floating], m: int,
+               mask: npt.NDArray[np.bool_] | None = None) -> tuple[npt.NDArray[np.intp], int]:
     """The first entries of ``x``'s stable order (descending value, ascending id), at least its ``m`` largest, and
     how many of them are surely in their place. Every entry at or above a bound taken from a strided sample of
     the row (about 64 ``m`` values; the bound has about 4 ``m`` of the row above it): the order's exact prefix,
     ties and all, found with one compare over the row (an ``argpartition`` of 151,936 values took ~2.3 of a
     ~2.8 ms draw). When the bound holds fewer than ``m`` or more than 16 ``m`` entries, the ``m`` largest by
-    ``argpartition``, of which only those above the last value's ties are sure."""
+    ``argpartition``, of which only those above the last value's ties are sure. ``mask``: a bool buffer of
+    ``x``'s size for the compare."""
     n = x.shape[0]
     stride = n // (64 * m)
     if stride >= 2:
         sample = x[::stride]
         rank = -(-4 * m // stride)  # its rank-th largest: about 4 m of the row lie above it
         bound = np.partition(sample, sample.shape[0] - rank)[sample.shape[0] - rank]
-        head = np.flatnonzero(x >= bound)
+        head = np.flatnonzero(np.greater_equal(x, bound, out=mask))
         if m <= head.shape[0] <= 16 * m:
             return head[np.lexsort((head, -x[head]))], int(head.shape[0])
     head = np.argpartition(-x, m - 1)[:m]
@@ -179,15 +209,31 @@ def head_order(x: npt.NDArray[np.float64], m: int) -> tuple[npt.NDArray[np.intp]
     return order, int(np.searchsorted(-x[order], -x[order[-1]], side="left"))  # above the last value's ties
 
 
-def top_ids(x: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.intp]:
+def top_ids(x: npt.NDArray[np.floating], n: int, mask: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.intp]:
     """The ``n`` first ids of ``x``'s stable order (descending value, ascending id; ``1 <= n <= x.shape[0]``): the
     head :func:`head_order` finds, and where fewer than ``n`` of it are sure (ties at its edge), the lowest ids
-    among the values tied there. A logprobs request's top ids at 151,936 logits without a partition of the row."""
-    order, sure = head_order(x, min(max(n, 64), x.shape[0]))  # (a head under 64 is rarely found above the bound)
+    among the values tied there. A logprobs request's top ids at 151,936 logits without a partition of the row.
+    ``mask``: a bool buffer of ``x``'s size."""
+    order, sure = head_order(x, min(max(n, 64), x.shape[0]), mask)  # (a head under 64 is rarely found above the bound)
     if sure >= n:
         return order[:n]
-    tied = np.flatnonzero(x == x[order[sure]])  # ascending ids: the stable order's among equal values
+    tied = np.flatnonzero(np.equal(x, x[order[sure]], out=mask))  # ascending ids: the stable order's among equal values
     return np.concatenate((order[:sure], tied[: n - sure]))
+
+
+def row_logprobs(row: npt.ArrayLike, token: int, n_top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """``token``'s log-probability under ``row``'s log-softmax (float64), and the row's ``n_top`` most likely ids
+    (:func:`top_ids`) with theirs: a logprobs request's figures for one emitted token, in this thread's row
+    buffers (:class:`_Rows`)."""
+    x = np.asarray(row)
+    n = x.shape[0]
+    z, mask = _ROWS.take(n)
+    peak = float(x.max())
+    lse = peak + float(np.log(np.exp(np.subtract(x, peak, out=z, dtype=np.float64), out=z).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top > 0:
+        top = tuple((int(i), float(x[i]) - lse) for i in top_ids(x, min(n_top, n), mask))
+    return float(x[token]) - lse, top
 
 
 def _grown(m: int, n: int, covered: float, need: float) -> int:

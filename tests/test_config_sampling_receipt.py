@@ -97,11 +97,13 @@ def test_sampler_distribution_matches_softmax():
 
 
 def _sample_by_full_sort(s: TargetSampler, row: np.ndarray, position: int) -> int:
-    """The sampler as it was: the whole vocabulary sorted (descending logit, ascending id), normalized in that
-    order, cut by top-p and min-p, then the inverse CDF of the kept ones."""
+    """The sampler as it was: the whole vocabulary sorted (descending logit, ascending id), cut to its first top-k,
+    normalized in that order, cut by top-p and min-p, then the inverse CDF of the kept ones."""
     x = np.asarray(row, dtype=np.float64)
     cand = np.arange(x.shape[0])
     cand = cand[np.lexsort((cand, -x[cand]))]
+    if 0 < s.top_k < x.shape[0]:
+        cand = cand[: s.top_k]
     z = x[cand] / s.temperature
     z -= z[0]
     p = np.exp(z)
@@ -155,6 +157,24 @@ def test_sampling_a_152k_vocabulary_takes_its_head_above_a_sampled_bound():
                           float(rng.choice([0.0, 0.05])), int(rng.integers(0, 2**31)))
         for pos in range(3):
             assert s.sample(row, pos) == _sample_by_full_sort(s, row, pos), (case, s, pos)
+
+
+def test_top_k_candidates_are_the_stable_orders_first_ties_and_all():
+    """With top-k the candidates are the first top-k of the stable order (the lowest ids among values tied across the
+    k-th place), drawn as the full sort draws them: small and 152k vocabularies, rounded rows (ties), masked ids."""
+    rng = np.random.default_rng(3)
+    for case in range(60):
+        n = int(rng.choice([9, 500, 151_936]))
+        row = (rng.standard_normal(n) * 2.0).astype(np.float32)
+        row[rng.integers(0, n, 5)] += rng.uniform(3, 9, 5).astype(np.float32)
+        if case % 2:
+            row = np.round(row).astype(np.float32)  # ties across the k-th place
+        if case % 5 == 0:
+            row[rng.integers(0, n, n // 3)] = -np.inf
+        s = TargetSampler(float(rng.choice([0.5, 1.0, 3.0])), int(rng.choice([2, 5, 40])), float(rng.choice([1.0, 0.9])),
+                          float(rng.choice([0.0, 0.05])), int(rng.integers(0, 2**31)))
+        for pos in range(3):
+            assert s.sample(row, pos) == _sample_by_full_sort(s, row, pos), (case, n, s, pos)
 
 
 def test_logprobs_top_ids_are_the_stable_orders_first_without_a_partition_of_the_row():
