@@ -21,9 +21,12 @@ MOE_ARCHS = frozenset({"qwen3next", "qwen35moe", "glm4moe"})
 
 def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2, n_ff: int = 384,
                    n_layer: int = 2, n_ctx: int = 256, token_prefix: str = "tok_", n_nextn: int = 0,
-                   n_vocab: int = N_VOCAB) -> Path:
+                   n_vocab: int = N_VOCAB, ssm_heads: int | None = None, attention_interval: int = 2) -> Path:
     """A tensor-less GGUF with the hyperparameters and a ``test`` tokenizer of ``N_VOCAB`` tokens;
-    ``n_nextn`` MTP blocks are added after the ``n_layer`` trunk blocks."""
+    ``n_nextn`` MTP blocks are added after the ``n_layer`` trunk blocks. A hybrid (qwen35, qwen3next) has a full
+    attention layer every ``attention_interval`` and gated-delta-net layers of ``ssm_heads`` value heads of 128
+    (its recurrent state: ``ssm_heads`` x 128 x 128 floats a layer; ``None``: an inner size of 256 in
+    ``n_head`` time-step heads and 2 groups)."""
     w = gguf.GGUFWriter(str(path), arch)
     if n_nextn:
         w.add_uint32(f"{arch}.nextn_predict_layers", n_nextn)
@@ -41,11 +44,11 @@ def write_metadata(path: Path, arch: str, *, n_embd: int = 256, n_head: int = 2,
         head = n_embd // n_head
         w.add_array(f"{arch}.rope.dimension_sections", [head // 4] * 4)
         w.add_uint32(f"{arch}.ssm.conv_kernel", 4)
-        w.add_uint32(f"{arch}.ssm.inner_size", 256)
+        w.add_uint32(f"{arch}.ssm.inner_size", 256 if ssm_heads is None else ssm_heads * 128)
         w.add_uint32(f"{arch}.ssm.state_size", 128)
-        w.add_uint32(f"{arch}.ssm.time_step_rank", n_head)
-        w.add_uint32(f"{arch}.ssm.group_count", 2)
-        w.add_uint32(f"{arch}.full_attention_interval", 2)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", n_head if ssm_heads is None else ssm_heads)
+        w.add_uint32(f"{arch}.ssm.group_count", 2 if ssm_heads is None else ssm_heads)
+        w.add_uint32(f"{arch}.full_attention_interval", attention_interval)
     if arch in MOE_ARCHS:  # as tests/test-llama-archs.cpp writes MoE hyperparameters
         w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff)
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", n_ff // 2)

@@ -14,34 +14,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import gguf
 import numpy as np
 from power_native import _llama
 from power_native.target import JOURNAL_ROUNDS, open_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests" / "native"))
+from native_helpers import write_metadata  # noqa: E402
 
 ROUNDS, PAIRS, K = 64, 5, 4
 
 
 def hybrid(out: Path, heads: int) -> Path:
     """A qwen35 of 4 layers (3 gated-delta-net, 1 attention), n_embd 512, ``heads`` value heads of 128."""
-    arch, n_vocab = "qwen35", 128
-    meta = out / f"h{heads}-meta.gguf"
-    w = gguf.GGUFWriter(str(meta), arch)
-    for key, val in (("vocab_size", n_vocab), ("context_length", 512), ("embedding_length", 512),
-                     ("feed_forward_length", 1024), ("block_count", 4), ("attention.head_count", 4),
-                     ("attention.head_count_kv", 4), ("ssm.conv_kernel", 4), ("ssm.inner_size", heads * 128),
-                     ("ssm.state_size", 128), ("ssm.time_step_rank", heads), ("ssm.group_count", heads),
-                     ("full_attention_interval", 4)):
-        w.add_uint32(f"{arch}.{key}", val)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_array(f"{arch}.rope.dimension_sections", [32] * 4)
-    w.add_string("tokenizer.ggml.model", "test")
-    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(n_vocab)])
-    w.add_array("tokenizer.ggml.scores", [0.0] * n_vocab)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    meta = write_metadata(out / f"h{heads}-meta.gguf", "qwen35", n_embd=512, n_head=4, n_ff=1024, n_layer=4,
+                          n_ctx=512, token_prefix="t", ssm_heads=heads, attention_interval=4)
     model = _llama.Model.from_metadata(str(meta), seed=1, stdev=0.05)
     path = out / f"hybrid-h{heads}.gguf"
     model.save(str(path))
