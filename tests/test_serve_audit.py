@@ -33,8 +33,10 @@ def _metric(url: str, name: str) -> float:
 def _load(server, n_tokens: int = 48) -> list:
     client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
     out: list = [None] * len(PROMPTS)
+    gate = threading.Barrier(len(PROMPTS))  # every request leaves at once, so they share the server's passes
 
     def one(i: int) -> None:
+        gate.wait()
         out[i] = client.completions.create(model="m", prompt=PROMPTS[i], max_tokens=n_tokens)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
@@ -62,11 +64,16 @@ def test_the_audit_finds_no_mismatch_with_exact_numerics():
 
 def test_the_audit_reports_mismatches_with_stock_numerics_under_load():
     with served(*MODE, "--numerics", "stock") as server:
-        got = _load(server)
+        # long enough that the six requests overlap on a loaded machine (a CI run of 48-token requests found no
+        # mismatch: most likely too few shared passes)
+        got = _load(server, n_tokens=160)
         assert _metric(server.url, "power:audit_checked_total") == len(PROMPTS)
         mismatches = _metric(server.url, "power:audit_mismatch_total")
-        audits = [httpx.get(f"{server.url}/v1/receipts/{r.id}").json()["audit"] for r in got]
-        assert mismatches >= 1 and sum(not a["identical"] for a in audits) == mismatches
+        envelopes = [httpx.get(f"{server.url}/v1/receipts/{r.id}").json() for r in got]
+        audits = [e["audit"] for e in envelopes]
+        shared = [e["receipt"]["backend"]["batch"]["peak_concurrent"] for e in envelopes]
+        assert mismatches >= 1, f"no mismatch; the requests' peak_concurrent: {shared}"
+        assert sum(not a["identical"] for a in audits) == mismatches
         # without require_identical the server keeps speculating and says nothing changed
         assert httpx.get(f"{server.url}/health").json()["target_only"] is None
 
