@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("prometheus_client")
 
@@ -27,3 +29,23 @@ def test_metrics_count_tokens_by_source() -> None:
     assert value("power:spec_decode_num_draft_tokens_by_source_total", {"source": "request"}) == 2
     assert value("power:spec_decode_num_accepted_tokens_by_source_total", {"source": "corpus"}) is None
     assert value("power:spec_decode_num_accepted_tokens_total") == 9
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), max_size=40))
+def test_a_requests_rounds_count_their_accepted_positions_as_one_inc_each_would(spec: list[tuple[int, int]]) -> None:
+    """The per-position counter takes a request's rounds at once (one increment per position): the same
+    samples as one ``inc`` per accepted position of each draft."""
+    rounds = [_round(p, min(a, p), None) for p, a in spec]
+    m, ref = Metrics(), Metrics()
+    m.rounds(rounds)
+    for r in rounds:
+        for pos in range(r.accepted if r.proposed else 0):
+            ref.accepted_per_pos.labels(position=str(pos)).inc()
+
+    def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        family = next(f for f in metrics.registry.collect() if f.name == "power:spec_decode_num_accepted_tokens_per_pos")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples
+                if not s.name.endswith("_created")}
+
+    assert samples(m) == samples(ref)

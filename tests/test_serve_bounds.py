@@ -264,8 +264,8 @@ def test_no_store_no_store_metrics() -> None:
 
 
 def test_a_rounds_tokens_at_once_are_what_one_observation_each_records() -> None:
-    """``RoundHistogram.observe_many`` (a round's tokens share one latency) leaves every bucket, the count and
-    the sum as ``n`` calls of ``observe`` do, at bucket bounds too."""
+    """``RoundHistogram.observe_rounds`` (a request's rounds at once; a round's tokens share one latency) leaves
+    every bucket, the count and the sum as ``n`` calls of ``observe`` a round do, at bucket bounds too."""
     from prometheus_client import CollectorRegistry, Histogram
 
     from power_core.serve.jobs import RoundHistogram
@@ -273,8 +273,9 @@ def test_a_rounds_tokens_at_once_are_what_one_observation_each_records() -> None
     bounds = (0.001, 0.01, 0.1, 1.0)
     many = RoundHistogram("many", "h", buckets=bounds, registry=CollectorRegistry())
     each = Histogram("each", "h", buckets=bounds, registry=CollectorRegistry())
-    for amount, n in [(0.0005, 3), (0.001, 2), (0.0011, 5), (0.1, 1), (0.5, 4), (7.0, 2), (0.0, 1)]:
-        many.observe_many(amount, n)
+    rounds = [(0.0005, 3), (0.001, 2), (0.0011, 5), (0.1, 1), (0.5, 4), (7.0, 2), (0.0, 1), (0.0011, 0)]
+    many.observe_rounds(iter(rounds))
+    for amount, n in rounds:
         for _ in range(n):
             each.observe(amount)
     got = {s.name.removeprefix("many") + str(s.labels): s.value for m in many.collect() for s in m.samples

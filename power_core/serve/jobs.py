@@ -211,15 +211,24 @@ _T = TypeVar("_T")
 
 
 class RoundHistogram(Histogram):
-    """A histogram that takes a round's tokens at once: they share one latency, so :meth:`observe_many` records
-    what ``n`` calls of ``observe`` would (one bucket lookup, two increments, in place of ``n`` of each: a
-    200-token request's end spent about 0.2 ms in them)."""
+    """A histogram that takes a request's rounds at once (:meth:`observe_rounds`): a round's tokens share one
+    latency, and its rounds are summed first, so a request costs one increment per bucket it touches and one of
+    the sum, where ``observe`` per token cost two a token (a 192-round request's end spent about 0.4 ms in them)."""
 
-    def observe_many(self, amount: float, n: int) -> None:
-        """``n`` observations of ``amount``."""
+    def observe_rounds(self, rounds: Iterable[tuple[float, int]]) -> None:
+        """For each ``(amount, n)``, ``n`` observations of ``amount``."""
         self._raise_if_not_observable()
-        self._sum.inc(amount * n)
-        self._buckets[bisect.bisect_left(self._upper_bounds, amount)].inc(n)  # the first bound >= amount
+        bounds = self._upper_bounds
+        counts: dict[int, int] = {}
+        total = 0.0
+        for amount, n in rounds:
+            total += amount * n
+            i = bisect.bisect_left(bounds, amount)  # the first bound >= amount: observe's bucket
+            counts[i] = counts.get(i, 0) + n
+        if counts:
+            self._sum.inc(total)
+        for i, n in counts.items():
+            self._buckets[i].inc(n)
 
 
 class Metrics:
@@ -237,6 +246,7 @@ class Metrics:
         self.accepted_per_pos = Counter("power:spec_decode_num_accepted_tokens_per_pos",
                                         "Drafts whose proposal at this position was accepted", ["position"],
                                         registry=r)
+        self._positions: dict[int, Any] = {}
         self.accepted_by_source = Counter("power:spec_decode_num_accepted_tokens_by_source",
                                           "Proposal tokens accepted, by the proposal's source (Proposal.source, e.g. "
                                           "suffix's request, shared, corpus)", ["source"], registry=r)
@@ -360,11 +370,18 @@ class Metrics:
                 return source
         return "other"
 
+    def _per_pos(self, pos: int) -> Any:
+        """The accepted-at-position counter of ``pos`` (its child looked up once: ``labels`` takes a lock)."""
+        child = self._positions.get(pos)
+        if child is None:
+            child = self._positions[pos] = self.accepted_per_pos.labels(position=str(pos))
+        return child
+
     def rounds(self, records: Sequence[RoundRecord]) -> None:
         """A request's rounds, summed first: one increment per counter and label (a label lookup and a
         counter's lock cost microseconds, and the request's end waits for this)."""
         emitted = drafts = proposed = accepted = 0
-        per_pos: collections.Counter[int] = collections.Counter()
+        runs: dict[int, int] = {}  # drafts by their accepted count: position p was accepted in those above p
         by_source: dict[str, list[int]] = {}
         for record in records:
             emitted += record.emitted
@@ -372,7 +389,8 @@ class Metrics:
                 drafts += 1
                 proposed += record.proposed
                 accepted += record.accepted
-                per_pos.update(range(record.accepted))
+                if record.accepted:
+                    runs[record.accepted] = runs.get(record.accepted, 0) + 1
                 if record.source is not None:
                     counts = by_source.setdefault(record.source, [0, 0])
                     counts[0] += record.proposed
@@ -382,8 +400,10 @@ class Metrics:
             self.num_drafts.inc(drafts)
             self.num_draft_tokens.inc(proposed)
             self.num_accepted_tokens.inc(accepted)
-        for pos, n in sorted(per_pos.items()):
-            self.accepted_per_pos.labels(position=str(pos)).inc(n)
+        above = sum(runs.values())  # drafts that accepted more than pos
+        for pos in range(max(runs, default=0)):
+            self._per_pos(pos).inc(above)
+            above -= runs.get(pos + 1, 0)
         for name, (p, a) in by_source.items():
             source = self.source(name)
             self.draft_tokens_by_source.labels(source=source).inc(p)
@@ -457,9 +477,7 @@ def _round_metrics(metrics: Metrics, job: Job, gen: Generation) -> None:
     if gen.first_commit_at is not None:
         metrics.ttft.observe(gen.first_commit_at - job.arrived)
     rounds = gen.txn.rounds if gen.txn is not None else []
-    for record in rounds[1:]:
-        if record.emitted:
-            metrics.itl.observe_many(record.seconds / record.emitted, record.emitted)
+    metrics.itl.observe_rounds((r.seconds / r.emitted, r.emitted) for r in rounds[1:] if r.emitted)
     metrics.rounds(rounds)
 
 
