@@ -196,3 +196,43 @@ def test_every_hop_of_the_request_path_exists():
                 assert code is not None and name in {c.co_name for c in code.co_consts if hasattr(c, "co_name")}, dotted
                 break
             obj = getattr(obj, name)
+
+
+#: #46's rule for the product's modules (docs/architecture.md, "Layers"): each does one job, which its opening
+#: text names, in at most this many lines
+MODULE_LINES_MAX = 700
+
+
+def _product_modules() -> list[Path]:
+    """Every source file of the product: the core, the native layer, and the plugins' packages (not their tests,
+    nor a local build's generated sources)."""
+    roots = [ROOT / "power_core", ROOT / "native" / "src" / "power_native",
+             *sorted(p for p in (ROOT / "plugins").glob("*/power_*") if p.is_dir())]
+    return sorted(f for r in roots for f in r.rglob("*") if f.suffix in {".py", ".pyx", ".pxi", ".pxd"}
+                  and "__pycache__" not in f.parts)
+
+
+def _opening_text(path: Path) -> str:
+    """A module's docstring, or (a Cython file included into another, whose docstring it cannot have) its
+    opening comment, past the ``# cython:``/``# distutils:`` directives."""
+    lines = [ln for ln in path.read_text().splitlines() if not re.match(r"#\s*(cython|distutils):", ln)]
+    text = "\n".join(lines).lstrip()
+    if text.startswith('"""'):
+        return text[3:text.index('"""', 3)].strip()
+    comment = []
+    for ln in text.splitlines():
+        if not ln.startswith("#"):
+            break
+        comment.append(ln.lstrip("# "))
+    return " ".join(comment).strip()
+
+
+def test_every_product_module_says_its_job_in_at_most_700_lines():
+    modules = _product_modules()
+    assert len(modules) > 60 and ROOT / "power_core" / "transaction.py" in modules
+    assert any(m.suffix == ".pyx" for m in modules) and any("plugins" in m.relative_to(ROOT).parts[:1] for m in modules)
+    long = {str(m.relative_to(ROOT)): n for m in modules if (n := len(m.read_text().splitlines())) > MODULE_LINES_MAX}
+    assert not long, f"modules over {MODULE_LINES_MAX} lines: {long}; split one by job (docs/architecture.md)"
+    silent = [str(m.relative_to(ROOT)) for m in modules
+              if m.name != "__init__.py" and len(_opening_text(m)) < 20]
+    assert not silent, f"modules whose opening text does not name their job: {silent}"
