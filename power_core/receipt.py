@@ -135,12 +135,6 @@ class Receipt:
         return acceptance
 
     @property
-    def verified_per_pass(self) -> float | None:
-        """Emitted tokens per verify pass (1.0 for target-only decoding)."""
-        per_pass: float | None = self._summarized()["verified_tokens_per_pass"]
-        return per_pass
-
-    @property
     def proposer(self) -> dict[str, Any]:
         """The proposer's statistics (:func:`proposer_stats`), computed from :attr:`rounds`."""
         return proposer_stats(self.rounds)

@@ -127,8 +127,3 @@ class TextAssembler:
         delta = text[self._sent:end]
         self._sent = end
         return delta
-
-    @property
-    def sent(self) -> int:
-        """Chars handed out so far."""
-        return self._sent

@@ -122,9 +122,6 @@ class ArtifactView:
     def arch_key(self, suffix: str) -> str:
         return f"{self.architecture}.{suffix}"
 
-    def arch_get(self, suffix: str, default: Any = None) -> Any:
-        return self.metadata.get(self.arch_key(suffix), default)
-
     def has(self, tensor: str) -> bool:
         return tensor in self.tensors
 
