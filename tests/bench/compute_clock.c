@@ -5,12 +5,15 @@
 //
 // Output (file named by $POWER_COMPUTE_TRACE, written at exit): "<ctx> <start_ns> <dur_ns> <n_tokens>" per
 // call, CLOCK_MONOTONIC (the clock of ggml_time_us, so the tool's own "decoded N tokens in T s" window can
-// be placed on it). Nested calls (llama_process calling llama_decode through the PLT) count once.
+// be placed on it). Nested calls (llama_process calling llama_decode through the PLT) count once. A
+// llama_process call's n_tokens is the entries its llama_batch_ext got since its last clear (the shim counts
+// llama_batch_ext_add/_add_token/_add_embd; -1 for a batch it never saw filled).
 //
-// Build: cc -O2 -shared -fPIC compute_clock.c -I<llama.cpp>/include -I<llama.cpp>/ggml/include -ldl
+// Build: cc -O2 -shared -fPIC compute_clock.c -I<llama.cpp>/include -I<llama.cpp>/ggml/include -ldl -lpthread
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +70,86 @@ static void synchronize(struct llama_context * ctx) {
     real(ctx);
 }
 
+// entries of each llama_batch_ext since its last clear (llama_process's n_tokens), by the batch's address
+#define N_BATCHES 256
+
+static const void * batch_at[N_BATCHES];
+static int32_t batch_entries[N_BATCHES];
+static pthread_mutex_t batch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int batch_slot(const void * batch, int create) {  // under batch_lock; -1: none (or the table is full)
+    int free_slot = -1;
+    for (int i = 0; i < N_BATCHES; i++) {
+        if (batch_at[i] == batch) return i;
+        if (batch_at[i] == NULL && free_slot < 0) free_slot = i;
+    }
+    if (create && free_slot >= 0) {
+        batch_at[free_slot] = batch;
+        batch_entries[free_slot] = 0;
+    }
+    return create ? free_slot : -1;
+}
+
+static void batch_count(const void * batch, int32_t added) {  // added < 0: cleared
+    pthread_mutex_lock(&batch_lock);
+    const int i = batch_slot(batch, 1);
+    if (i >= 0) batch_entries[i] = added < 0 ? 0 : batch_entries[i] + added;
+    pthread_mutex_unlock(&batch_lock);
+}
+
+static int32_t batch_tokens(const void * batch) {
+    pthread_mutex_lock(&batch_lock);
+    const int i = batch_slot(batch, 0);
+    const int32_t n = i >= 0 ? batch_entries[i] : -1;
+    pthread_mutex_unlock(&batch_lock);
+    return n;
+}
+
+void llama_batch_ext_clear(struct llama_batch_ext * batch) {
+    static void (*real)(struct llama_batch_ext *) = NULL;
+    if (real == NULL) real = (void (*)(struct llama_batch_ext *)) next_symbol("llama_batch_ext_clear");
+    real(batch);
+    batch_count(batch, -1);
+}
+
+void llama_batch_ext_free(struct llama_batch_ext * batch) {
+    static void (*real)(struct llama_batch_ext *) = NULL;
+    if (real == NULL) real = (void (*)(struct llama_batch_ext *)) next_symbol("llama_batch_ext_free");
+    pthread_mutex_lock(&batch_lock);
+    const int i = batch_slot(batch, 0);
+    if (i >= 0) batch_at[i] = NULL;  // its address may come back for another batch
+    pthread_mutex_unlock(&batch_lock);
+    real(batch);
+}
+
+int32_t llama_batch_ext_add(struct llama_batch_ext * batch, llama_seq_id seq_id) {
+    static int32_t (*real)(struct llama_batch_ext *, llama_seq_id) = NULL;
+    if (real == NULL) real = (int32_t (*)(struct llama_batch_ext *, llama_seq_id)) next_symbol("llama_batch_ext_add");
+    const int32_t rc = real(batch, seq_id);
+    if (rc >= 0) batch_count(batch, 1);
+    return rc;
+}
+
+int32_t llama_batch_ext_add_token(struct llama_batch_ext * batch, llama_seq_id seq_id, llama_token id) {
+    static int32_t (*real)(struct llama_batch_ext *, llama_seq_id, llama_token) = NULL;
+    if (real == NULL) {
+        real = (int32_t (*)(struct llama_batch_ext *, llama_seq_id, llama_token)) next_symbol("llama_batch_ext_add_token");
+    }
+    const int32_t rc = real(batch, seq_id, id);
+    if (rc >= 0) batch_count(batch, 1);
+    return rc;
+}
+
+int32_t llama_batch_ext_add_embd(struct llama_batch_ext * batch, llama_seq_id seq_id, struct llama_embd embd) {
+    static int32_t (*real)(struct llama_batch_ext *, llama_seq_id, struct llama_embd) = NULL;
+    if (real == NULL) {
+        real = (int32_t (*)(struct llama_batch_ext *, llama_seq_id, struct llama_embd)) next_symbol("llama_batch_ext_add_embd");
+    }
+    const int32_t rc = real(batch, seq_id, embd);
+    if (rc >= 0) batch_count(batch, 1);
+    return rc;
+}
+
 // llama_decode and llama_encode: the same wrapper around the next definition of the symbol
 #define TIMED_BATCH_CALL(name)                                                                             \
     int32_t name(struct llama_context * ctx, struct llama_batch batch) {                                    \
@@ -94,7 +177,7 @@ int32_t llama_process(struct llama_context * ctx, enum llama_process_type type, 
     const int64_t t0 = now_ns();
     const int32_t rc = real(ctx, type, batch);
     synchronize(ctx);
-    record(ctx, t0, -1);
+    record(ctx, t0, batch_tokens(batch));
     depth--;
     return rc;
 }

@@ -28,7 +28,8 @@ def compute_clock(out_dir: Path) -> Path:
     if not lib.exists():
         inc = build_llama.source_dir()
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(HERE.parent / "compute_clock.c"),
-                        f"-I{inc / 'include'}", f"-I{inc / 'ggml' / 'include'}", "-ldl", "-o", str(lib)], check=True)
+                        f"-I{inc / 'include'}", f"-I{inc / 'ggml' / 'include'}", "-ldl", "-lpthread", "-o", str(lib)],
+                       check=True)
     return lib
 
 
